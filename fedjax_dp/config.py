@@ -1,0 +1,255 @@
+"""Run configuration: one flat, validated dataclass.
+
+A config comes from defaults, then an optional YAML file, then `--set key=value`
+overrides. Every key is checked once, here, so that a bad value fails before
+any data is loaded or anything is written, with a one-line message naming the
+key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+  """A bad config key or value; the message is one line meant for the user."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  # data
+  dataset: str = "digits"
+  data_dir: str | None = None
+  csv_path: str | None = None
+  label_column: str = "label"
+  synthetic_examples: int = 10000
+  synthetic_features: int = 32
+  synthetic_classes: int = 10
+  # federation
+  num_clients: int = 20
+  clients_per_round: int = 10
+  sampling: str = "fixed"
+  max_cohort: int | None = None
+  partition: str = "dirichlet"
+  alpha: float = 0.5
+  classes_per_client: int = 2
+  quantity_alpha: float = 1.0
+  # model
+  model: str = "mlp"
+  hidden: tuple[int, ...] = (200, 200)
+  # local training
+  local_epochs: int = 1
+  batch_size: int = 64
+  lr: float = 0.01
+  lr_schedule: str = "constant"
+  lr_min: float = 0.0
+  momentum: float = 0.5
+  # server
+  algorithm: str = "fedavg"
+  server_lr: float = 1.0
+  server_momentum: float = 0.9
+  server_beta1: float = 0.9
+  server_beta2: float = 0.99
+  server_eps: float = 1e-3
+  # run
+  rounds: int = 50
+  eval_every: int = 5
+  seed: int = 0
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 3
+  devices: int = 0
+  client_parallelism: str = "auto"
+  client_batch: int = 4
+  eval_batch_size: int = 1000
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["hidden"] = list(self.hidden)
+    return d
+
+  def to_json(self) -> str:
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic"),
+    "sampling": ("fixed", "poisson"),
+    "partition": ("iid", "dirichlet", "shards", "quantity"),
+    "model": ("mlp", "cnn"),
+    "lr_schedule": ("constant", "cosine"),
+    "algorithm": ("fedavg", "fedavgm", "fedadam"),
+    "client_parallelism": ("auto", "map", "vmap"),
+}
+
+# key -> (low, high, low_inclusive, high_inclusive); None = unbounded
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    "synthetic_examples": (10, None, True, True),
+    "synthetic_features": (1, None, True, True),
+    "synthetic_classes": (2, None, True, True),
+    "num_clients": (1, None, True, True),
+    "clients_per_round": (1, None, True, True),
+    "max_cohort": (1, None, True, True),
+    "alpha": (0, None, False, True),
+    "classes_per_client": (1, None, True, True),
+    "quantity_alpha": (0, None, False, True),
+    "local_epochs": (1, None, True, True),
+    "batch_size": (1, None, True, True),
+    "lr": (0, None, False, True),
+    "lr_min": (0, None, True, True),
+    "momentum": (0, 1, True, False),
+    "server_lr": (0, None, False, True),
+    "server_momentum": (0, 1, True, False),
+    "server_beta1": (0, 1, True, False),
+    "server_beta2": (0, 1, True, False),
+    "server_eps": (0, None, False, True),
+    "rounds": (1, None, True, True),
+    "eval_every": (1, None, True, True),
+    "seed": (0, 2**31 - 1, True, True),
+    "checkpoint_every": (0, None, True, True),
+    "keep_checkpoints": (1, None, True, True),
+    "devices": (0, None, True, True),
+    "client_batch": (1, None, True, True),
+    "eval_batch_size": (1, None, True, True),
+}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _describe_range(key: str) -> str:
+  lo, hi, lo_inc, hi_inc = RANGES[key]
+  parts = []
+  if lo is not None:
+    parts.append(f"{'>=' if lo_inc else '>'} {lo:g}")
+  if hi is not None:
+    parts.append(f"{'<=' if hi_inc else '<'} {hi:g}")
+  return " and ".join(parts)
+
+
+def _coerce(key: str, value: Any) -> Any:
+  """Converts one raw value to the field's type, or raises ConfigError."""
+  default = getattr(Config(), key)
+  if key == "hidden":
+    if isinstance(value, int) and not isinstance(value, bool):
+      value = [value]
+    if isinstance(value, str):
+      value = [v for v in value.replace(",", " ").split() if v]
+    try:
+      sizes = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+      raise ConfigError(
+          f"config key 'hidden' = {value!r}: expected a list of positive layer sizes, e.g. [200, 200]")
+    if not sizes or any(s < 1 for s in sizes):
+      raise ConfigError(
+          f"config key 'hidden' = {value!r}: expected a non-empty list of sizes >= 1")
+    return sizes
+  if value is None:
+    if key in ("data_dir", "csv_path", "max_cohort"):
+      return None
+    raise ConfigError(f"config key '{key}' = null: a value is required")
+  if isinstance(default, bool):
+    if not isinstance(value, bool):
+      raise ConfigError(f"config key '{key}' = {value!r}: expected true or false")
+    return value
+  if isinstance(default, int) or key == "max_cohort":
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+      raise ConfigError(f"config key '{key}' = {value!r}: expected an integer")
+    return int(value)
+  if isinstance(default, float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ConfigError(f"config key '{key}' = {value!r}: expected a number")
+    if not math.isfinite(value):
+      raise ConfigError(f"config key '{key}' = {value!r}: expected a finite number")
+    return float(value)
+  # strings (and optional strings)
+  if not isinstance(value, str):
+    raise ConfigError(f"config key '{key}' = {value!r}: expected a string")
+  return value
+
+
+def _check(cfg: Config) -> None:
+  for key, choices in CHOICES.items():
+    value = getattr(cfg, key)
+    if value not in choices:
+      raise ConfigError(
+          f"config key '{key}' = {value!r}: allowed values are {', '.join(choices)}")
+  for key in RANGES:
+    value = getattr(cfg, key)
+    if value is None:
+      continue
+    lo, hi, lo_inc, hi_inc = RANGES[key]
+    ok = True
+    if lo is not None:
+      ok &= value >= lo if lo_inc else value > lo
+    if hi is not None:
+      ok &= value <= hi if hi_inc else value < hi
+    if not ok:
+      raise ConfigError(f"config key '{key}' = {value!r}: must be {_describe_range(key)}")
+  if cfg.clients_per_round > cfg.num_clients:
+    raise ConfigError(
+        f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
+        f"({cfg.num_clients})")
+  if cfg.max_cohort is not None and cfg.max_cohort < cfg.clients_per_round:
+    raise ConfigError(
+        f"config key 'max_cohort' = {cfg.max_cohort}: must be >= clients_per_round "
+        f"({cfg.clients_per_round})")
+  if cfg.lr_min > cfg.lr:
+    raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
+  if cfg.dataset == "csv" and not cfg.csv_path:
+    raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
+
+
+def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
+  """Returns a validated Config: `base` (or the defaults) with `overrides` applied."""
+  values = (base or Config()).to_dict()
+  for key, value in (overrides or {}).items():
+    if key not in _FIELDS:
+      raise ConfigError(
+          f"unknown config key '{key}' (allowed: {', '.join(sorted(_FIELDS))})")
+    values[key] = _coerce(key, value)
+  values["hidden"] = tuple(values["hidden"])
+  cfg = Config(**values)
+  _check(cfg)
+  return cfg
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+  """Parses `key=value` strings; values are read as YAML scalars or lists."""
+  out: dict[str, Any] = {}
+  for item in items:
+    if "=" not in item:
+      raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    try:
+      out[key] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+      out[key] = raw
+  return out
+
+
+def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:
+  """Defaults, then the YAML file at `path`, then `key=value` overrides."""
+  overrides: dict[str, Any] = {}
+  if path:
+    try:
+      with open(path) as f:
+        loaded = yaml.safe_load(f)
+    except FileNotFoundError:
+      raise ConfigError(f"config file {path!r} does not exist")
+    except yaml.YAMLError as e:
+      line = getattr(getattr(e, "problem_mark", None), "line", None)
+      where = f" (line {line + 1})" if line is not None else ""
+      raise ConfigError(f"config file {path!r} is not valid YAML{where}")
+    if loaded is None:
+      loaded = {}
+    if not isinstance(loaded, dict):
+      raise ConfigError(f"config file {path!r}: expected a mapping of key: value")
+    overrides.update(loaded)
+  overrides.update(parse_set(sets or []))
+  return make_config(overrides)

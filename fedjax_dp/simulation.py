@@ -1,0 +1,221 @@
+"""One round is one compiled program; rounds between evaluations are one `lax.scan`.
+
+A round, all inside jit:
+  1. cohort sampling (fixed-size or Poisson) from the round's key;
+  2. local training of every cohort client, the cohort axis sharded over the
+     `clients` mesh axis with `shard_map`; on each device the local clients
+     run either as a `vmap` (GPU) or as a sequential `lax.map` of plain
+     matmuls (CPU, where XLA's batched matmul is slow: see BENCHMARKS.md);
+  3. aggregation: example-weighted mean of the deltas, one contraction per
+     device and one `psum` across devices;
+  4. the server optimizer (optax) applied to the pseudo-gradient -mean_delta.
+The same code runs on one device (a mesh of one) and on many.
+
+Keys: round r uses fold_in(run_key, r); within it, purpose tags separate the
+cohort draw from client training, and client c trains with
+fold_in(fold_in(round_key, CLIENT_TRAINING), c). No key is used twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedjax_dp import client as client_lib
+from fedjax_dp import server as server_lib
+from fedjax_dp.config import Config
+from fedjax_dp.kernels import weighted_mean
+from fedjax_dp.models import Model
+from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
+
+# fold_in tags: one per random purpose inside a round
+COHORT_SAMPLING = 0
+CLIENT_TRAINING = 1
+MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
+
+
+class SimState(NamedTuple):
+  """Everything a run needs to continue bit for bit; saved whole by checkpoints."""
+  round: jax.Array            # int32 scalar: rounds completed
+  params: Any                 # server model
+  server_opt_state: Any       # optax state of the server optimizer
+  client_state: Any           # per-client pytrees, leading axis [num_clients] (empty for FedAvg)
+  key: jax.Array              # uint32[2] run key
+  participations: jax.Array   # int32: client participations so far (for bytes)
+  cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
+
+
+class RoundStats(NamedTuple):
+  loss_sum: jax.Array      # sum of local minibatch losses weighted by batch examples
+  examples: jax.Array      # example-visits in local training this round
+  participants: jax.Array  # int32 clients that trained this round
+
+
+def make_mesh(num_devices: int = 0) -> Mesh:
+  """A 1-D mesh named `clients` over the first `num_devices` devices (0 = all)."""
+  devices = jax.devices()
+  if num_devices:
+    if num_devices > len(devices):
+      raise ValueError(f"devices = {num_devices}: only {len(devices)} available")
+    devices = devices[:num_devices]
+  return Mesh(np.array(devices), ("clients",))
+
+
+def learning_rate_schedule(cfg: Config) -> Callable[[jax.Array], jax.Array]:
+  """Client learning rate as a function of the round (constant or cosine to lr_min)."""
+  if cfg.lr_schedule == "constant":
+    return lambda r: jnp.float32(cfg.lr)
+  return optax.cosine_decay_schedule(cfg.lr, decay_steps=cfg.rounds, alpha=cfg.lr_min / cfg.lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+  """A compiled federated simulation: build with `build_simulation`."""
+  cfg: Config
+  model: Model
+  store: FederatedStore
+  mesh: Mesh
+  cohort_capacity: int        # cohort slots per round, padded to a multiple of the mesh size
+  client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
+  run_chunk: Callable         # (state, store, length) -> (state, RoundStats [length])
+  evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
+
+  def replicate(self, tree):
+    """Places a pytree replicated on the mesh, as the compiled round returns it
+    (so the first and later calls share one compilation)."""
+    return jax.device_put(tree, NamedSharding(self.mesh, P()))
+
+  def init_state(self) -> SimState:
+    return self.replicate(init_state(self.cfg, self.model))
+
+  def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
+    return self.run_chunk(state, self.store, num_rounds)
+
+
+def init_state(cfg: Config, model: Model) -> SimState:
+  key = jax.random.PRNGKey(cfg.seed)
+  params = model.init(jax.random.fold_in(key, MODEL_INIT))
+  server_opt = server_lib.make_server_optimizer(cfg)
+  return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
+                  client_state={}, key=key, participations=jnp.int32(0),
+                  cohort_overflow=jnp.int32(0))
+
+
+def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_index,
+                  client_count, *, train_one: Callable, parallelism: str, client_batch: int):
+  """Runs on each device over its slice of the cohort; returns psum'd totals.
+
+  cohort_ids, cohort_mask: [local_cohort]. Outputs are identical on all devices.
+  """
+  # Replicated params enter as device-invariant values; per-client gradients
+  # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
+  params = jax.lax.pcast(params, "clients", to="varying")
+  counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
+  rows = client_index[cohort_ids]
+  client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
+  keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
+
+  def one(args):
+    row, count, key = args
+    return train_one(params, row, count, key, lr, x=x, y=y)
+
+  if parallelism == "vmap":
+    res = jax.vmap(one)((rows, counts, keys))
+  else:
+    res = jax.lax.map(one, (rows, counts, keys), batch_size=client_batch)
+  weights = counts.astype(jnp.float32)  # FedAvg: n_i / n
+  delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, res.delta), "clients")
+  total_weight = jax.lax.psum(jnp.sum(weights), "clients")
+  mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum), "clients"),
+                     examples=jax.lax.psum(jnp.sum(res.examples), "clients"),
+                     participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"))
+  return mean_delta, stats
+
+
+def build_simulation(cfg: Config, model: Model, store: FederatedStore,
+                     mesh: Mesh | None = None) -> Simulation:
+  mesh = mesh or make_mesh(cfg.devices)
+  n_dev = mesh.devices.size
+  if cfg.sampling == "fixed":
+    capacity = cfg.clients_per_round
+  else:
+    capacity = cfg.max_cohort or default_max_cohort(cfg.num_clients, cfg.clients_per_round)
+  padded_capacity = int(math.ceil(capacity / n_dev) * n_dev)
+  parallelism = cfg.client_parallelism
+  if parallelism == "auto":
+    parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
+
+  train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
+                      batch_size=cfg.batch_size, momentum=cfg.momentum)
+  client_phase = jax.shard_map(
+      partial(_client_phase, train_one=train_one, parallelism=parallelism,
+              client_batch=cfg.client_batch),
+      mesh=mesh,
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P()),
+      out_specs=(P(), P()))
+  server_opt = server_lib.make_server_optimizer(cfg)
+  lr_at = learning_rate_schedule(cfg)
+
+  def round_fn(state: SimState, store: FederatedStore) -> tuple[SimState, RoundStats]:
+    round_key = jax.random.fold_in(state.key, state.round)
+    cohort = sample_cohort(jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients,
+                           cfg.clients_per_round, cfg.sampling, capacity)
+    pad = padded_capacity - capacity
+    ids = jnp.pad(cohort.ids, (0, pad))
+    mask = jnp.pad(cohort.mask, (0, pad))
+    mean_delta, stats = client_phase(state.params, ids, mask, lr_at(state.round), round_key,
+                                     store.x, store.y, store.client_index, store.client_count)
+    pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
+    updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
+                               participations=state.participations + stats.participants,
+                               cohort_overflow=state.cohort_overflow + cohort.overflow)
+    return new_state, stats
+
+  @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
+  def run_chunk(state: SimState, store: FederatedStore, length: int):
+    return jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
+
+  store = jax.device_put(store, NamedSharding(mesh, P()))
+  return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
+                    cohort_capacity=padded_capacity, client_parallelism=parallelism,
+                    run_chunk=run_chunk, evaluate=make_evaluate(model))
+
+
+def make_evaluate(model: Model) -> Callable:
+  """(params, x [nb, b, ...], y [nb, b], mask [nb, b]) -> (accuracy, mean loss)."""
+  @jax.jit
+  def evaluate(params, xb, yb, mb):
+    def one(args):
+      x, y, m = args
+      logits = model.apply(params, x)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+      correct = (jnp.argmax(logits, -1) == y)
+      mf = m.astype(jnp.float32)
+      return jnp.sum(ce * mf), jnp.sum(correct * mf)
+    loss, correct = jax.lax.map(one, (xb, yb, mb))
+    n = jnp.maximum(jnp.sum(mb), 1)
+    return jnp.sum(correct) / n, jnp.sum(loss) / n
+  return evaluate
+
+
+def batch_for_eval(x: np.ndarray, y: np.ndarray, batch: int):
+  """Pads a test set to whole batches: x [nb, b, ...], y [nb, b], mask [nb, b]."""
+  n = len(y)
+  b = min(batch, max(n, 1))
+  nb = max(1, math.ceil(n / b))
+  pad = nb * b - n
+  xp = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]).reshape((nb, b) + x.shape[1:])
+  yp = np.concatenate([y, np.zeros((pad,), y.dtype)]).reshape(nb, b)
+  mp = (np.arange(nb * b) < n).reshape(nb, b)
+  return jnp.asarray(xp, jnp.float32), jnp.asarray(yp, jnp.int32), jnp.asarray(mp)

@@ -1,0 +1,90 @@
+"""The federated store: examples live on the device once; a client is a row of indices.
+
+  x             [N, ...]          all training examples, once
+  y             [N]
+  client_index  [C, max_n]        row i: client i's example indices, padded with 0
+  client_count  [C]               n_i; positions >= n_i in row i are padding
+
+A cohort is a gather of rows and a minibatch is a gather of examples, so a
+million clients cost a million index rows, not a million copies of data.
+Padding is always masked by `client_count`; it never reaches a gradient or an
+aggregation weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class FederatedStore(NamedTuple):
+  x: jax.Array             # [N, ...] float32
+  y: jax.Array             # [N] int32
+  client_index: jax.Array  # [C, max_n] int32, max_n a multiple of the batch size
+  client_count: jax.Array  # [C] int32
+
+  @property
+  def num_clients(self) -> int:
+    return self.client_index.shape[0]
+
+  @property
+  def max_examples(self) -> int:
+    return self.client_index.shape[1]
+
+
+def build_store(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray],
+                pad_to_multiple: int = 1) -> FederatedStore:
+  """Packs a partition (one index array per client) into padded index rows."""
+  counts = np.array([len(p) for p in parts], dtype=np.int32)
+  max_n = max(int(counts.max()), 1)
+  max_n = int(math.ceil(max_n / pad_to_multiple) * pad_to_multiple)
+  index = np.zeros((len(parts), max_n), dtype=np.int32)
+  for i, p in enumerate(parts):
+    index[i, :len(p)] = p
+  return FederatedStore(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32),
+                        client_index=jnp.asarray(index), client_count=jnp.asarray(counts))
+
+
+class Cohort(NamedTuple):
+  ids: jax.Array   # [M] int32 client ids (arbitrary where mask is False)
+  mask: jax.Array  # [M] bool, True for a real participant
+  overflow: jax.Array  # int32 scalar: Poisson draws dropped because the cohort was full
+
+
+def default_max_cohort(num_clients: int, clients_per_round: int) -> int:
+  """Poisson cohort capacity: mean + 4 standard deviations (overflow is counted)."""
+  q = clients_per_round / num_clients
+  sd = math.sqrt(num_clients * q * (1 - q))
+  return min(num_clients, int(math.ceil(clients_per_round + 4 * sd)) + 1)
+
+
+def sample_cohort(key: jax.Array, num_clients: int, clients_per_round: int, sampling: str,
+                  capacity: int) -> Cohort:
+  """Draws the round's participants inside jit.
+
+  fixed:   exactly `clients_per_round` distinct clients, uniformly without
+           replacement (the first `clients_per_round` of a random permutation).
+  poisson: each client joins independently with probability
+           q = clients_per_round / num_clients; the cohort array has room for
+           `capacity` participants, and draws beyond it are counted in
+           `overflow` (it breaks the Poisson assumption, so the run reports it).
+  The output has `capacity` slots in both cases; unused slots are masked.
+  """
+  if sampling == "fixed":
+    ids = jax.random.permutation(key, num_clients)[:clients_per_round].astype(jnp.int32)
+    pad = capacity - clients_per_round
+    ids = jnp.concatenate([ids, jnp.zeros((pad,), jnp.int32)])
+    mask = jnp.arange(capacity) < clients_per_round
+    return Cohort(ids, mask, jnp.int32(0))
+  if sampling == "poisson":
+    q = clients_per_round / num_clients
+    joined = jax.random.bernoulli(key, q, (num_clients,))
+    (ids,) = jnp.nonzero(joined, size=capacity, fill_value=0)
+    total = joined.sum(dtype=jnp.int32)
+    mask = jnp.arange(capacity) < total
+    return Cohort(ids.astype(jnp.int32), mask, jnp.maximum(total - capacity, 0))
+  raise ValueError(f"unknown sampling {sampling!r} (allowed: fixed, poisson)")
