@@ -1,0 +1,51 @@
+# Set-up and entry points. Every target creates .venv if missing and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+.PHONY: demo test test-slow bench fmnist-data clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@ $(VENV)/.installed-base
+
+$(VENV)/.installed-bench: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	@touch $@ $(VENV)/.installed-dev $(VENV)/.installed-base
+
+# The full Fashion-MNIST (60k/10k) from Debian, for the integration tests and the benchmark.
+fmnist-data:
+	@if [ ! -e $(FMNIST) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	    (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1) || \
+	    echo "note: could not install dataset-fashion-mnist; Fashion-MNIST tests will be skipped"; \
+	  else \
+	    echo "note: Fashion-MNIST tests will be skipped; enable them with: sudo apt-get install dataset-fashion-mnist"; \
+	  fi; \
+	fi
+
+# The main job on the embedded default dataset (scikit-learn digits); never overwrites an earlier demo.
+demo: $(VENV)/.installed-base
+	$(VENV)/bin/fedjax-dp run --config experiments/demo.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+test: $(VENV)/.installed-dev fmnist-data
+	$(PY) -m pytest -q
+
+test-slow: $(VENV)/.installed-dev fmnist-data
+	$(PY) -m pytest -q -m slow
+
+bench: $(VENV)/.installed-bench fmnist-data
+	$(PY) benchmarks/fedavg_round.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,71 @@
+"""Orbax checkpoints of the whole simulation state, plus host-side run metadata.
+
+Orbax writes each step into a temporary folder and renames it when complete,
+so a process killed mid-save never leaves a half-written checkpoint listed as
+the newest. A checkpoint that is listed but unreadable (disk damage, a file
+truncated by hand) is reported and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+# orbax logs every save at INFO through absl; keep the user's terminal for the progress bar
+logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint in the folder could be restored."""
+
+
+def _manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+      item_names=("state", "meta"))
+
+
+def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3) -> None:
+  """Saves `state` (a pytree of arrays) and JSON `meta` as checkpoint `step`; blocks until done."""
+  with _manager(directory, keep) as mgr:
+    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                           meta=ocp.args.JsonSave(meta)))
+    mgr.wait_until_finished()
+
+
+def steps(directory: str) -> list[int]:
+  if not os.path.isdir(directory):
+    return []
+  with _manager(directory) as mgr:
+    return sorted(mgr.all_steps())
+
+
+def restore_latest(directory: str, template: Any, warn=None) -> tuple[int, Any, dict]:
+  """Restores the newest readable checkpoint as (step, state, meta).
+
+  `template` is a state pytree with the right structure, shapes, dtypes and
+  shardings. A checkpoint that fails to restore is reported through `warn`
+  (default: stderr) and the next older one is tried.
+  """
+  warn = warn or (lambda msg: print(msg, file=sys.stderr))
+  available = steps(directory)
+  if not available:
+    raise CheckpointError(f"no checkpoint found in {directory}")
+  abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+  with _manager(directory) as mgr:
+    for step in reversed(available):
+      try:
+        restored = mgr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        return step, restored["state"], dict(restored["meta"])
+      except Exception as e:  # orbax raises many types for damaged files
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        warn(f"warning: checkpoint at round {step} in {directory} is unreadable ({reason}); "
+             "trying the previous one")
+  raise CheckpointError(f"no readable checkpoint in {directory} (tried rounds {available})")

@@ -1,0 +1,88 @@
+"""Run outputs: metrics.jsonl (one object per evaluation), summary.json, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+METRIC_KEYS = ("round", "test_accuracy", "test_loss", "train_loss", "epsilon", "delta",
+               "bytes_up", "bytes_down", "wall_s")
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Writes JSON through a temporary file and a rename: a reader never sees half a file."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def read_metrics(path: str) -> list[dict]:
+  """Reads metrics.jsonl, ignoring a torn last line left by a killed process."""
+  if not os.path.exists(path):
+    return []
+  rows = []
+  with open(path) as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return rows
+
+
+def rewrite_metrics(path: str, rows: list[dict]) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  os.replace(tmp, path)
+
+
+def append_metrics(path: str, row: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
+    f.flush()
+
+
+def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
+  """Accuracy, loss, bytes (and epsilon when accounted) against rounds; returns the PNG paths."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  if not rows:
+    return []
+  rounds = [r["round"] for r in rows]
+  panels = [
+      ("accuracy.png", "test accuracy", [("test", "test_accuracy")]),
+      ("loss.png", "loss", [("test", "test_loss"), ("train", "train_loss")]),
+      ("bytes.png", "cumulative bytes", [("up", "bytes_up"), ("down", "bytes_down")]),
+  ]
+  if any(r.get("epsilon") is not None for r in rows):
+    panels.append(("epsilon.png", "epsilon spent", [("epsilon", "epsilon")]))
+  paths = []
+  for filename, ylabel, series in panels:
+    fig, ax = plt.subplots(figsize=(5, 3.4), dpi=120)
+    for label, key in series:
+      pts = [(x, r[key]) for x, r in zip(rounds, rows) if r.get(key) is not None]
+      if pts:
+        ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+      ax.legend()
+    fig.tight_layout()
+    path = os.path.join(out_dir, filename)
+    fig.savefig(path)
+    plt.close(fig)
+    paths.append(path)
+  return paths
