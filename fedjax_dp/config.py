@@ -161,6 +161,11 @@ def _coerce(key: str, value: Any) -> Any:
       raise ConfigError(f"config key '{key}' = {value!r}: expected an integer")
     return int(value)
   if isinstance(default, float):
+    if isinstance(value, str):  # YAML 1.1 reads `1e-2` (no dot) as a string
+      try:
+        value = float(value)
+      except ValueError:
+        pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       raise ConfigError(f"config key '{key}' = {value!r}: expected a number")
     if not math.isfinite(value):
@@ -172,7 +177,11 @@ def _coerce(key: str, value: Any) -> Any:
   return value
 
 
-def _check(cfg: Config) -> None:
+def _check(cfg: Config, raw: dict[str, Any]) -> None:
+  """Raises ConfigError for the first bad value, shown as the user wrote it (`raw`)."""
+  def shown(key):
+    return raw.get(key, getattr(cfg, key))
+
   for key, choices in CHOICES.items():
     value = getattr(cfg, key)
     if value not in choices:
@@ -189,7 +198,7 @@ def _check(cfg: Config) -> None:
     if hi is not None:
       ok &= value <= hi if hi_inc else value < hi
     if not ok:
-      raise ConfigError(f"config key '{key}' = {value!r}: must be {_describe_range(key)}")
+      raise ConfigError(f"config key '{key}' = {shown(key)!r}: must be {_describe_range(key)}")
   if cfg.clients_per_round > cfg.num_clients:
     raise ConfigError(
         f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
@@ -207,14 +216,15 @@ def _check(cfg: Config) -> None:
 def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
   """Returns a validated Config: `base` (or the defaults) with `overrides` applied."""
   values = (base or Config()).to_dict()
-  for key, value in (overrides or {}).items():
+  raw = dict(overrides or {})
+  for key, value in raw.items():
     if key not in _FIELDS:
       raise ConfigError(
           f"unknown config key '{key}' (allowed: {', '.join(sorted(_FIELDS))})")
     values[key] = _coerce(key, value)
   values["hidden"] = tuple(values["hidden"])
   cfg = Config(**values)
-  _check(cfg)
+  _check(cfg, raw)
   return cfg
 
 
