@@ -1,0 +1,116 @@
+"""`fedjax-dp` command line: `run` and `datasets`.
+
+Every user error (bad config key or value, missing or corrupt data, an output
+folder that would be overwritten) prints one line `error: ...` to stderr and
+exits with status 2, without a traceback and without touching earlier results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+USER_ERROR = 2
+
+
+def _run(args) -> int:
+  from fedjax_dp import runner
+  from fedjax_dp.config import load_config, make_config, parse_set
+  import json
+
+  if args.resume and not args.config:
+    cfg_path = os.path.join(args.out, "config.json")
+    if not os.path.exists(cfg_path):
+      raise runner.RunError(f"--resume: {args.out} holds no run (no config.json)")
+    with open(cfg_path) as f:
+      saved = make_config(json.load(f))
+    cfg = make_config(parse_set(args.set), base=saved)
+  else:
+    cfg = load_config(args.config, args.set)
+  summary = runner.run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
+                                  progress=not args.no_progress)
+  final = summary["final"]
+  out = os.path.abspath(args.out)
+  if final:
+    print(f"round {final['round']}: test accuracy {final['test_accuracy']:.4f}, "
+          f"test loss {final['test_loss']:.4f}")
+  print(f"results: {out}/metrics.jsonl, {out}/summary.json")
+  if summary.get("plots"):
+    print("plots:   " + ", ".join(summary["plots"]))
+  return 0
+
+
+def _datasets(args) -> int:
+  from fedjax_dp import data
+  from fedjax_dp.config import load_config
+
+  if not args.partition:
+    for name in data.DATASETS:
+      ok, where = data.find_dataset(name, args.data_dir)
+      print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")
+    return 0
+  from fedjax_dp import partition as part_lib
+  from fedjax_dp import runner
+  sets = list(args.set)
+  if args.data_dir:
+    sets.append(f"data_dir={args.data_dir}")
+  cfg = load_config(args.config, sets)
+  ds = runner.load_data(cfg)
+  parts = runner.client_partition(cfg, ds)
+  hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
+  print(f"{cfg.dataset}: {len(ds.y_train)} training examples, {cfg.num_clients} clients, "
+        f"partition {cfg.partition}" + (f" (alpha {cfg.alpha})" if cfg.partition == "dirichlet" else ""))
+  print(part_lib.format_histogram(hist))
+  if args.plot:
+    part_lib.plot_histogram(hist, args.plot)
+    print(f"plot: {os.path.abspath(args.plot)}")
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="fedjax-dp",
+      description="JAX simulator for federated learning with differential privacy.")
+  sub = p.add_subparsers(dest="command", required=True)
+
+  r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
+  r.add_argument("--config", help="YAML file of config keys (see README)")
+  r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override one config key; repeatable")
+  r.add_argument("--out", required=True, help="output folder (must be empty or absent)")
+  r.add_argument("--resume", action="store_true",
+                 help="continue the run in --out from its newest readable checkpoint")
+  r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+  r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  r.set_defaults(func=_run)
+
+  d = sub.add_parser("datasets", help="list datasets, or show a partition's label histogram")
+  d.add_argument("--data-dir", help="folder to search for dataset files")
+  d.add_argument("--partition", action="store_true",
+                 help="print the per-client label histogram of the configured partition")
+  d.add_argument("--config", help="YAML config (dataset, num_clients, partition, alpha, ...)")
+  d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
+  d.set_defaults(func=_datasets)
+  return p
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  from fedjax_dp.checkpoint import CheckpointError
+  from fedjax_dp.config import ConfigError
+  from fedjax_dp.data import DataError
+  from fedjax_dp.runner import RunError
+  try:
+    return args.func(args)
+  except (ConfigError, DataError, RunError, CheckpointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return USER_ERROR
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,313 @@
+"""Dataset loaders: numpy arrays plus metadata, from standard files, with one-line errors.
+
+Images come back as float32 [N, H, W, C] in [0, 1]; tabular data as float32
+[N, d] standardized with the training set's mean and deviation. Labels are
+int32 [N] in 0..num_classes-1.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import math
+import os
+import pickle
+import zlib
+
+import numpy as np
+
+
+class DataError(ValueError):
+  """A missing, truncated or corrupt data file, or a bad data option; one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  name: str
+  x_train: np.ndarray  # float32 [N, ...]
+  y_train: np.ndarray  # int32 [N]
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+  source: str          # the folder or file it was read from, or how it was made
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    return tuple(self.x_train.shape[1:])
+
+
+DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic")
+
+IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+             "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+IMAGE_MAGIC, LABEL_MAGIC = 0x00000803, 0x00000801
+DEBIAN_FMNIST = "/usr/share/datasets/fashion-mnist"
+_IDX_SUBDIRS = {"mnist": ("mnist", "MNIST", "MNIST/raw"),
+                "fmnist": ("fmnist", "fashion-mnist", "fashion_mnist", "FashionMNIST",
+                           "FashionMNIST/raw")}
+_HOW_TO_GET = {
+    "fmnist": "install the Debian package dataset-fashion-mnist or pass --set data_dir=DIR",
+    "mnist": "put the four MNIST IDX files in a folder and pass --set data_dir=DIR",
+    "cifar10": "unpack cifar-10-python.tar.gz and pass --set data_dir=DIR",
+}
+
+
+def _roots(data_dir: str | None) -> list[str]:
+  roots = [data_dir, os.environ.get("FEDJAX_DP_DATA")]
+  return [os.path.expanduser(r) for r in roots if r]
+
+
+def _idx_candidates(name: str, data_dir: str | None) -> list[str]:
+  """Folders that may hold the IDX files, in search order."""
+  home = os.path.expanduser("~")
+  roots = _roots(data_dir) + [os.path.join(home, ".cache"), os.path.join(home, "data"),
+                              os.path.join(home, ".keras", "datasets")]
+  dirs = []
+  for root in roots:
+    dirs.append(root)
+    dirs += [os.path.join(root, sub) for sub in _IDX_SUBDIRS[name]]
+  if name == "fmnist":
+    dirs.append(DEBIAN_FMNIST)
+  return dirs
+
+
+def _idx_file(folder: str, stem: str) -> str | None:
+  for candidate in (stem, stem + ".gz"):
+    path = os.path.join(folder, candidate)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def _find_idx_folder(name: str, data_dir: str | None) -> tuple[str | None, list[str]]:
+  searched = _idx_candidates(name, data_dir)
+  for folder in searched:
+    if all(_idx_file(folder, stem) for stem in IDX_FILES.values()):
+      return folder, searched
+  return None, searched
+
+
+def _find_cifar_folder(data_dir: str | None) -> tuple[str | None, list[str]]:
+  searched = []
+  for root in _roots(data_dir):
+    for folder in (os.path.join(root, "cifar-10-batches-py"), root):
+      searched.append(folder)
+      if os.path.isfile(os.path.join(folder, "data_batch_1")):
+        return folder, searched
+  return None, searched
+
+
+def find_dataset(name: str, data_dir: str | None = None) -> tuple[bool, str]:
+  """(available here?, where it is or why not). Never raises for missing data."""
+  if name == "digits":
+    return True, "scikit-learn (shipped)"
+  if name == "synthetic":
+    return True, "generated on demand (any size)"
+  if name == "csv":
+    return True, "any CSV file: --set dataset=csv --set csv_path=FILE"
+  if name in ("mnist", "fmnist"):
+    folder, _ = _find_idx_folder(name, data_dir)
+    return (True, folder) if folder else (False, _HOW_TO_GET[name])
+  if name == "cifar10":
+    folder, _ = _find_cifar_folder(data_dir)
+    return (True, folder) if folder else (False, _HOW_TO_GET[name])
+  raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+
+
+# ---------------------------------------------------------------------------- IDX
+
+
+def _read_bytes(path: str) -> bytes:
+  try:
+    if path.endswith(".gz"):
+      with gzip.open(path, "rb") as f:
+        return f.read()
+    with open(path, "rb") as f:
+      return f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise DataError(f"{path}: cannot read ({e.__class__.__name__}: {e}); expected a "
+                    f"{'gzip-compressed ' if path.endswith('.gz') else ''}IDX file")
+
+
+def read_idx(path: str, expect_magic: int) -> np.ndarray:
+  """Reads one IDX file (big-endian header: magic, then one uint32 per dimension)."""
+  raw = _read_bytes(path)
+  kind = "images" if expect_magic == IMAGE_MAGIC else "labels"
+  if len(raw) < 4:
+    raise DataError(f"{path}: truncated: {len(raw)} bytes, expected an IDX header")
+  magic = int.from_bytes(raw[:4], "big")
+  if magic != expect_magic:
+    raise DataError(f"{path}: bad IDX magic 0x{magic:08x}, expected 0x{expect_magic:08x} ({kind})")
+  ndim = magic & 0xFF
+  header = 4 + 4 * ndim
+  if len(raw) < header:
+    raise DataError(f"{path}: truncated header: {len(raw)} bytes, expected {header}")
+  dims = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+  expected = header + math.prod(dims)
+  if len(raw) != expected:
+    raise DataError(f"{path}: {len(raw)} bytes, expected {expected} for {kind} of shape {dims} "
+                    "(truncated or corrupt)")
+  return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+
+
+def _load_idx_dataset(name: str, data_dir: str | None) -> Dataset:
+  folder, searched = _find_idx_folder(name, data_dir)
+  if folder is None:
+    raise DataError(f"dataset {name!r} not found (searched {', '.join(searched)}): "
+                    f"{_HOW_TO_GET[name]}")
+  arrays = {}
+  for key, stem in IDX_FILES.items():
+    path = _idx_file(folder, stem)
+    arrays[key] = read_idx(path, IMAGE_MAGIC if key.endswith("x") else LABEL_MAGIC)
+  for split in ("train", "test"):
+    xs, ys = arrays[f"{split}_x"], arrays[f"{split}_y"]
+    x_path = _idx_file(folder, IDX_FILES[f"{split}_x"])
+    y_path = _idx_file(folder, IDX_FILES[f"{split}_y"])
+    if xs.ndim != 3:
+      raise DataError(f"{x_path}: images of shape {xs.shape}, expected [N, rows, cols]")
+    if ys.ndim != 1 or len(ys) != len(xs):
+      raise DataError(f"{y_path}: {ys.shape[0]} labels, expected {len(xs)} (one per image in "
+                      f"{x_path})")
+    if ys.size and ys.max() > 9:
+      raise DataError(f"{y_path}: label {int(ys.max())} out of range, expected 0..9")
+  img = lambda a: (a.astype(np.float32) / 255.0)[..., None]
+  return Dataset(name, img(arrays["train_x"]), arrays["train_y"].astype(np.int32),
+                 img(arrays["test_x"]), arrays["test_y"].astype(np.int32), 10, folder)
+
+
+# ---------------------------------------------------------------------------- CIFAR-10
+
+
+def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+  if not os.path.isfile(path):
+    raise DataError(f"{path}: missing, expected a CIFAR-10 python batch")
+  try:
+    with open(path, "rb") as f:
+      batch = pickle.load(f, encoding="bytes")
+    data, labels = batch[b"data"], batch[b"labels"]
+  except Exception as e:
+    raise DataError(f"{path}: not a CIFAR-10 python batch ({e.__class__.__name__}); expected a "
+                    "pickled dict with b'data' and b'labels'")
+  data = np.asarray(data)
+  labels = np.asarray(labels)
+  if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+    raise DataError(f"{path}: data of shape {data.shape} with {len(labels)} labels, expected "
+                    "[N, 3072] uint8 and N labels")
+  if labels.size and (labels.min() < 0 or labels.max() > 9):
+    raise DataError(f"{path}: labels out of range, expected 0..9")
+  images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # stored channel-major
+  return images, labels
+
+
+def _load_cifar10(data_dir: str | None) -> Dataset:
+  folder, searched = _find_cifar_folder(data_dir)
+  if folder is None:
+    where = ", ".join(searched) if searched else "no data_dir or $FEDJAX_DP_DATA given"
+    raise DataError(f"dataset 'cifar10' not found (searched {where}): {_HOW_TO_GET['cifar10']}")
+  train = [_read_cifar_batch(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6)]
+  test = _read_cifar_batch(os.path.join(folder, "test_batch"))
+  img = lambda a: a.astype(np.float32) / 255.0
+  return Dataset("cifar10", img(np.concatenate([t[0] for t in train])),
+                 np.concatenate([t[1] for t in train]).astype(np.int32), img(test[0]),
+                 test[1].astype(np.int32), 10, folder)
+
+
+# ---------------------------------------------------------------------------- tabular
+
+
+def _split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  perm = np.random.default_rng(seed).permutation(n)
+  n_test = max(1, int(round(n * test_fraction)))
+  return perm[n_test:], perm[:n_test]
+
+
+def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  mean, std = train.mean(0), train.std(0)
+  std = np.where(std > 0, std, 1.0)
+  return ((train - mean) / std).astype(np.float32), ((test - mean) / std).astype(np.float32)
+
+
+def _load_digits(seed: int) -> Dataset:
+  from sklearn.datasets import load_digits
+  d = load_digits()
+  x = (d.images / 16.0).astype(np.float32)[..., None]  # 16 grey levels -> [0, 1]
+  tr, te = _split(len(d.target), 0.2, seed)
+  return Dataset("digits", x[tr], d.target[tr].astype(np.int32), x[te],
+                 d.target[te].astype(np.int32), 10, "scikit-learn load_digits")
+
+
+def _load_csv(path: str | None, label_column: str = "label", test_fraction: float = 0.2,
+              seed: int = 0) -> Dataset:
+  if not path:
+    raise DataError("dataset 'csv' needs csv_path")
+  if not os.path.isfile(path):
+    raise DataError(f"{path}: no such CSV file")
+  with open(path, newline="") as f:
+    rows = list(csv.reader(f))
+  if not rows:
+    raise DataError(f"{path}: empty file, expected a header row and data rows")
+  header = [h.strip() for h in rows[0]]
+  if label_column not in header:
+    raise DataError(f"{path}: no column {label_column!r} (columns: {', '.join(header)})")
+  li = header.index(label_column)
+  feats = [i for i in range(len(header)) if i != li]
+  if not feats:
+    raise DataError(f"{path}: no feature columns besides {label_column!r}")
+  x = np.empty((len(rows) - 1, len(feats)), np.float64)
+  labels = []
+  for r, row in enumerate(rows[1:]):
+    line = r + 2
+    if len(row) != len(header):
+      raise DataError(f"{path}: line {line} has {len(row)} fields, expected {len(header)}")
+    for j, i in enumerate(feats):
+      try:
+        x[r, j] = float(row[i])
+      except ValueError:
+        raise DataError(f"{path}: line {line}, column {header[i]!r}: {row[i]!r} is not a number")
+    labels.append(row[li].strip())
+  if len(labels) < 2:
+    raise DataError(f"{path}: {len(labels)} data rows, expected at least 2")
+  # Labels may be numbers or names: map their sorted distinct values to 0..K-1.
+  try:
+    classes = sorted(set(labels), key=float)
+  except ValueError:
+    classes = sorted(set(labels))
+  lookup = {c: k for k, c in enumerate(classes)}
+  y = np.array([lookup[v] for v in labels], np.int32)
+  tr, te = _split(len(y), test_fraction, seed)
+  xtr, xte = _standardize(x[tr], x[te])
+  return Dataset("csv", xtr, y[tr], xte, y[te], max(len(classes), 2), path)
+
+
+def _load_synthetic(num_examples: int = 10000, num_features: int = 32, num_classes: int = 10,
+                    seed: int = 0) -> Dataset:
+  """Gaussian class clusters: class means at distance ~2.5 sd, so an MLP learns
+  well above chance but not perfectly. The test set is 20 % extra draws."""
+  if num_examples < 2 or num_features < 1 or num_classes < 2:
+    raise DataError(f"synthetic: num_examples={num_examples}, num_features={num_features}, "
+                    f"num_classes={num_classes}; expected >= 2, >= 1, >= 2")
+  rng = np.random.default_rng(seed)
+  means = rng.normal(size=(num_classes, num_features)) * 2.5 / math.sqrt(max(num_features, 1)) * 2
+  n_test = max(1, num_examples // 5)
+  y = rng.integers(0, num_classes, size=num_examples + n_test).astype(np.int32)
+  x = (means[y] + rng.normal(size=(len(y), num_features))).astype(np.float32)
+  xtr, xte = _standardize(x[:num_examples], x[num_examples:])
+  return Dataset("synthetic", xtr, y[:num_examples], xte, y[num_examples:], num_classes,
+                 f"generated (seed {seed})")
+
+
+def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **options) -> Dataset:
+  """Loads a dataset by name; options: csv (path, label_column, test_fraction), synthetic
+  (num_examples, num_features, num_classes)."""
+  if name == "digits":
+    return _load_digits(seed)
+  if name in ("mnist", "fmnist"):
+    return _load_idx_dataset(name, data_dir)
+  if name == "cifar10":
+    return _load_cifar10(data_dir)
+  if name == "csv":
+    return _load_csv(seed=seed, **options)
+  if name == "synthetic":
+    return _load_synthetic(seed=seed, **options)
+  raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")

@@ -1,0 +1,61 @@
+"""Bad config keys and values: one-line errors naming the key and what is allowed."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_dp.config import Config, ConfigError, load_config, make_config, parse_set
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    ({"alpah": 0.5}, "unknown config key 'alpah'"),
+    ({"alpha": 0}, "'alpha' = 0: must be > 0"),
+    ({"alpha": "high"}, "'alpha' = 'high': expected a number"),
+    ({"num_clients": 2.5}, "'num_clients' = 2.5: expected an integer"),
+    ({"momentum": 1.0}, "'momentum' = 1.0: must be >= 0 and < 1"),
+    ({"sampling": "random"}, "'sampling' = 'random': allowed values are fixed, poisson"),
+    ({"dataset": "imagenet"}, "allowed values are digits, mnist, fmnist, cifar10, csv, synthetic"),
+    ({"clients_per_round": 30}, "'clients_per_round' = 30: must be <= num_clients (20)"),
+    ({"hidden": [200, 0]}, "'hidden'"),
+    ({"rounds": 0}, "'rounds' = 0: must be >= 1"),
+    ({"lr": float("nan")}, "'lr' = nan: expected a finite number"),
+    ({"dataset": "csv"}, "'csv_path' is required"),
+])
+def test_bad_values_are_named(overrides, fragment):
+  with pytest.raises(ConfigError) as e:
+    make_config(overrides)
+  msg = str(e.value)
+  assert fragment in msg
+  assert "\n" not in msg
+
+
+def test_defaults_are_valid_and_overrides_apply():
+  cfg = make_config({"alpha": 0.1, "hidden": "64,32", "rounds": 3})
+  assert cfg.alpha == 0.1 and cfg.hidden == (64, 32) and cfg.rounds == 3
+  assert make_config() == Config()
+
+
+def test_yaml_then_set(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("num_clients: 50\nalpha: 0.3\nhidden: [10]\n")
+  cfg = load_config(str(path), ["alpha=1e-2", "sampling=poisson"])
+  assert (cfg.num_clients, cfg.alpha, cfg.hidden, cfg.sampling) == (50, 0.01, (10,), "poisson")
+  assert parse_set(["hidden=[3, 4]"]) == {"hidden": [3, 4]}
+  with pytest.raises(ConfigError, match="expected key=value"):
+    parse_set(["alpha"])
+  bad = tmp_path / "bad.yaml"
+  bad.write_text("alpha: [1,\n")
+  with pytest.raises(ConfigError, match="not valid YAML"):
+    load_config(str(bad))
+  with pytest.raises(ConfigError, match="does not exist"):
+    load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_cli_exit_status_two_without_traceback(tmp_path):
+  out = tmp_path / "run"
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--out", str(out),
+                         "--set", "alpha=-1"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip() == "error: config key 'alpha' = -1: must be > 0"
+  assert not out.exists()

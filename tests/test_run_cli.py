@@ -1,0 +1,139 @@
+"""End-to-end runs through the CLI: outputs, determinism, refusal to overwrite, kill and resume."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fedjax_dp import checkpoint
+from fedjax_dp.cli import main
+from fedjax_dp.reporting import METRIC_KEYS
+
+FAST = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
+        "batch_size=16", "lr=0.05", "rounds=6", "eval_every=2", "devices=1"]
+
+
+def cli(args, capsys=None):
+  argv = ["run", "--no-progress"] + args
+  return main(argv)
+
+
+def sets(*extra):
+  out = []
+  for kv in FAST + list(extra):
+    out += ["--set", kv]
+  return out
+
+
+def read_rows(out):
+  with open(os.path.join(out, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_run_writes_every_output(tmp_path):
+  out = str(tmp_path / "run")
+  assert cli(["--out", out] + sets()) == 0
+  rows = read_rows(out)
+  assert [r["round"] for r in rows] == [2, 4, 6]
+  for r in rows:
+    assert set(METRIC_KEYS) <= set(r)
+    assert r["epsilon"] is None and 0.0 <= r["test_accuracy"] <= 1.0
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  with open(os.path.join(out, "config.json")) as f:
+    cfg = json.load(f)
+  assert cfg["num_clients"] == 10 and cfg["hidden"] == [32]
+  d = summary["model"]["params"]
+  assert d == 64 * 32 + 32 + 32 * 10 + 10  # digits: 8x8 inputs, 10 classes
+  # fixed cohort of 5 for 6 rounds, dense float32 both ways
+  assert rows[-1]["bytes_up"] == rows[-1]["bytes_down"] == 6 * 5 * 4 * d
+  assert summary["final"] == rows[-1]
+  for png in ("accuracy.png", "loss.png", "bytes.png"):
+    assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
+  runs = {}
+  for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+    out = str(tmp_path / name)
+    assert cli(["--out", out] + sets(f"seed={seed}")) == 0
+    runs[name] = [(r["test_accuracy"], r["test_loss"], r["train_loss"]) for r in read_rows(out)]
+  assert runs["a"] == runs["b"]
+  assert runs["a"] != runs["c"]
+
+
+def test_existing_results_are_never_overwritten(tmp_path, capsys):
+  out = str(tmp_path / "run")
+  assert cli(["--out", out] + sets()) == 0
+  before = open(os.path.join(out, "metrics.jsonl")).read()
+  capsys.readouterr()
+  assert cli(["--out", out] + sets("seed=3")) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: output folder") and "--overwrite" in err and "\n" not in err
+  assert open(os.path.join(out, "metrics.jsonl")).read() == before
+  assert cli(["--out", out, "--resume"] + sets("seed=3")) == 2   # config must match
+  assert "differs" in capsys.readouterr().err
+  assert cli(["--out", out, "--overwrite"] + sets("seed=3")) == 0
+
+
+def test_missing_dataset_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv("FEDJAX_DP_DATA", str(tmp_path / "nothing"))
+  assert cli(["--out", str(tmp_path / "r")] + sets("dataset=cifar10")) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: ") and "cifar10" in err and "\n" not in err
+
+
+SLOW_RUN = ["dataset=digits", "num_clients=30", "clients_per_round=10", "hidden=[64]",
+            "batch_size=8", "local_epochs=8", "lr=0.02", "rounds=60", "eval_every=5",
+            "checkpoint_every=5", "devices=1", "keep_checkpoints=20"]
+
+
+def _cmd(out, *extra):
+  args = [sys.executable, "-m", "fedjax_dp.cli", "run", "--no-progress", "--out", out]
+  for kv in SLOW_RUN:
+    args += ["--set", kv]
+  return args + list(extra)
+
+
+def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
+  full = str(tmp_path / "full")
+  subprocess.run(_cmd(full), check=True, timeout=300, capture_output=True)
+
+  killed = str(tmp_path / "killed")
+  proc = subprocess.Popen(_cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  ckpt_dir = os.path.join(killed, "checkpoints")
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    done = checkpoint.steps(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+    if done and max(done) >= 15:
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, "the run finished before it could be killed; make SLOW_RUN longer"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert max(checkpoint.steps(ckpt_dir)) < 60
+
+  resumed = subprocess.run(_cmd(killed, "--resume"), timeout=300, capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resuming" in resumed.stderr
+  key = lambda rows: [(r["round"], r["test_accuracy"], r["test_loss"], r["train_loss"],
+                       r["bytes_up"]) for r in rows]
+  assert key(read_rows(killed)) == key(read_rows(full))
+
+  # Damage the newest checkpoint: it is reported, the previous one is used, same numbers.
+  newest = max(checkpoint.steps(ckpt_dir))
+  state_dir = os.path.join(ckpt_dir, str(newest), "state")
+  for root, _, files in os.walk(state_dir):
+    for name in files:
+      with open(os.path.join(root, name), "w") as f:
+        f.write("garbage")
+  again = subprocess.run(_cmd(killed, "--resume", "--set", "rounds=60"), timeout=300,
+                         capture_output=True, text=True)
+  assert again.returncode == 0, again.stderr
+  assert f"checkpoint at round {newest}" in again.stderr and "unreadable" in again.stderr
+  assert key(read_rows(killed)) == key(read_rows(full))
