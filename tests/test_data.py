@@ -1,0 +1,173 @@
+"""Loaders read the real formats back exactly and reject broken files with one line."""
+
+import gzip
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from fedjax_dp.data import (DEBIAN_FMNIST, DataError, IMAGE_MAGIC, LABEL_MAGIC, find_dataset,
+                            load_dataset, read_idx)
+
+
+def write_idx(path, array, magic, gz=False, header_dims=None):
+  dims = header_dims or array.shape
+  raw = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in dims)
+  raw += np.ascontiguousarray(array, np.uint8).tobytes()
+  opener = gzip.open if gz else open
+  with opener(str(path) + (".gz" if gz else ""), "wb") as f:
+    f.write(raw)
+
+
+def write_mnist_folder(folder, n_train=12, n_test=5, gz=True, seed=0):
+  rng = np.random.default_rng(seed)
+  arrays = {
+      "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
+      "train-labels-idx1-ubyte": rng.integers(0, 10, n_train),
+      "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
+      "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test),
+  }
+  os.makedirs(folder, exist_ok=True)
+  for name, a in arrays.items():
+    write_idx(os.path.join(folder, name), a, IMAGE_MAGIC if "images" in name else LABEL_MAGIC, gz)
+  return arrays
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_round_trip(tmp_path, gz):
+  arrays = write_mnist_folder(tmp_path, gz=gz)
+  ds = load_dataset("mnist", str(tmp_path))
+  assert ds.x_train.shape == (12, 28, 28, 1) and ds.x_test.shape == (5, 28, 28, 1)
+  np.testing.assert_array_equal(ds.x_train[..., 0] * 255, arrays["train-images-idx3-ubyte"])
+  np.testing.assert_array_equal(ds.y_test, arrays["t10k-labels-idx1-ubyte"])
+  assert ds.y_train.dtype == np.int32 and ds.source == str(tmp_path)
+
+
+def test_search_path_env_and_torchvision_layout(tmp_path, monkeypatch):
+  write_mnist_folder(tmp_path / "FashionMNIST" / "raw")
+  monkeypatch.setenv("FEDJAX_DP_DATA", str(tmp_path))
+  ok, where = find_dataset("fmnist")
+  assert ok and where == str(tmp_path / "FashionMNIST" / "raw")
+  assert load_dataset("fmnist").x_train.shape[0] == 12
+
+
+def _one_line_error(fn, *fragments):
+  with pytest.raises(DataError) as e:
+    fn()
+  msg = str(e.value)
+  assert "\n" not in msg
+  for fragment in fragments:
+    assert fragment in msg, msg
+  return msg
+
+
+def test_bad_magic(tmp_path):
+  write_mnist_folder(tmp_path, gz=False)
+  path = tmp_path / "train-images-idx3-ubyte"
+  write_idx(path, np.zeros(10), LABEL_MAGIC)  # a label file where images belong
+  _one_line_error(lambda: load_dataset("mnist", str(tmp_path)), str(path),
+                  "bad IDX magic 0x00000801, expected 0x00000803")
+
+
+def test_truncated_file(tmp_path):
+  write_mnist_folder(tmp_path, gz=False)
+  path = tmp_path / "t10k-images-idx3-ubyte"
+  data = path.read_bytes()
+  path.write_bytes(data[:-100])
+  _one_line_error(lambda: read_idx(str(path), IMAGE_MAGIC), str(path), "truncated or corrupt")
+
+
+def test_label_count_mismatch(tmp_path):
+  write_mnist_folder(tmp_path, gz=False)
+  write_idx(tmp_path / "train-labels-idx1-ubyte", np.zeros(11), LABEL_MAGIC)
+  _one_line_error(lambda: load_dataset("mnist", str(tmp_path)), "train-labels-idx1-ubyte",
+                  "11 labels, expected 12")
+
+
+def test_bad_gzip_stream(tmp_path):
+  write_mnist_folder(tmp_path, gz=True)
+  path = tmp_path / "train-images-idx3-ubyte.gz"
+  path.write_bytes(b"\x1f\x8b" + b"not really gzip" * 10)
+  _one_line_error(lambda: load_dataset("mnist", str(tmp_path)), str(path), "cannot read")
+
+
+def test_missing_dataset_names_places_and_fix(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  monkeypatch.delenv("FEDJAX_DP_DATA", raising=False)
+  ok, why = find_dataset("mnist", str(tmp_path))
+  assert not ok and "data_dir" in why
+  _one_line_error(lambda: load_dataset("mnist", str(tmp_path)), "dataset 'mnist' not found",
+                  str(tmp_path))
+  _one_line_error(lambda: load_dataset("imagenet"), "unknown dataset 'imagenet'")
+
+
+def write_cifar(folder, n=4, seed=0):
+  rng = np.random.default_rng(seed)
+  os.makedirs(folder, exist_ok=True)
+  batches = {}
+  for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+    batch = {b"data": rng.integers(0, 256, (n, 3072)).astype(np.uint8),
+             b"labels": list(rng.integers(0, 10, n))}
+    with open(os.path.join(folder, name), "wb") as f:
+      pickle.dump(batch, f)
+    batches[name] = batch
+  return batches
+
+
+def test_cifar_round_trip_and_corruption(tmp_path):
+  batches = write_cifar(tmp_path / "cifar-10-batches-py")
+  ds = load_dataset("cifar10", str(tmp_path))
+  assert ds.x_train.shape == (20, 32, 32, 3) and ds.x_test.shape == (4, 32, 32, 3)
+  first = batches["data_batch_1"][b"data"][0]
+  # channel-major storage: pixel (row 0, col 1) of channel 2 is at 2*1024 + 1
+  assert ds.x_train[0, 0, 1, 2] * 255 == pytest.approx(first[2 * 1024 + 1])
+  np.testing.assert_array_equal(ds.y_test, batches["test_batch"][b"labels"])
+  (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"junk")
+  _one_line_error(lambda: load_dataset("cifar10", str(tmp_path)), "data_batch_3",
+                  "not a CIFAR-10 python batch")
+
+
+def test_csv(tmp_path):
+  path = tmp_path / "t.csv"
+  path.write_text("a,b,label\n" + "".join(f"{i},{2 * i},{'yes' if i % 3 else 'no'}\n"
+                                          for i in range(20)))
+  ds = load_dataset("csv", path=str(path), seed=1)
+  assert ds.x_train.shape == (16, 2) and ds.x_test.shape == (4, 2) and ds.num_classes == 2
+  np.testing.assert_allclose(ds.x_train.mean(0), 0, atol=1e-6)
+  np.testing.assert_allclose(ds.x_train.std(0), 1, atol=1e-5)
+  both = np.concatenate([ds.y_train, ds.y_test])
+  assert sorted(both.tolist()) == sorted([1 if i % 3 else 0 for i in range(20)])
+  bad = tmp_path / "bad.csv"
+  bad.write_text("a,label\n1,0\nx,1\n")
+  _one_line_error(lambda: load_dataset("csv", path=str(bad)), str(bad), "line 3", "'a'",
+                  "is not a number")
+  _one_line_error(lambda: load_dataset("csv", path=str(path), label_column="y"), "no column 'y'")
+  _one_line_error(lambda: load_dataset("csv", path=str(tmp_path / "none.csv")), "no such CSV")
+
+
+def test_digits_and_synthetic_are_deterministic():
+  a, b = load_dataset("digits", seed=0), load_dataset("digits", seed=0)
+  assert a.x_train.shape == (1438, 8, 8, 1) and len(a.y_test) == 359
+  np.testing.assert_array_equal(a.y_train, b.y_train)
+  assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
+  s = load_dataset("synthetic", seed=3, num_examples=500, num_features=7, num_classes=4)
+  assert s.x_train.shape == (500, 7) and s.x_test.shape == (100, 7) and s.num_classes == 4
+  np.testing.assert_array_equal(s.x_train, load_dataset("synthetic", seed=3, num_examples=500,
+                                                        num_features=7, num_classes=4).x_train)
+
+
+def test_synthetic_is_learnable_but_not_trivial():
+  from sklearn.linear_model import LogisticRegression
+  s = load_dataset("synthetic", seed=0, num_examples=3000)
+  acc = LogisticRegression(max_iter=500).fit(s.x_train, s.y_train).score(s.x_test, s.y_test)
+  assert 0.5 < acc < 0.99
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(DEBIAN_FMNIST, "train-images-idx3-ubyte.gz")),
+                    reason="Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
+def test_real_fashion_mnist_files():
+  ds = load_dataset("fmnist")
+  assert ds.x_train.shape == (60000, 28, 28, 1) and ds.x_test.shape == (10000, 28, 28, 1)
+  np.testing.assert_array_equal(np.bincount(ds.y_train), [6000] * 10)
+  np.testing.assert_array_equal(np.bincount(ds.y_test), [1000] * 10)
