@@ -89,6 +89,7 @@ def main(argv=None):
     tr = torch_fedavg_round_times(ds.x_train, ds.y_train, parts, hidden=(200, 200),
                                   num_classes=ds.num_classes, local_epochs=1, batch_size=64,
                                   lr=0.01, momentum=0.5, rounds=args.torch_rounds, seed=0)
+    tr.pop("model")
     result["torch"] = tr
     result["speedup_vs_torch"] = round(tr["median_round_s"] / med, 2)
   except ImportError as e:
