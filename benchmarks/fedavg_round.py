@@ -24,6 +24,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from fedjax_dp.host import use_cpu_devices
+
+use_cpu_devices()  # as the CLI does: one XLA CPU device per core
+
 import jax
 import numpy as np
 
@@ -34,11 +38,11 @@ from fedjax_dp.simulation import batch_for_eval
 
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
                 alpha=0.5, model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,
-                momentum=0.5, sampling="fixed", seed=0, devices=1)
+                momentum=0.5, sampling="fixed", seed=0)
 
 
 def time_fedjax(cfg, rounds: int):
-  ds, parts, sim = setup(cfg)
+  ds, parts, sim = setup(cfg)  # same seed: the same data split and partition as the torch loop
   state = sim.init_state()
   t = time.perf_counter()
   state, _ = sim.run_rounds(state, 1)
@@ -59,14 +63,28 @@ def main(argv=None):
   ap.add_argument("--torch-rounds", type=int, default=6, help="PyTorch loop rounds (first is warm-up)")
   ap.add_argument("--accuracy-rounds", type=int, default=0, help="also train N rounds and report accuracy")
   ap.add_argument("--parallelism", default="auto", choices=["auto", "map", "vmap"])
-  ap.add_argument("--client-batch", type=int, default=4)
+  ap.add_argument("--client-batch", type=int, default=2)
+  ap.add_argument("--devices", type=int, default=0, help="mesh size (0 = all devices)")
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--json", default=None, help="write the results here too")
   args = ap.parse_args(argv)
 
   from peak import measure_matmul_peak
+  from fedjax_dp.runner import client_partition, load_data
   cfg = make_config(dict(PROTOCOL, data_dir=args.data_dir, client_parallelism=args.parallelism,
-                         client_batch=args.client_batch))
+                         client_batch=args.client_batch, devices=args.devices))
+  # The PyTorch loop runs first, before JAX computes anything: XLA's worker
+  # threads linger after a computation and would slow a loop timed after it.
+  data = load_data(cfg)
+  parts = client_partition(cfg, data)
+  try:
+    from torch_fedavg import torch_fedavg_round_times
+    tr = torch_fedavg_round_times(data.x_train, data.y_train, parts, hidden=(200, 200),
+                                  num_classes=data.num_classes, local_epochs=1, batch_size=64,
+                                  lr=0.01, momentum=0.5, rounds=args.torch_rounds, seed=0)
+    tr.pop("model")
+  except ImportError as e:
+    tr = f"skipped: {e} (install with `make bench` or pip install torch==2.13.0)"
   peak = measure_matmul_peak()
   ds, parts, sim, state, compile_s, times = time_fedjax(cfg, args.rounds)
   d = num_params(state.params)
@@ -79,21 +97,16 @@ def main(argv=None):
       "examples_per_round": examples,
       "client_sizes": {"min": min(map(len, parts)), "max": max(map(len, parts))},
       "client_parallelism": sim.client_parallelism, "client_batch": cfg.client_batch,
+      "devices": int(sim.mesh.devices.size),
       "compile_s": round(compile_s, 2),
       "fedjax_round_s": [round(t, 4) for t in times], "fedjax_median_round_s": round(med, 4),
       "fedjax_gflops": round(flops / med / 1e9, 1),
       "matmul_peak": peak, "fraction_of_peak": round(flops / med / 1e9 / peak["peak_gflops"], 3),
+      "torch": tr,
   }
-  try:
-    from torch_fedavg import torch_fedavg_round_times
-    tr = torch_fedavg_round_times(ds.x_train, ds.y_train, parts, hidden=(200, 200),
-                                  num_classes=ds.num_classes, local_epochs=1, batch_size=64,
-                                  lr=0.01, momentum=0.5, rounds=args.torch_rounds, seed=0)
-    tr.pop("model")
-    result["torch"] = tr
+  if isinstance(tr, dict):
+    result["torch_gflops"] = round(flops / tr["median_round_s"] / 1e9, 1)
     result["speedup_vs_torch"] = round(tr["median_round_s"] / med, 2)
-  except ImportError as e:
-    result["torch"] = f"skipped: {e} (install with `make bench` or pip install torch==2.13.0)"
   if args.accuracy_rounds:
     eval_data = batch_for_eval(ds.x_test, ds.y_test, 1000)
     acc_state = sim.init_state()

@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  from fedjax_dp.host import use_cpu_devices
+  use_cpu_devices()  # before JAX starts: one CPU device per core
   from fedjax_dp.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
   from fedjax_dp.data import DataError

@@ -64,7 +64,7 @@ class Config:
   keep_checkpoints: int = 3
   devices: int = 0
   client_parallelism: str = "auto"
-  client_batch: int = 4
+  client_batch: int = 2
   eval_batch_size: int = 1000
 
   def to_dict(self) -> dict[str, Any]:

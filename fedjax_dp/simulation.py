@@ -130,11 +130,6 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_i
   if parallelism == "vmap":
     res = jax.vmap(one)((rows, counts, keys))
   else:
-    # lax.map vmaps groups of `client_batch` clients, and a group runs as many
-    # steps as its largest client: grouping clients of similar size removes
-    # most of that padding. The weighted sum below does not depend on order.
-    order = jnp.argsort(counts)
-    rows, counts, keys = rows[order], counts[order], keys[order]
     res = jax.lax.map(one, (rows, counts, keys), batch_size=client_batch)
   weights = counts.astype(jnp.float32)  # FedAvg: n_i / n
   delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, res.delta), "clients")
@@ -144,6 +139,23 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_i
                      examples=jax.lax.psum(jnp.sum(res.examples), "clients"),
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"))
   return mean_delta, stats
+
+
+def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
+                 slots: int) -> tuple[jax.Array, jax.Array]:
+  """Orders the cohort for the devices: [slots] ids and mask, `slots` a multiple of n_dev.
+
+  Clients are sorted by size and dealt round-robin, so device d gets ranks
+  d, d + n_dev, ... as one contiguous block: every device gets a similar
+  amount of work, and within a device neighbours have similar sizes (a
+  `lax.map` group runs as many steps as its largest client). Aggregation is a
+  weighted sum, so the order changes no result beyond float rounding.
+  """
+  pad = slots - ids.shape[0]
+  ids, mask = jnp.pad(ids, (0, pad)), jnp.pad(mask, (0, pad))
+  size = jnp.where(mask, client_count[ids], -1)
+  order = jnp.argsort(size).reshape(slots // n_dev, n_dev).T.reshape(-1)
+  return ids[order], mask[order]
 
 
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
@@ -174,9 +186,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     round_key = jax.random.fold_in(state.key, state.round)
     cohort = sample_cohort(jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients,
                            cfg.clients_per_round, cfg.sampling, capacity)
-    pad = padded_capacity - capacity
-    ids = jnp.pad(cohort.ids, (0, pad))
-    mask = jnp.pad(cohort.mask, (0, pad))
+    ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
+                             padded_capacity)
     mean_delta, stats = client_phase(state.params, ids, mask, lr_at(state.round), round_key,
                                      store.x, store.y, store.client_index, store.client_count)
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
