@@ -27,6 +27,6 @@ def toy_simulation(x, y, parts, devices=1, classes=3, **overrides):
                 batch_size=4, local_epochs=2, lr=0.1, momentum=0.5, devices=devices)
   values.update(overrides)
   cfg = make_config(values)
-  model = make_model("mlp", x.shape[1:], classes, cfg.hidden)
+  model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
   return build_simulation(cfg, model, store, make_mesh(devices))

@@ -17,7 +17,9 @@ def reference_rounds(sim, x, y, parts, rounds):
   in the order argsort(uniform(epoch_key))" are shared with the library.
   """
   cfg, model = sim.cfg, sim.model
-  params = jax.tree.map(np.asarray, sim.init_state().params)
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), sim.init_state().params)
+  server_m = jax.tree.map(np.zeros_like, params)   # fedavgm velocity / adam first moment
+  server_v = jax.tree.map(np.zeros_like, params)   # adam second moment
   run_key = jax.random.PRNGKey(cfg.seed)
   max_n = sim.store.max_examples
 
@@ -27,6 +29,9 @@ def reference_rounds(sim, x, y, parts, rounds):
     return jax.tree.map(np.asarray, jax.grad(loss)(p))
 
   for r in range(rounds):
+    lr = cfg.lr
+    if cfg.lr_schedule == "cosine":  # anneal from lr to lr_min over cfg.rounds
+      lr = cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + np.cos(np.pi * r / cfg.rounds))
     round_key = jax.random.fold_in(run_key, r)
     cohort = np.asarray(jax.random.permutation(
         jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients))[:cfg.clients_per_round]
@@ -45,12 +50,24 @@ def reference_rounds(sim, x, y, parts, rounds):
           ex = idx[order[start:start + cfg.batch_size]]
           g = grad(w, x[ex], y[ex])
           mom = jax.tree.map(lambda m, gi: gi + cfg.momentum * m, mom, g)
-          w = jax.tree.map(lambda wi, m: wi - cfg.lr * m, w, mom)
+          w = jax.tree.map(lambda wi, m: wi - lr * m, w, mom)
       deltas.append(jax.tree.map(np.subtract, w, params))
       weights.append(float(n))
     total = sum(weights)
     mean = jax.tree.map(lambda *d: sum(wi * di for wi, di in zip(weights, d)) / total, *deltas)
-    params = jax.tree.map(lambda p, d: p + cfg.server_lr * d, params, mean)
+    g = jax.tree.map(np.negative, mean)  # the server's pseudo-gradient
+    if cfg.algorithm == "fedavg":
+      params = jax.tree.map(lambda p, gi: p - cfg.server_lr * gi, params, g)
+    elif cfg.algorithm == "fedavgm":
+      server_m = jax.tree.map(lambda m, gi: cfg.server_momentum * m + gi, server_m, g)
+      params = jax.tree.map(lambda p, m: p - cfg.server_lr * m, params, server_m)
+    else:  # fedadam, bias-corrected as in Kingma and Ba
+      b1, b2, t = cfg.server_beta1, cfg.server_beta2, r + 1
+      server_m = jax.tree.map(lambda m, gi: b1 * m + (1 - b1) * gi, server_m, g)
+      server_v = jax.tree.map(lambda v, gi: b2 * v + (1 - b2) * gi * gi, server_v, g)
+      params = jax.tree.map(
+          lambda p, m, v: p - cfg.server_lr * (m / (1 - b1 ** t)) /
+          (np.sqrt(v / (1 - b2 ** t)) + cfg.server_eps), params, server_m, server_v)
   return params
 
 
@@ -75,3 +92,18 @@ def test_partial_cohort_equals_python_loop():
   expected = reference_rounds(sim, x, y, parts, 4)
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(algorithm="fedavgm", server_lr=0.7, server_momentum=0.9),
+    dict(algorithm="fedadam", server_lr=0.05, server_beta1=0.9, server_beta2=0.99,
+         server_eps=1e-3),
+    dict(lr_schedule="cosine", lr=0.2, lr_min=0.02, rounds=4),
+])
+def test_server_optimizers_and_schedule_equal_python_loop(overrides):
+  x, y, parts = toy_problem()
+  sim = toy_simulation(x, y, parts, **overrides)
+  state, _ = sim.run_rounds(sim.init_state(), 3)
+  expected = reference_rounds(sim, x, y, parts, 3)
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)

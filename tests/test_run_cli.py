@@ -137,3 +137,11 @@ def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
   assert again.returncode == 0, again.stderr
   assert f"checkpoint at round {newest}" in again.stderr and "unreadable" in again.stderr
   assert key(read_rows(killed)) == key(read_rows(full))
+
+
+def test_datasets_lists_every_dataset(capsys):
+  assert main(["datasets"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split()[0] for line in lines] == ["digits", "mnist", "fmnist", "cifar10", "csv",
+                                                 "synthetic"]
+  assert lines[0].split()[1] == "available"
