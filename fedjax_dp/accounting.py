@@ -1,0 +1,200 @@
+"""Rényi-DP accounting: event RDP curves on the host, ledgers as arrays inside jit.
+
+A ledger is a vector over a fixed grid of orders a > 1 holding the RDP of
+everything composed so far (RDP adds under composition, order by order). One
+ledger per client is a [clients, orders] array. The pure functions below,
+`compose`, `epsilon` and `delta_for_epsilon`, are jittable and vmappable.
+
+Event curves are computed once per distinct mechanism, in float64 numpy, in
+log space:
+
+  Gaussian, noise multiplier z (sensitivity 1, std z):   RDP(a) = a / (2 z^2)
+
+  Poisson-subsampled Gaussian, rate q (Mironov, Talwar, Zhang 2019):
+    RDP(a) = log(A_a) / (a - 1), with, for integer a,
+    A_a = sum_{i=0..a} C(a, i) q^i (1-q)^(a-i) exp((i^2 - i) / (2 z^2)),
+    and for fractional a the two-sided series of their section 3.3 (below).
+
+Conversion to (epsilon, delta) (Balle et al. 2020; Canonne, Kamath, Steinke 2020):
+  epsilon = min_a [ RDP(a) + log1p(-1/a) - (log delta + log a) / (a - 1) ],  max with 0
+(0 at an order where delta^2 + expm1(-RDP(a)) > 0: RDP(a) bounds the KL
+divergence, and delta >= sqrt(1 - exp(-KL)) is already (0, delta)-DP), and
+its inverse per order for delta at a given epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from scipy import special
+
+# dp-accounting's default grid, so that results are comparable with it order by order.
+DEFAULT_ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) +
+                          [128, 256, 512, 1024], dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- events (host)
+
+
+def _log_add(a: float, b: float) -> float:
+  if a == -math.inf:
+    return b
+  if b == -math.inf:
+    return a
+  hi, lo = max(a, b), min(a, b)
+  return hi + math.log1p(math.exp(lo - hi))
+
+
+def _log_erfc(x: float) -> float:
+  """log(erfc(x)), accurate for large positive x where erfc underflows."""
+  return float(np.log(special.erfcx(x))) - x * x if x > 0 else math.log(special.erfc(x))
+
+
+def _log_a_integer(q: float, z: float, a: int) -> float:
+  i = np.arange(a + 1, dtype=np.float64)
+  log_binom = special.gammaln(a + 1) - special.gammaln(i + 1) - special.gammaln(a - i + 1)
+  terms = log_binom + i * math.log(q) + (a - i) * math.log1p(-q) + (i * i - i) / (2 * z * z)
+  return float(special.logsumexp(terms))
+
+
+def _log_a_fractional(q: float, z: float, a: float) -> float:
+  """Mironov, Talwar, Zhang 2019, sec. 3.3: A_a split at z0, where the two
+  Gaussians' likelihood ratio crosses, into two binomial series whose terms
+  carry erfc tail factors. Past i > a the binomial coefficients alternate in
+  sign; summing their absolute values bounds A_a from above (so the RDP is
+  conservative) and avoids the catastrophic cancellation of the signed sum,
+  which came out 1 % low at z = 0.5. dp-accounting 0.6 bounds it the same way.
+  """
+  z0 = z * z * math.log(1 / q - 1) + 0.5
+  log_a0 = log_a1 = -math.inf
+  last0 = last1 = -math.inf
+  for i in range(100000):
+    log_coef = float(special.gammaln(a + 1) - special.gammaln(i + 1) - special.gammaln(a - i + 1))
+    j = a - i
+    log_t0 = log_coef + i * math.log(q) + j * math.log1p(-q)
+    log_t1 = log_coef + j * math.log(q) + i * math.log1p(-q)
+    log_e0 = math.log(0.5) + _log_erfc((i - z0) / (math.sqrt(2) * z))
+    log_e1 = math.log(0.5) + _log_erfc((z0 - j) / (math.sqrt(2) * z))
+    log_s0 = log_t0 + (i * i - i) / (2 * z * z) + log_e0
+    log_s1 = log_t1 + (j * j - j) / (2 * z * z) + log_e1
+    log_a0, log_a1 = _log_add(log_a0, log_s0), _log_add(log_a1, log_s1)
+    total = _log_add(log_a0, log_a1)
+    # stop once both series are falling and their terms are negligible
+    if log_s0 < last0 and log_s1 < last1 and max(log_s0, log_s1) < total - 30:
+      return total
+    last0, last1 = log_s0, log_s1
+  return math.inf  # no convergence: this order gives no bound
+
+
+def gaussian_rdp(noise_multiplier: float, orders=DEFAULT_ORDERS) -> np.ndarray:
+  """RDP of one Gaussian release with L2 sensitivity 1 and std `noise_multiplier`."""
+  _check_z(noise_multiplier)
+  return np.asarray(orders, np.float64) / (2.0 * noise_multiplier ** 2)
+
+
+def poisson_gaussian_rdp(q: float, noise_multiplier: float, orders=DEFAULT_ORDERS) -> np.ndarray:
+  """RDP of one Poisson-subsampled Gaussian step (add/remove-one neighbours)."""
+  _check_q(q)
+  _check_z(noise_multiplier)
+  orders = np.asarray(orders, np.float64)
+  if q == 1.0:
+    return gaussian_rdp(noise_multiplier, orders)
+  out = np.empty_like(orders)
+  for k, a in enumerate(orders):
+    if float(a).is_integer():
+      log_a = _log_a_integer(q, noise_multiplier, int(a))
+    else:
+      log_a = _log_a_fractional(q, noise_multiplier, float(a))
+    out[k] = max(log_a, 0.0) / (a - 1)  # inf where the series did not converge
+  return out
+
+
+def multi_part_gaussian_rdp(noise_multipliers, orders=DEFAULT_ORDERS) -> np.ndarray:
+  """Several Gaussians on disjoint parts of one vector, each part clipped to its
+  own bound and noised with its own multiplier: RDP adds over the parts
+  (they are features of the same record, not disjoint records)."""
+  return sum(gaussian_rdp(z, orders) for z in noise_multipliers)
+
+
+def _check_q(q: float) -> None:
+  if not (0.0 < q <= 1.0):
+    raise ValueError(f"sampling rate q = {q}: must be in (0, 1]")
+
+
+def _check_z(z: float) -> None:
+  if not (z > 0):
+    raise ValueError(f"noise multiplier = {z}: must be > 0")
+
+
+# --------------------------------------------------------------------------- ledgers (jit)
+
+
+def init_ledger(orders=DEFAULT_ORDERS, shape: tuple[int, ...] = ()) -> jnp.ndarray:
+  """A zero ledger [*shape, orders] (nothing spent)."""
+  return jnp.zeros(tuple(shape) + (len(orders),), jnp.float32)
+
+
+def compose(ledger: jnp.ndarray, event_rdp, count=1) -> jnp.ndarray:
+  """Adds `count` repetitions of an event; `count` may be an array broadcasting
+  against the ledger's leading axes (e.g. [clients] participation flags)."""
+  count = jnp.asarray(count, jnp.float32)
+  return ledger + count[..., None] * jnp.asarray(event_rdp, jnp.float32)
+
+
+def epsilon(ledger: jnp.ndarray, delta: float, orders=DEFAULT_ORDERS):
+  """(epsilon, optimal order) of a ledger [..., orders] at `delta`."""
+  a = jnp.asarray(orders, jnp.float32)
+  eps = ledger + jnp.log1p(-1.0 / a) - (jnp.log(delta) + jnp.log(a)) / (a - 1.0)
+  # RDP(a) >= KL, and delta >= sqrt(1 - exp(-KL)) already gives (0, delta)-DP
+  eps = jnp.where(delta ** 2 + jnp.expm1(-ledger) > 0, 0.0, eps)
+  k = jnp.argmin(eps, axis=-1)
+  best = jnp.take_along_axis(eps, k[..., None], axis=-1)[..., 0]
+  return jnp.maximum(best, 0.0), a[k]
+
+
+def delta_for_epsilon(ledger: jnp.ndarray, eps: float, orders=DEFAULT_ORDERS) -> jnp.ndarray:
+  """Smallest delta over the orders at which the ledger is (eps, delta)-DP (at most 1)."""
+  a = jnp.asarray(orders, jnp.float32)
+  log_delta = (a - 1.0) * (ledger - eps + jnp.log1p(-1.0 / a)) - jnp.log(a)
+  return jnp.minimum(jnp.exp(jnp.min(log_delta, axis=-1)), 1.0)
+
+
+def epsilon_np(rdp: np.ndarray, delta: float, orders=DEFAULT_ORDERS) -> tuple[float, float]:
+  """The same conversion in float64 numpy, for reports."""
+  a = np.asarray(orders, np.float64)
+  rdp = np.asarray(rdp, np.float64)
+  with np.errstate(invalid="ignore"):
+    eps = rdp + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+  eps = np.where(delta ** 2 + np.expm1(-rdp) > 0, 0.0, eps)
+  k = int(np.argmin(eps))
+  return max(float(eps[k]), 0.0), float(a[k])
+
+
+def dpsgd_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
+                  orders=DEFAULT_ORDERS) -> tuple[float, float]:
+  """(epsilon, order) of `steps` Poisson-subsampled Gaussian steps, by RDP."""
+  return epsilon_np(steps * poisson_gaussian_rdp(q, noise_multiplier, orders), delta, orders)
+
+
+def calibrate_noise_multiplier(target_epsilon: float, q: float, steps: int, delta: float,
+                               epsilon_fn=None, low: float = 0.1, high: float = 1000.0,
+                               tol: float = 1e-4) -> float:
+  """Smallest noise multiplier (to relative `tol`) whose epsilon is <= target, by bisection.
+
+  `epsilon_fn(z) -> epsilon` defaults to the RDP accountant; epsilon falls as z grows.
+  """
+  f = epsilon_fn or (lambda z: dpsgd_epsilon(q, z, steps, delta)[0])
+  if f(high) > target_epsilon:
+    raise ValueError(f"target epsilon {target_epsilon} is out of reach even with noise "
+                     f"multiplier {high}")
+  if f(low) <= target_epsilon:
+    return low
+  while high - low > tol * high:
+    mid = 0.5 * (low + high)
+    if f(mid) <= target_epsilon:
+      high = mid
+    else:
+      low = mid
+  return high

@@ -1,0 +1,141 @@
+"""The RDP accountant against dp-accounting (the oracle) and published test vectors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp import accounting as acc
+
+dpa = pytest.importorskip("dp_accounting")
+from dp_accounting import rdp as dpa_rdp  # noqa: E402
+
+
+def oracle_epsilon(q, z, steps, delta, orders=acc.DEFAULT_ORDERS):
+  a = dpa_rdp.RdpAccountant(orders=list(orders))
+  a.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps)
+  return a.get_epsilon_and_optimal_order(delta)
+
+
+def oracle_orders(q, z):
+  """The orders at which dp-accounting's fractional series converges within its
+  1,000-term cap (at small z and large q it gives up on some and drops them)."""
+  a = dpa_rdp.RdpAccountant(orders=list(acc.DEFAULT_ORDERS))
+  a.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), 1)
+  return acc.DEFAULT_ORDERS[np.isfinite(np.asarray(a._rdp))]
+
+
+@pytest.mark.parametrize("q", [1e-3, 0.01, 0.1, 0.5, 1.0])
+@pytest.mark.parametrize("z", [0.5, 1.1, 4.0])
+@pytest.mark.parametrize("steps,delta", [(1, 1e-5), (1000, 1e-5), (100000, 1e-6)])
+def test_epsilon_matches_dp_accounting(q, z, steps, delta):
+  orders = oracle_orders(q, z)
+  eps, order = acc.dpsgd_epsilon(q, z, steps, delta, orders)
+  want, want_order = oracle_epsilon(q, z, steps, delta, orders)
+  assert eps == pytest.approx(want, rel=1e-3, abs=1e-9)
+  if want > 1e-6:
+    assert order == want_order
+  # with every order (ours converge where the oracle's gave up) never looser
+  assert acc.dpsgd_epsilon(q, z, steps, delta)[0] <= want * (1 + 1e-9)
+
+
+def test_rdp_curve_matches_dp_accounting_order_by_order():
+  orders = acc.DEFAULT_ORDERS
+  for q, z in [(0.01, 0.3), (0.05, 1.0), (0.2, 2.0), (0.9, 100.0)]:
+    mine = acc.poisson_gaussian_rdp(q, z)
+    a = dpa_rdp.RdpAccountant(orders=list(orders))
+    a.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), 1)
+    theirs = np.asarray(a._rdp)
+    finite = np.isfinite(theirs)
+    np.testing.assert_allclose(mine[finite], theirs[finite], rtol=1e-6, atol=1e-12)
+
+
+def test_public_vectors():
+  # TF-Privacy: q = 150/60000, z = 1.3, 15 epochs, delta 1e-5 -> 0.7242 at order 19
+  steps = int(np.ceil(15 * 60000 / 150))
+  eps, order = acc.dpsgd_epsilon(150 / 60000, 1.3, steps, 1e-5)
+  assert eps == pytest.approx(0.7242, abs=5e-4) and order == 19
+  # q = 100/1e5, z = 1.0, 30 epochs, delta 1e-7 -> 1.4155 at order 13
+  eps, order = acc.dpsgd_epsilon(100 / 1e5, 1.0, int(30 * 1e5 / 100), 1e-7)
+  assert eps == pytest.approx(1.4155, abs=5e-4) and order == 13
+  # Opacus: q = 0.04, z = 1.5, 2250 steps, delta 1e-5 -> 7.3291 (dp-accounting 7.3293)
+  eps, _ = acc.dpsgd_epsilon(0.04, 1.5, 2250, 1e-5)
+  assert eps == pytest.approx(7.3292, abs=3e-4)
+  # RDP at orders [1.5, 2.5, 5, 50, 100] for q = 0.01, z = 2.5, 50 steps
+  orders = [1.5, 2.5, 5, 50, 100]
+  rdp = 50 * acc.poisson_gaussian_rdp(0.01, 2.5, orders)
+  np.testing.assert_allclose(rdp, [6.70579741e-4, 1.08548710e-3, 2.18075656e-3, 2.38460375e-2,
+                                   1.67416308e2], rtol=1e-6)
+  # JAX_NOTES: q = 0.01, z = 1.1, 1000 steps, delta 1e-5 -> 1.711770
+  assert acc.dpsgd_epsilon(0.01, 1.1, 1000, 1e-5)[0] == pytest.approx(1.711770, rel=1e-5)
+
+
+def test_unsampled_gaussian_gives_exactly_one_at_one_in_a_million():
+  # z = 4.530877117 is calibrated so that one release is (1, 1e-6)-DP
+  # under the RDP conversion with the default orders
+  eps, _ = acc.epsilon_np(acc.gaussian_rdp(4.530877117), 1e-6)
+  want, _ = oracle_epsilon(1.0, 4.530877117, 1, 1e-6)
+  assert eps == pytest.approx(want, rel=1e-6)
+
+
+def test_never_below_pld():
+  from dp_accounting.pld import pld_privacy_accountant
+  for q, z, steps in [(0.01, 1.1, 1000), (0.1, 2.0, 200)]:
+    pld = pld_privacy_accountant.PLDAccountant()
+    pld.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), steps)
+    assert acc.dpsgd_epsilon(q, z, steps, 1e-5)[0] >= pld.get_epsilon(1e-5)
+
+
+def test_monotone():
+  e = lambda q, z, t: acc.dpsgd_epsilon(q, z, t, 1e-5)[0]
+  assert e(0.01, 1.0, 100) < e(0.01, 1.0, 1000) < e(0.01, 1.0, 10000)
+  assert e(0.001, 1.0, 500) < e(0.01, 1.0, 500) < e(0.1, 1.0, 500)
+  assert e(0.01, 0.8, 500) > e(0.01, 1.0, 500) > e(0.01, 2.0, 500)
+
+
+def test_stable_at_the_edges():
+  for q, z, t in [(1e-6, 0.3, 10**6), (1.0, 100.0, 10**6), (0.5, 0.3, 10), (1e-4, 100.0, 1)]:
+    eps, _ = acc.dpsgd_epsilon(q, z, t, 1e-5)
+    want, _ = oracle_epsilon(q, z, t, 1e-5)
+    assert np.isfinite(eps)
+    assert eps == pytest.approx(want, rel=1e-3, abs=1e-6)
+
+
+def test_jitted_vmapped_ledger_equals_the_scalar_computation():
+  event = acc.poisson_gaussian_rdp(0.02, 1.2)
+  participations = jnp.array([0, 1, 7, 300], jnp.int32)
+
+  @jax.jit
+  def run(ledgers):
+    ledgers = acc.compose(ledgers, event, participations)
+    return jax.vmap(lambda l: acc.epsilon(l, 1e-5))(ledgers)
+
+  eps, orders = run(acc.init_ledger(shape=(4,)))
+  for k, n in enumerate([0, 1, 7, 300]):
+    want, want_order = acc.dpsgd_epsilon(0.02, 1.2, n, 1e-5) if n else (0.0, None)
+    assert float(eps[k]) == pytest.approx(want, rel=1e-5, abs=1e-6)
+  # delta_for_epsilon inverts epsilon
+  ledger = acc.compose(acc.init_ledger(), event, 300)
+  e, _ = acc.epsilon(ledger, 1e-5)
+  assert float(acc.delta_for_epsilon(ledger, float(e))) == pytest.approx(1e-5, rel=1e-3)
+
+
+def test_multi_part_gaussian_adds_over_parts():
+  rdp = acc.multi_part_gaussian_rdp([1.0, 2.0, 4.0])
+  a = dpa_rdp.RdpAccountant(orders=list(acc.DEFAULT_ORDERS))
+  a.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(z) for z in (1.0, 2.0, 4.0)]))
+  np.testing.assert_allclose(rdp, a._rdp, rtol=1e-12)
+
+
+def test_calibration_reaches_the_target():
+  z = acc.calibrate_noise_multiplier(2.0, 0.01, 1000, 1e-5)
+  assert acc.dpsgd_epsilon(0.01, z, 1000, 1e-5)[0] <= 2.0
+  assert acc.dpsgd_epsilon(0.01, z * 0.99, 1000, 1e-5)[0] > 2.0
+
+
+@pytest.mark.parametrize("bad", [dict(q=0.0), dict(q=1.5), dict(noise_multiplier=0.0)])
+def test_bad_arguments(bad):
+  args = dict(q=0.1, noise_multiplier=1.0)
+  args.update(bad)
+  with pytest.raises(ValueError, match="must be"):
+    acc.poisson_gaussian_rdp(**args)
