@@ -1,4 +1,4 @@
-"""`fedjax-dp` command line: `run` and `datasets`.
+"""`fedjax-dp` command line: `run`, `datasets` and `account`.
 
 Every user error (bad config key or value, missing or corrupt data, an output
 folder that would be overwritten) prints one line `error: ...` to stderr and
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
   d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.set_defaults(func=_datasets)
+
+  from fedjax_dp import account
+  account.add_parser(sub)
   return p
 
 
@@ -100,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
   from fedjax_dp.host import use_cpu_devices
   use_cpu_devices()  # before JAX starts: one CPU device per core
+  from fedjax_dp.account import AccountError
   from fedjax_dp.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
   from fedjax_dp.data import DataError
   from fedjax_dp.runner import RunError
   try:
     return args.func(args)
-  except (ConfigError, DataError, RunError, CheckpointError) as e:
+  except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
     print(f"error: {e}", file=sys.stderr)
     return USER_ERROR
   except KeyboardInterrupt:

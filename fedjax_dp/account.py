@@ -1,0 +1,121 @@
+"""`fedjax-dp account`: plan a private run before running it.
+
+  fedjax-dp account --q Q --noise-multiplier Z --steps T --delta D [--accountant rdp|pld] [--json]
+  fedjax-dp account --q Q --target-epsilon E --steps T --delta D [--accountant rdp|pld] [--json]
+  fedjax-dp account shuffle --eps0 E0 --n N --delta D [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from fedjax_dp import accounting, amplification
+
+
+class AccountError(ValueError):
+  """A bad value for `fedjax-dp account`; one line."""
+
+
+def pld_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:
+  """Epsilon of `steps` Poisson-subsampled Gaussian steps by dp-accounting's PLD accountant."""
+  import dp_accounting
+  from dp_accounting.pld import pld_privacy_accountant
+  acc = pld_privacy_accountant.PLDAccountant()
+  event = dp_accounting.GaussianDpEvent(noise_multiplier)
+  if q < 1:
+    event = dp_accounting.PoissonSampledDpEvent(q, event)
+  acc.compose(event, steps)  # one composition with a count: calling compose T times is 1000x slower
+  return float(acc.get_epsilon(delta))
+
+
+def _require(name, value, ok, allowed):
+  if value is None:
+    raise AccountError(f"{name} is required")
+  if not ok(value):
+    raise AccountError(f"{name} = {value:g}: must be {allowed}")
+
+
+def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_epsilon=None) -> dict:
+  _require("--q", q, lambda v: 0 < v <= 1, "in (0, 1]")
+  _require("--steps", steps, lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1")
+  _require("--delta", delta, lambda v: 0 < v < 1, "in (0, 1)")
+  if (noise_multiplier is None) == (target_epsilon is None):
+    raise AccountError("give exactly one of --noise-multiplier and --target-epsilon")
+  steps = int(steps)
+  out = {"accountant": accountant, "sampling": "poisson", "q": q, "steps": steps, "delta": delta,
+         "neighbouring": "add/remove one"}
+
+  def eps_of(z):
+    if accountant == "pld":
+      return pld_epsilon(q, z, steps, delta), None
+    return accounting.dpsgd_epsilon(q, z, steps, delta)
+
+  if target_epsilon is not None:
+    _require("--target-epsilon", target_epsilon, lambda v: v > 0 and math.isfinite(v), "> 0")
+    try:
+      noise_multiplier = accounting.calibrate_noise_multiplier(
+          target_epsilon, q, steps, delta, epsilon_fn=lambda z: eps_of(z)[0],
+          tol=1e-4 if accountant == "rdp" else 1e-3)
+    except ValueError as e:
+      raise AccountError(str(e))
+    out["target_epsilon"] = target_epsilon
+  else:
+    _require("--noise-multiplier", noise_multiplier, lambda v: v > 0 and math.isfinite(v), "> 0")
+  eps, order = eps_of(noise_multiplier)
+  out.update(noise_multiplier=noise_multiplier, epsilon=eps)
+  if order is not None:
+    out["order"] = order
+  return out
+
+
+def account_shuffle(eps0, n, delta) -> dict:
+  _require("--eps0", eps0, lambda v: v > 0 and math.isfinite(v), "> 0")
+  _require("--n", n, lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1")
+  _require("--delta", delta, lambda v: 0 < v < 1, "in (0, 1)")
+  b = amplification.shuffle(eps0, int(n), delta)
+  out = {"eps0": eps0, "n": int(n), **b.to_dict()}
+  out["amplified"] = b.valid
+  return out
+
+
+def format_result(res: dict) -> str:
+  if "eps0" in res:
+    if res["valid"]:
+      return (f"epsilon = {res['epsilon']:.6g} at delta = {res['delta']:g} "
+              f"(shuffling {res['n']} reports of eps0 = {res['eps0']:g}; bound: {res['bound']})")
+    return (f"epsilon = {res['epsilon']:.6g} (no amplification: {res['reason']})")
+  how = (f"{res['accountant'].upper()}" + (f", optimal order {res['order']:g}" if "order" in res
+                                          else ""))
+  line = (f"epsilon = {res['epsilon']:.6g} at delta = {res['delta']:g} ({how}; Poisson sampling "
+          f"q = {res['q']:g}, noise multiplier {res['noise_multiplier']:.6g}, {res['steps']} steps)")
+  if "target_epsilon" in res:
+    return f"noise_multiplier = {res['noise_multiplier']:.6g}\n{line}"
+  return line
+
+
+def run(args) -> int:
+  if args.kind == "shuffle":
+    res = account_shuffle(args.eps0, args.n, args.delta)
+  else:
+    res = account_dpsgd(args.q, args.noise_multiplier, args.steps, args.delta, args.accountant,
+                        args.target_epsilon)
+  print(json.dumps(res) if args.json else format_result(res))
+  return 0
+
+
+def add_parser(sub) -> None:
+  a = sub.add_parser("account", help="epsilon of a planned run, the noise for a target epsilon, "
+                                     "or shuffle amplification")
+  a.add_argument("kind", nargs="?", choices=["dpsgd", "shuffle"], default="dpsgd",
+                 help="dpsgd (default): subsampled Gaussian steps; shuffle: amplification")
+  a.add_argument("--q", type=float, help="sampling rate per step, in (0, 1]")
+  a.add_argument("--noise-multiplier", type=float, help="Gaussian std / clipping norm")
+  a.add_argument("--target-epsilon", type=float, help="print the noise multiplier reaching it")
+  a.add_argument("--steps", type=float, help="number of steps (rounds)")
+  a.add_argument("--delta", type=float, help="target delta, in (0, 1)")
+  a.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
+  a.add_argument("--eps0", type=float, help="shuffle: each report's local epsilon")
+  a.add_argument("--n", type=float, help="shuffle: number of reports")
+  a.add_argument("--json", action="store_true", help="one JSON object")
+  a.set_defaults(func=run)
