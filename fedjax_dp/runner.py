@@ -193,7 +193,7 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
       },
       "timing": {
           "wall_s": final.get("wall_s"), "setup_s": round(setup_s, 3),
-          "first_chunk_s (includes compilation)": round(chunk_times[0][1], 3) if chunk_times else None,
+          "first_chunk_s": round(chunk_times[0][1], 3) if chunk_times else None,
           "seconds_per_round_median": statistics.median(per_round) if per_round else None,
       },
       "model": {"name": cfg.model, "params": d},
