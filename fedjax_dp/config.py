@@ -56,6 +56,13 @@ class Config:
   server_beta1: float = 0.9
   server_beta2: float = 0.99
   server_eps: float = 1e-3
+  # differential privacy
+  dp: str = "none"
+  clip_norm: float = 1.0
+  noise_multiplier: float | None = None
+  target_epsilon: float | None = None
+  delta: float = 1e-5
+  accountant: str = "rdp"
   # run
   rounds: int = 50
   eval_every: int = 5
@@ -84,6 +91,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "cosine"),
     "algorithm": ("fedavg", "fedavgm", "fedadam"),
     "client_parallelism": ("auto", "map", "vmap"),
+    "dp": ("none", "central"),
+    "accountant": ("rdp", "pld"),
 }
 
 # key -> (low, high, low_inclusive, high_inclusive); None = unbounded
@@ -107,6 +116,10 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "server_beta1": (0, 1, True, False),
     "server_beta2": (0, 1, True, False),
     "server_eps": (0, None, False, True),
+    "clip_norm": (0, None, False, True),
+    "noise_multiplier": (0, None, True, True),
+    "target_epsilon": (0, None, False, True),
+    "delta": (0, 1, False, False),
     "rounds": (1, None, True, True),
     "eval_every": (1, None, True, True),
     "seed": (0, 2**31 - 1, True, True),
@@ -118,6 +131,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_OPTIONAL = {"data_dir": str, "csv_path": str, "max_cohort": int, "noise_multiplier": float,
+             "target_epsilon": float}
 
 
 def _describe_range(key: str) -> str:
@@ -148,19 +163,20 @@ def _coerce(key: str, value: Any) -> Any:
           f"config key 'hidden' = {value!r}: expected a non-empty list of sizes >= 1")
     return sizes
   if value is None:
-    if key in ("data_dir", "csv_path", "max_cohort"):
+    if key in _OPTIONAL:
       return None
     raise ConfigError(f"config key '{key}' = null: a value is required")
   if isinstance(default, bool):
     if not isinstance(value, bool):
       raise ConfigError(f"config key '{key}' = {value!r}: expected true or false")
     return value
-  if isinstance(default, int) or key == "max_cohort":
+  kind = _OPTIONAL.get(key, type(default))
+  if kind is int:
     if isinstance(value, bool) or not (
         isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
       raise ConfigError(f"config key '{key}' = {value!r}: expected an integer")
     return int(value)
-  if isinstance(default, float):
+  if kind is float:
     if isinstance(value, str):  # YAML 1.1 reads `1e-2` (no dot) as a string
       try:
         value = float(value)
@@ -209,6 +225,12 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
         f"({cfg.clients_per_round})")
   if cfg.lr_min > cfg.lr:
     raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
+  if cfg.dp == "central":
+    if cfg.sampling != "poisson":
+      raise ConfigError(f"config key 'sampling' = {shown('sampling')!r}: dp 'central' needs "
+                        "sampling 'poisson' (fixed-size cohorts are not accounted yet)")
+    if cfg.noise_multiplier is None and cfg.target_epsilon is None:
+      raise ConfigError("dp 'central' needs noise_multiplier or target_epsilon")
   if cfg.dataset == "csv" and not cfg.csv_path:
     raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
 

@@ -20,13 +20,15 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from fedjax_dp import accounting
 from fedjax_dp import checkpoint as ckpt
 from fedjax_dp import reporting
 from fedjax_dp.config import Config, make_config
 from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.partition import partition
-from fedjax_dp.simulation import Simulation, batch_for_eval, build_simulation, make_mesh
+from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation, make_mesh,
+                                  noise_multiplier_for, round_event_rdp, sampling_rate)
 from fedjax_dp.store import build_store
 
 
@@ -62,12 +64,50 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None):
   return ds, parts, build_simulation(cfg, model, store, mesh)
 
 
-def chunk_ends(start: int, cfg: Config) -> list[int]:
-  """Round numbers at which a compiled chunk ends, after `start`."""
-  ends = set(range(cfg.eval_every, cfg.rounds + 1, cfg.eval_every)) | {cfg.rounds}
+def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
+  """Round numbers at which a compiled chunk ends, after `start`, up to `last` (default: rounds)."""
+  last = cfg.rounds if last is None else last
+  ends = set(range(cfg.eval_every, last + 1, cfg.eval_every)) | {last}
   if cfg.checkpoint_every:
-    ends |= set(range(cfg.checkpoint_every, cfg.rounds + 1, cfg.checkpoint_every))
-  return sorted(e for e in ends if e > start)
+    ends |= set(range(cfg.checkpoint_every, last + 1, cfg.checkpoint_every))
+  return sorted(e for e in ends if start < e <= last)
+
+
+def budget_rounds(cfg: Config, noise_multiplier: float) -> int:
+  """Rounds the run may take: all of them, or with target_epsilon the most whose
+  accounted epsilon stays <= the target (the run stops before passing it)."""
+  if cfg.dp == "none" or cfg.target_epsilon is None:
+    return cfg.rounds
+  event = round_event_rdp(cfg, noise_multiplier)
+  ok = lambda t: accounting.epsilon_np(t * event, cfg.delta)[0] <= cfg.target_epsilon
+  if not ok(1):
+    raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below one round's epsilon "
+                   f"{accounting.epsilon_np(event, cfg.delta)[0]:.4g} at noise multiplier "
+                   f"{noise_multiplier:g}: raise noise_multiplier or target_epsilon")
+  lo, hi = 1, cfg.rounds  # epsilon grows with t: find the last t with ok(t)
+  if ok(hi):
+    return hi
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+  return lo
+
+
+def _noise_multiplier(cfg: Config) -> float:
+  if cfg.dp == "none":
+    return 0.0
+  try:
+    return noise_multiplier_for(cfg)
+  except ValueError as e:  # target epsilon out of reach
+    raise RunError(str(e))
+
+
+def spent_epsilon(cfg: Config, ledger) -> tuple[float | None, float | None]:
+  """(epsilon, optimal order) of the state's ledger; None without DP or without noise."""
+  if cfg.dp == "none":
+    return None, None
+  eps, order = accounting.epsilon_np(np.asarray(ledger, np.float64), cfg.delta)
+  return (eps, order) if np.isfinite(eps) else (None, None)
 
 
 def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool) -> Config:
@@ -102,6 +142,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   Returns the summary dict (also written to `out/summary.json`).
   """
   log = log or (lambda msg: print(msg, file=sys.stderr))
+  last = budget_rounds(cfg, _noise_multiplier(cfg))  # fails before anything is written
   cfg = _prepare_out(out, cfg, resume, overwrite)
   reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
   metrics_path = os.path.join(out, "metrics.jsonl")
@@ -128,12 +169,15 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     rows = []
 
   start = int(state.round)
+  if last < cfg.rounds:
+    log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
+        f"would pass target_epsilon {cfg.target_epsilon:g}")
   chunk_times: list[tuple[int, float]] = []
   wall0 = time.perf_counter() - meta["wall_s"]
   loss_sum, examples = meta["loss_sum"], meta["examples"]
   bar = _progress(progress, cfg.rounds, start)
   r = start
-  for end in chunk_ends(start, cfg):
+  for end in chunk_ends(start, cfg, last):
     t = time.perf_counter()
     state, stats = sim.run_rounds(state, end - r)
     loss_sum += float(np.sum(stats.loss_sum))  # one host transfer per chunk
@@ -141,12 +185,13 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     chunk_times.append((end - r, time.perf_counter() - t))
     bar.update(end - r)
     r = end
-    if end % cfg.eval_every == 0 or end == cfg.rounds:
+    if end % cfg.eval_every == 0 or end == last:
       acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
       participations = int(state.participations)
       row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
              "train_loss": loss_sum / examples if examples else None,
-             "epsilon": None, "delta": None,
+             "epsilon": spent_epsilon(cfg, state.ledger)[0],
+             "delta": cfg.delta if cfg.dp != "none" else None,
              "bytes_up": participations * bytes_per_update,
              "bytes_down": participations * bytes_per_update,
              "wall_s": round(time.perf_counter() - wall0, 4)}
@@ -154,7 +199,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       rows.append(row)
       loss_sum = examples = 0.0
       bar.set_postfix(acc=f"{acc:.4f}")
-    if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == cfg.rounds):
+    if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last):
       ckpt.save(ckpt_dir, end, state, {"wall_s": time.perf_counter() - wall0,
                                        "loss_sum": loss_sum, "examples": examples},
                 keep=cfg.keep_checkpoints)
@@ -164,6 +209,45 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
   summary["plots"] = reporting.plot_metrics(rows, out)
   return summary
+
+
+def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
+  """What is guaranteed (the accountant's figure), how, and what is not accounted."""
+  if cfg.dp == "none":
+    return {"dp": "none", "epsilon": None, "delta": None,
+            "note": "no noise is added: this run has no differential-privacy guarantee"}
+  rounds = int(state.round)
+  eps, order = spent_epsilon(cfg, state.ledger)
+  z = sim.noise_multiplier
+  report = {
+      "dp": "central",
+      "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
+                    "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
+                    "divided by the expected cohort size clients_per_round"),
+      "guarantee": "the accountant's epsilon below, for add/remove-one-client neighbours",
+      "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
+      "epsilon": eps, "order": order, "delta": cfg.delta,
+      "noise_multiplier": z,
+      "noise_multiplier_source": "configured" if cfg.noise_multiplier is not None
+                                 else f"calibrated to target_epsilon {cfg.target_epsilon:g}",
+      "clip_norm": cfg.clip_norm, "sampling": "poisson", "q": sampling_rate(cfg),
+      "rounds_accounted": rounds, "target_epsilon": cfg.target_epsilon,
+      "stopped_by_budget": rounds < cfg.rounds,
+      "not_accounted": [],
+  }
+  if z == 0:
+    report["note"] = "noise_multiplier 0: no differential-privacy guarantee (epsilon infinite)"
+  if cfg.accountant == "pld" and z > 0 and rounds > 0:
+    from fedjax_dp.account import pld_epsilon
+    report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z, rounds, cfg.delta)
+    report["accountant"] = "rdp ledger in the round; final figure by dp-accounting's PLD"
+    report["epsilon"] = min(report["pld_epsilon"], eps) if eps is not None else None
+  overflow = int(state.cohort_overflow)
+  if overflow:
+    report["not_accounted"].append(
+        f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
+        "analysis assumes every draw takes part: raise max_cohort")
+  return report
 
 
 def _progress(enabled: bool, total: int, initial: int):
@@ -181,10 +265,7 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
       "final": final,
       "best_test_accuracy": max((r["test_accuracy"] for r in rows), default=None),
       "rounds": int(state.round),
-      "privacy": {
-          "dp": "none", "epsilon": None, "delta": None,
-          "note": "no noise is added: this run has no differential-privacy guarantee",
-      },
+      "privacy": privacy_report(cfg, sim, state),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
           "bytes_per_client_up": bytes_per_update, "bytes_per_client_down": bytes_per_update,

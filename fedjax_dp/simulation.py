@@ -29,16 +29,18 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_dp import accounting
 from fedjax_dp import client as client_lib
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config
-from fedjax_dp.kernels import weighted_mean
+from fedjax_dp.kernels import clipping, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
 CLIENT_TRAINING = 1
+SERVER_NOISE = 2
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
 
 
@@ -51,6 +53,7 @@ class SimState(NamedTuple):
   key: jax.Array              # uint32[2] run key
   participations: jax.Array   # int32: client participations so far (for bytes)
   cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
+  ledger: jax.Array           # float32 [orders]: RDP spent so far (zeros without DP)
 
 
 class RoundStats(NamedTuple):
@@ -87,6 +90,7 @@ class Simulation:
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
   run_chunk: Callable         # (state, store, length) -> (state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
+  noise_multiplier: float = 0.0  # central DP: configured or calibrated
 
   def replicate(self, tree):
     """Places a pytree replicated on the mesh, as the compiled round returns it
@@ -106,14 +110,19 @@ def init_state(cfg: Config, model: Model) -> SimState:
   server_opt = server_lib.make_server_optimizer(cfg)
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
                   client_state={}, key=key, participations=jnp.int32(0),
-                  cohort_overflow=jnp.int32(0))
+                  cohort_overflow=jnp.int32(0), ledger=accounting.init_ledger())
 
 
 def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_index,
-                  client_count, *, train_one: Callable, parallelism: str, client_batch: int):
+                  client_count, *, train_one: Callable, parallelism: str, client_batch: int,
+                  clip_norm: float | None):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]. Outputs are identical on all devices.
+  Without DP (clip_norm None) it returns the example-weighted mean delta. With
+  central DP it returns the plain sum of the deltas, each clipped to L2 norm
+  clip_norm: the server adds noise to that sum (weights by example count
+  would give one client unbounded influence).
   """
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
@@ -131,10 +140,18 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_i
     res = jax.vmap(one)((rows, counts, keys))
   else:
     res = jax.lax.map(one, (rows, counts, keys), batch_size=client_batch)
-  weights = counts.astype(jnp.float32)  # FedAvg: n_i / n
-  delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, res.delta), "clients")
-  total_weight = jax.lax.psum(jnp.sum(weights), "clients")
-  mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+  if clip_norm is None:
+    weights = counts.astype(jnp.float32)  # FedAvg: n_i / n
+    deltas = res.delta
+  else:
+    weights = cohort_mask.astype(jnp.float32)
+    deltas = jax.vmap(lambda d: clipping.l2_clip(d, clip_norm)[0])(res.delta)
+  delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+  if clip_norm is None:
+    total_weight = jax.lax.psum(jnp.sum(weights), "clients")
+    mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+  else:
+    mean_delta = delta_sum  # the server noises the sum and divides
   stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum), "clients"),
                      examples=jax.lax.psum(jnp.sum(res.examples), "clients"),
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"))
@@ -171,11 +188,14 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if parallelism == "auto":
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
 
+  central_dp = cfg.dp == "central"
+  noise_multiplier = noise_multiplier_for(cfg) if central_dp else 0.0
+  event_rdp = round_event_rdp(cfg, noise_multiplier) if central_dp else None
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size, momentum=cfg.momentum)
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, parallelism=parallelism,
-              client_batch=cfg.client_batch),
+              client_batch=cfg.client_batch, clip_norm=cfg.clip_norm if central_dp else None),
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P()))
@@ -190,12 +210,26 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                              padded_capacity)
     mean_delta, stats = client_phase(state.params, ids, mask, lr_at(state.round), round_key,
                                      store.x, store.y, store.client_index, store.client_count)
+    ledger = state.ledger
+    if central_dp:
+      # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
+      # updates, divided by the expected cohort size q N = clients_per_round
+      # (a fixed denominator: the realised size is itself private).
+      noise_key = jax.random.fold_in(round_key, SERVER_NOISE)
+      leaves, treedef = jax.tree.flatten(mean_delta)
+      keys = jax.random.split(noise_key, len(leaves))
+      std = noise_multiplier * cfg.clip_norm
+      mean_delta = jax.tree.unflatten(treedef, [
+          (d + std * jax.random.normal(k, d.shape, d.dtype)) / cfg.clients_per_round
+          for d, k in zip(leaves, keys)])
+      ledger = accounting.compose(ledger, event_rdp)
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                                participations=state.participations + stats.participants,
-                               cohort_overflow=state.cohort_overflow + cohort.overflow)
+                               cohort_overflow=state.cohort_overflow + cohort.overflow,
+                               ledger=ledger)
     return new_state, stats
 
   @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
@@ -205,7 +239,28 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   store = jax.device_put(store, NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
-                    run_chunk=run_chunk, evaluate=make_evaluate(model))
+                    run_chunk=run_chunk, evaluate=make_evaluate(model),
+                    noise_multiplier=noise_multiplier)
+
+
+def sampling_rate(cfg: Config) -> float:
+  return cfg.clients_per_round / cfg.num_clients
+
+
+def round_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
+  """RDP of one central-DP round: a Poisson-subsampled Gaussian on the clipped sum
+  (sensitivity clip_norm under add/remove-one client). Infinite without noise."""
+  if noise_multiplier == 0:
+    return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
+  return accounting.poisson_gaussian_rdp(sampling_rate(cfg), noise_multiplier)
+
+
+def noise_multiplier_for(cfg: Config) -> float:
+  """The configured noise multiplier, or the one that reaches target_epsilon in `rounds`."""
+  if cfg.noise_multiplier is not None:
+    return cfg.noise_multiplier
+  return accounting.calibrate_noise_multiplier(cfg.target_epsilon, sampling_rate(cfg), cfg.rounds,
+                                               cfg.delta)
 
 
 def make_evaluate(model: Model) -> Callable:

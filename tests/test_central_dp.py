@@ -1,0 +1,109 @@
+"""Central DP-FedAvg: reduces to FedAvg without noise, right noise, accounted epsilon, budgets."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dp.cli import main
+from tests.helpers import toy_problem, toy_simulation
+
+dpa = pytest.importorskip("dp_accounting")
+
+
+def oracle_epsilon(q, z, rounds, delta):
+  acc = dpa.rdp.RdpAccountant()
+  acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), rounds)
+  return acc.get_epsilon(delta)
+
+
+def test_zero_noise_no_clipping_equals_fedavg():
+  # equal client sizes and q = 1: uniform weights and the fixed denominator are FedAvg's
+  x, y, parts = toy_problem(sizes=(8, 8, 8, 8))
+  common = dict(sampling="poisson", clients_per_round=4)
+  plain = toy_simulation(x, y, parts, **common)
+  private = toy_simulation(x, y, parts, dp="central", noise_multiplier=0.0, clip_norm=1e9, **common)
+  a, _ = plain.run_rounds(plain.init_state(), 3)
+  b, _ = private.run_rounds(private.init_state(), 3)
+  for u, v in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(np.asarray(u), np.asarray(v), atol=1e-6)
+
+
+def test_clipping_bounds_each_client_and_noise_has_the_right_std():
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
+  sim = toy_simulation(x, y, parts, sampling="poisson", clients_per_round=4, hidden=[64],
+                       dp="central", noise_multiplier=1000.0, clip_norm=0.01)
+  s0 = sim.init_state()
+  p0 = [np.asarray(v) for v in jax.tree.leaves(s0.params)]
+  s1, _ = sim.run_rounds(s0, 1)
+  step1 = np.concatenate([(np.asarray(v) - u).ravel()
+                          for u, v in zip(p0, jax.tree.leaves(s1.params))])
+  # per coordinate: (sum of 4 clipped updates + N(0, (z C)^2)) / 4; the clipped part is tiny
+  assert step1.std() == pytest.approx(1000 * 0.01 / 4, rel=0.1)
+  assert abs(step1.mean()) < 4 * (1000 * 0.01 / 4) / np.sqrt(step1.size)
+  p1 = [np.asarray(v) for v in jax.tree.leaves(s1.params)]
+  s2, _ = sim.run_rounds(s1, 1)
+  step2 = np.concatenate([(np.asarray(v) - u).ravel()
+                          for u, v in zip(p1, jax.tree.leaves(s2.params))])
+  assert abs(np.corrcoef(step1, step2)[0, 1]) < 0.15  # fresh noise every round
+
+
+def _run(tmp_path, name, *sets):
+  out = str(tmp_path / name)
+  argv = ["run", "--no-progress", "--out", out]
+  base = ["dataset=digits", "num_clients=40", "clients_per_round=4", "sampling=poisson",
+          "hidden=[16]", "batch_size=16", "lr=0.05", "rounds=30", "eval_every=10", "devices=1",
+          "dp=central", "clip_norm=0.5"]
+  for kv in base + list(sets):
+    argv += ["--set", kv]
+  rc = main(argv)
+  rows = ([json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+          if rc == 0 else [])
+  summary = json.load(open(os.path.join(out, "summary.json"))) if rc == 0 else None
+  return rc, rows, summary
+
+
+def test_epsilon_in_metrics_is_the_accountants(tmp_path):
+  rc, rows, summary = _run(tmp_path, "a", "noise_multiplier=1.3")
+  assert rc == 0
+  for r in rows:
+    assert r["epsilon"] == pytest.approx(oracle_epsilon(0.1, 1.3, r["round"], 1e-5), rel=1e-3)
+    assert r["delta"] == 1e-5
+  assert summary["privacy"]["epsilon"] == rows[-1]["epsilon"]
+  assert summary["privacy"]["rounds_accounted"] == 30 and not summary["privacy"]["stopped_by_budget"]
+  rc, rows2, _ = _run(tmp_path, "b", "noise_multiplier=1.3")
+  assert [r["test_loss"] for r in rows2] == [r["test_loss"] for r in rows]   # deterministic
+
+
+def test_budget_stops_before_the_target(tmp_path):
+  rc, rows, summary = _run(tmp_path, "c", "noise_multiplier=1.0", "target_epsilon=3.0")
+  assert rc == 0
+  last = summary["privacy"]["rounds_accounted"]
+  assert summary["privacy"]["stopped_by_budget"] and last < 30
+  assert oracle_epsilon(0.1, 1.0, last, 1e-5) <= 3.0 < oracle_epsilon(0.1, 1.0, last + 1, 1e-5)
+  assert rows[-1]["round"] == last and rows[-1]["epsilon"] <= 3.0
+
+
+def test_target_epsilon_alone_calibrates_the_noise(tmp_path):
+  rc, rows, summary = _run(tmp_path, "d", "target_epsilon=2.0", "accountant=pld")
+  assert rc == 0
+  z = summary["privacy"]["noise_multiplier"]
+  assert oracle_epsilon(0.1, z, 30, 1e-5) <= 2.0 < oracle_epsilon(0.1, 0.99 * z, 30, 1e-5)
+  assert summary["privacy"]["rounds_accounted"] == 30
+  assert summary["privacy"]["pld_epsilon"] < rows[-1]["epsilon"]   # PLD is tighter
+
+
+@pytest.mark.parametrize("sets,fragment", [
+    (["sampling=fixed", "noise_multiplier=1"], "needs sampling 'poisson'"),
+    ([], "needs noise_multiplier or target_epsilon"),
+    (["noise_multiplier=0.5", "target_epsilon=0.01"], "below one round's epsilon"),
+    (["delta=1", "noise_multiplier=1"], "'delta' = 1: must be > 0 and < 1"),
+])
+def test_bad_dp_settings(tmp_path, capsys, sets, fragment):
+  rc, _, _ = _run(tmp_path, "e", *sets)
+  assert rc == 2
+  assert not (tmp_path / "e").exists()   # nothing written
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err.startswith("error: ") and fragment in err
