@@ -1,7 +1,15 @@
 """`fedjax-dp account`: plan a private run before running it.
 
-  fedjax-dp account --q Q --noise-multiplier Z --steps T --delta D [--accountant rdp|pld] [--json]
-  fedjax-dp account --q Q --target-epsilon E --steps T --delta D [--accountant rdp|pld] [--json]
+  fedjax-dp account --q Q --noise-multiplier Z --steps T --delta D [--accountant rdp|pld]
+                    [--sampling poisson|fixed --population N] [--json]
+  fedjax-dp account --q Q --target-epsilon E --steps T --delta D [...]
+
+Poisson sampling (rate q) is accounted for add/remove-one neighbours, with L2
+sensitivity C. Fixed-size sampling (exactly m = q N of N, without replacement)
+is accounted for replace-one neighbours (Wang, Balle, Kasiviswanathan 2019),
+where a sum of updates clipped to C has sensitivity 2C: the Gaussian with std
+z C is accounted with noise multiplier z / 2. The two epsilons answer different
+neighbouring relations and are not comparable.
   fedjax-dp account shuffle --eps0 E0 --n N --delta D [--json]
 """
 
@@ -36,17 +44,41 @@ def _require(name, value, ok, allowed):
     raise AccountError(f"{name} = {value:g}: must be {allowed}")
 
 
-def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_epsilon=None) -> dict:
+def fixed_cohort_size(q: float, population) -> int:
+  """m = q N for fixed-size sampling; it must be a whole number of records."""
+  _require("--population", population, lambda v: v >= 1 and float(v).is_integer(),
+           "an integer >= 1")
+  m = q * population
+  if abs(m - round(m)) > 1e-6 * max(1.0, m) or round(m) < 1:
+    raise AccountError(f"--q {q:g} x --population {population:g} = {m:g}: fixed-size sampling "
+                       "needs a whole cohort size m = q N >= 1")
+  return int(round(m))
+
+
+def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_epsilon=None,
+                  sampling="poisson", population=None) -> dict:
   _require("--q", q, lambda v: 0 < v <= 1, "in (0, 1]")
   _require("--steps", steps, lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1")
   _require("--delta", delta, lambda v: 0 < v < 1, "in (0, 1)")
   if (noise_multiplier is None) == (target_epsilon is None):
     raise AccountError("give exactly one of --noise-multiplier and --target-epsilon")
   steps = int(steps)
-  out = {"accountant": accountant, "sampling": "poisson", "q": q, "steps": steps, "delta": delta,
-         "neighbouring": "add/remove one"}
+  out = {"accountant": accountant, "sampling": sampling, "q": q, "steps": steps, "delta": delta}
+  if sampling == "fixed":
+    if accountant == "pld":
+      raise AccountError("--accountant pld with --sampling fixed: dp-accounting's PLD has no "
+                         "sampling-without-replacement event; use --accountant rdp")
+    m = fixed_cohort_size(q, population)
+    out.update(population=int(population), sample_size=m,
+               neighbouring="replace one (sensitivity 2C: noise multiplier z accounted as z/2)")
+  else:
+    if population is not None:
+      raise AccountError("--population is for --sampling fixed (Poisson sampling needs only --q)")
+    out["neighbouring"] = "add/remove one (sensitivity C)"
 
   def eps_of(z):
+    if sampling == "fixed":
+      return accounting.fixed_size_epsilon(m, int(population), z / 2, steps, delta)
     if accountant == "pld":
       return pld_epsilon(q, z, steps, delta), None
     return accounting.dpsgd_epsilon(q, z, steps, delta)
@@ -87,8 +119,13 @@ def format_result(res: dict) -> str:
     return (f"epsilon = {res['epsilon']:.6g} (no amplification: {res['reason']})")
   how = (f"{res['accountant'].upper()}" + (f", optimal order {res['order']:g}" if "order" in res
                                           else ""))
-  line = (f"epsilon = {res['epsilon']:.6g} at delta = {res['delta']:g} ({how}; Poisson sampling "
-          f"q = {res['q']:g}, noise multiplier {res['noise_multiplier']:.6g}, {res['steps']} steps)")
+  if res["sampling"] == "fixed":
+    scheme = (f"fixed-size cohorts of {res['sample_size']} of {res['population']}, "
+              "replace-one neighbours")
+  else:
+    scheme = f"Poisson sampling q = {res['q']:g}, add/remove-one neighbours"
+  line = (f"epsilon = {res['epsilon']:.6g} at delta = {res['delta']:g} ({how}; {scheme}; "
+          f"noise multiplier {res['noise_multiplier']:.6g}, {res['steps']} steps)")
   if "target_epsilon" in res:
     return f"noise_multiplier = {res['noise_multiplier']:.6g}\n{line}"
   return line
@@ -99,7 +136,7 @@ def run(args) -> int:
     res = account_shuffle(args.eps0, args.n, args.delta)
   else:
     res = account_dpsgd(args.q, args.noise_multiplier, args.steps, args.delta, args.accountant,
-                        args.target_epsilon)
+                        args.target_epsilon, args.sampling, args.population)
   print(json.dumps(res) if args.json else format_result(res))
   return 0
 
@@ -115,6 +152,9 @@ def add_parser(sub) -> None:
   a.add_argument("--steps", type=float, help="number of steps (rounds)")
   a.add_argument("--delta", type=float, help="target delta, in (0, 1)")
   a.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
+  a.add_argument("--sampling", choices=["poisson", "fixed"], default="poisson",
+                 help="poisson (rate q, add/remove one) or fixed (q N of N, replace one)")
+  a.add_argument("--population", type=float, help="fixed sampling: population size N")
   a.add_argument("--eps0", type=float, help="shuffle: each report's local epsilon")
   a.add_argument("--n", type=float, help="shuffle: number of reports")
   a.add_argument("--json", action="store_true", help="one JSON object")

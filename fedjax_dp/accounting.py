@@ -24,6 +24,8 @@ its inverse per order for delta at a given epsilon.
 
 from __future__ import annotations
 
+import decimal
+import functools
 import math
 
 import jax.numpy as jnp
@@ -111,6 +113,105 @@ def poisson_gaussian_rdp(q: float, noise_multiplier: float, orders=DEFAULT_ORDER
   return out
 
 
+def fixed_size_gaussian_rdp(sample_size: int, population: int, noise_multiplier: float,
+                            orders=DEFAULT_ORDERS) -> np.ndarray:
+  """RDP of one Gaussian step on a uniformly random subset of exactly m = sample_size of
+  n = population records (sampling without replacement), under replace-one neighbours.
+
+  `noise_multiplier` is the noise std over the replace-one sensitivity: for a sum of
+  updates clipped to C that sensitivity is 2C, so pass z / 2 for noise std z C.
+
+  Wang, Balle, Kasiviswanathan 2019 (arXiv 1808.00087, Thm 27, the strengthened bound
+  for the subsampled Gaussian), with gamma = m / n and eps(j) = j / (2 z^2), for
+  integer a >= 2:
+    A_a = 1 + gamma^2 C(a,2) min(4 (e^eps(2) - 1), 2 e^eps(2))
+            + sum_{j=3..a} gamma^j C(a,j) min(4 X_j, 2 e^((j-1) eps(j))),
+    RDP(a) = log(A_a) / (a - 1),
+  where X_j bounds E_Q|P/Q - 1|^j for P = N(1, z^2), Q = N(0, z^2): for even j it
+  is that moment, the j-th forward difference at 0 of E_Q[(P/Q)^k] = e^(k(k-1)/(2z^2));
+  for odd j, by Cauchy-Schwarz, sqrt(X_{j-1} X_{j+1}). Moments are used up to
+  j = 256, the coarse arm beyond; the result is capped by the unsampled Gaussian's
+  a / (2 z^2). Fractional orders interpolate log A_a linearly
+  between the neighbouring integers, an upper bound because the cumulant
+  (a - 1) RDP(a) is convex in a (their Corollary 10).
+  """
+  _check_z(noise_multiplier)
+  m, n = sample_size, population
+  if not (isinstance(m, (int, np.integer)) and isinstance(n, (int, np.integer)) and 1 <= m <= n):
+    raise ValueError(f"sample size {m} of population {n}: need integers 1 <= m <= n")
+  orders = np.asarray(orders, np.float64)
+  if m == n:
+    return gaussian_rdp(noise_multiplier, orders)
+  log_a = functools.partial(_log_a_without_replacement, m / n, float(noise_multiplier))
+  out = np.empty_like(orders)
+  for k, a in enumerate(orders):
+    lo, t = int(math.floor(a)), a - math.floor(a)
+    value = log_a(lo) if t == 0 else (1 - t) * log_a(lo) + t * log_a(lo + 1)
+    out[k] = value / (a - 1)
+  # subsampling never hurts: coupling the two samples, the Renyi divergence is at
+  # most the base mechanism's (WBK's bound alone is looser at large m/n and small a)
+  return np.minimum(out, gaussian_rdp(noise_multiplier, orders))
+
+
+_MOMENT_ORDERS = 256  # exact moment arm up to this j, as dp-accounting does
+
+
+@functools.lru_cache(maxsize=64)
+def _log_likelihood_ratio_moments(z: float) -> np.ndarray:
+  """[0..256]: log E_Q[(P/Q - 1)^j] at even j (nan at odd j), P = N(1, z^2), Q = N(0, z^2).
+
+  The forward difference sum_k (-1)^(j-k) C(j,k) e^(k(k-1)/(2 z^2)) cancels to
+  hundreds of digits at large z, so it is summed in decimal arithmetic, with the
+  precision doubled until every result keeps 30 significant digits.
+  """
+  jmax = _MOMENT_ORDERS
+  prec = 60
+  while True:
+    ctx = decimal.Context(prec=prec, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+    two_z2 = ctx.multiply(2, ctx.multiply(decimal.Decimal(z), decimal.Decimal(z)))
+    s = [ctx.exp(ctx.divide(decimal.Decimal(k * (k - 1)), two_z2)) for k in range(jmax + 1)]
+    out = np.full(jmax + 1, np.nan)
+    ok = True
+    for j in range(0, jmax + 1, 2):
+      total, scale = decimal.Decimal(0), decimal.Decimal(0)
+      for k in range(j + 1):
+        term = ctx.multiply(math.comb(j, k), s[k])
+        # ctx.subtract, not unary minus: that rounds to the default 28 digits
+        total = ctx.add(total, term) if (j - k) % 2 == 0 else ctx.subtract(total, term)
+        scale = max(scale, term)
+      if j >= 2 and (total <= 0 or ctx.divide(total, scale) < decimal.Decimal(10) ** (30 - prec)):
+        ok = False
+        break
+      out[j] = float(total.ln(ctx)) if j >= 2 else 0.0
+    if ok:
+      return out
+    prec *= 2
+
+
+def _log_a_without_replacement(q: float, z: float, a: int) -> float:
+  """log A_a of `fixed_size_gaussian_rdp` at an integer order a >= 1."""
+  if a == 1:
+    return 0.0
+  moments = _log_likelihood_ratio_moments(z)
+  eps2 = 1.0 / (z * z)
+  terms = [0.0, 2 * math.log(q) + _log_comb(a, 2)
+           + min(math.log(4) + eps2 + math.log(-math.expm1(-eps2)), math.log(2) + eps2)]
+  for j in range(3, a + 1):
+    coarse = math.log(2) + (j - 1) * j / (2 * z * z)
+    if j <= _MOMENT_ORDERS:
+      x = moments[j] if j % 2 == 0 else 0.5 * (moments[j - 1] + moments[j + 1]) \
+          if j + 1 <= _MOMENT_ORDERS else math.inf
+      arm = min(math.log(4) + x, coarse)
+    else:
+      arm = coarse
+    terms.append(j * math.log(q) + _log_comb(a, j) + arm)
+  return float(special.logsumexp(terms))
+
+
+def _log_comb(n: int, k: int) -> float:
+  return float(special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1))
+
+
 def multi_part_gaussian_rdp(noise_multipliers, orders=DEFAULT_ORDERS) -> np.ndarray:
   """Several Gaussians on disjoint parts of one vector, each part clipped to its
   own bound and noised with its own multiplier: RDP adds over the parts
@@ -176,6 +277,14 @@ def dpsgd_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,
                   orders=DEFAULT_ORDERS) -> tuple[float, float]:
   """(epsilon, order) of `steps` Poisson-subsampled Gaussian steps, by RDP."""
   return epsilon_np(steps * poisson_gaussian_rdp(q, noise_multiplier, orders), delta, orders)
+
+
+def fixed_size_epsilon(sample_size: int, population: int, noise_multiplier: float, steps: int,
+                       delta: float, orders=DEFAULT_ORDERS) -> tuple[float, float]:
+  """(epsilon, order) of `steps` fixed-size-subsampled Gaussian steps (replace-one), by RDP.
+  `noise_multiplier` is relative to the replace-one sensitivity (see fixed_size_gaussian_rdp)."""
+  rdp = fixed_size_gaussian_rdp(sample_size, population, noise_multiplier, orders)
+  return epsilon_np(steps * rdp, delta, orders)
 
 
 def calibrate_noise_multiplier(target_epsilon: float, q: float, steps: int, delta: float,

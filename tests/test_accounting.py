@@ -139,3 +139,85 @@ def test_bad_arguments(bad):
   args.update(bad)
   with pytest.raises(ValueError, match="must be"):
     acc.poisson_gaussian_rdp(**args)
+
+
+# ------------------------------------------------------- fixed-size cohorts (WBK 2019)
+
+
+def oracle_fixed_rdp(m, n, z, orders=acc.DEFAULT_ORDERS):
+  a = dpa_rdp.RdpAccountant(orders=list(orders),
+                            neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  a.compose(dpa.SampledWithoutReplacementDpEvent(n, m, dpa.GaussianDpEvent(z)), 1)
+  return np.asarray(a._rdp)
+
+
+@pytest.mark.parametrize("m,n", [(10, 100), (100, 60000), (30, 100), (5, 20)])
+@pytest.mark.parametrize("z", [0.3, 1.0, 4.0])
+def test_fixed_size_rdp_matches_dp_accounting(m, n, z):
+  mine = acc.fixed_size_gaussian_rdp(m, n, z)
+  theirs = oracle_fixed_rdp(m, n, z)
+  # same bound order by order up to 256, where ours is also capped by the unsampled
+  # Gaussian (binding at large m/n and small z); beyond 256 ours keeps the moment arm
+  upto = acc.DEFAULT_ORDERS <= 256
+  capped = np.minimum(theirs, acc.gaussian_rdp(z))
+  np.testing.assert_allclose(mine[upto], capped[upto], rtol=1e-9)
+  assert np.all(mine <= theirs * (1 + 1e-12))
+  for steps, delta in [(1, 1e-5), (1000, 1e-6)]:
+    want, want_order = dpa_rdp.RdpAccountant(
+        orders=list(acc.DEFAULT_ORDERS),
+        neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE).compose(
+            dpa.SampledWithoutReplacementDpEvent(n, m, dpa.GaussianDpEvent(z)),
+            steps).get_epsilon_and_optimal_order(delta)
+    eps, order = acc.fixed_size_epsilon(m, n, z, steps, delta)
+    assert eps <= want * (1 + 1e-9)
+    if z >= 1:  # the cap does not bind at the optimal order
+      assert eps == pytest.approx(want, rel=1e-3, abs=1e-9)
+
+
+def test_likelihood_ratio_moments_against_quadrature():
+  """E_Q[(P/Q - 1)^j] by the exact decimal forward difference against numerical
+  integration over u ~ N(0, 1), x = z u, P/Q = exp((2x - 1) / (2 z^2))."""
+  from scipy import special
+  u = np.linspace(-150, 150, 1_500_001)
+  for z in [1.0, 10.0, 100.0]:
+    moments = acc._log_likelihood_ratio_moments(z)
+    with np.errstate(divide="ignore"):
+      log_ratio_m1 = np.log(np.abs(np.expm1((2 * z * u - 1) / (2 * z * z))))
+    for j in [2, 4, 10, 66] + ([128, 256] if z >= 10 else []):
+      quad = special.logsumexp(-u * u / 2 + j * log_ratio_m1) + np.log(u[1] - u[0]) \
+          - 0.5 * np.log(2 * np.pi)
+      assert moments[j] == pytest.approx(quad, abs=1e-6), (z, j)
+  # large z: close to the Gaussian moments (j - 1)!! / z^j
+  assert acc._log_likelihood_ratio_moments(1e3)[4] == pytest.approx(np.log(3 / 1e12), abs=1e-2)
+
+
+def test_fixed_size_at_large_noise_is_tighter_than_dp_accountings_float_differences():
+  # dp-accounting takes the forward differences in float64 log space; at z = 100
+  # they cancel to nothing and its bound falls back to the coarse arm
+  mine, theirs = acc.fixed_size_gaussian_rdp(3, 10, 100.0), oracle_fixed_rdp(3, 10, 100.0)
+  assert np.all(mine <= theirs * (1 + 1e-12)) and np.any(mine < 0.5 * theirs)
+
+
+def test_fixed_size_edges():
+  # the whole population every step is the plain Gaussian
+  np.testing.assert_allclose(acc.fixed_size_gaussian_rdp(50, 50, 2.0), acc.gaussian_rdp(2.0))
+  # subsampling only helps, and more of it helps more
+  full = acc.gaussian_rdp(1.0)
+  r10, r50 = acc.fixed_size_gaussian_rdp(10, 100, 1.0), acc.fixed_size_gaussian_rdp(50, 100, 1.0)
+  assert np.all(r10 <= r50 + 1e-15) and np.all(r50 <= full + 1e-12)
+  with pytest.raises(ValueError, match="1 <= m <= n"):
+    acc.fixed_size_gaussian_rdp(11, 10, 1.0)
+
+
+def test_heterogeneous_rounds_compose_like_dp_accounting():
+  """Rounds with different mechanisms add in the ledger, order by order."""
+  events = [(0.01, 1.0, 100), (0.05, 2.0, 30), (1.0, 5.0, 2)]
+  ledger = acc.init_ledger()
+  a = dpa_rdp.RdpAccountant(orders=list(acc.DEFAULT_ORDERS))
+  for q, z, t in events:
+    ledger = acc.compose(ledger, acc.poisson_gaussian_rdp(q, z), t)
+    a.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), t)
+  want, want_order = a.get_epsilon_and_optimal_order(1e-5)
+  eps, order = acc.epsilon(ledger, 1e-5)
+  assert float(eps) == pytest.approx(want, rel=1e-4)
+  assert float(order) == pytest.approx(want_order)
