@@ -226,9 +226,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.lr_min > cfg.lr:
     raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
   if cfg.dp == "central":
-    if cfg.sampling != "poisson":
-      raise ConfigError(f"config key 'sampling' = {shown('sampling')!r}: dp 'central' needs "
-                        "sampling 'poisson' (fixed-size cohorts are not accounted yet)")
+    if cfg.sampling == "fixed" and cfg.accountant == "pld":
+      raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
+                        "fixed-size (without replacement) sampling; use accountant 'rdp' or "
+                        "sampling 'poisson'")
     if cfg.noise_multiplier is None and cfg.target_epsilon is None:
       raise ConfigError("dp 'central' needs noise_multiplier or target_epsilon")
   if cfg.dataset == "csv" and not cfg.csv_path:

@@ -28,7 +28,8 @@ from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.partition import partition
 from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation, make_mesh,
-                                  noise_multiplier_for, round_event_rdp, sampling_rate)
+                                  neighbouring_relation, noise_multiplier_for, round_event_rdp,
+                                  sampling_rate)
 from fedjax_dp.store import build_store
 
 
@@ -224,13 +225,14 @@ def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
                     "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
                     "divided by the expected cohort size clients_per_round"),
-      "guarantee": "the accountant's epsilon below, for add/remove-one-client neighbours",
+      "guarantee": f"the accountant's epsilon below, for {neighbouring_relation(cfg)} neighbours",
       "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
       "epsilon": eps, "order": order, "delta": cfg.delta,
       "noise_multiplier": z,
       "noise_multiplier_source": "configured" if cfg.noise_multiplier is not None
                                  else f"calibrated to target_epsilon {cfg.target_epsilon:g}",
-      "clip_norm": cfg.clip_norm, "sampling": "poisson", "q": sampling_rate(cfg),
+      "clip_norm": cfg.clip_norm, "sampling": cfg.sampling, "q": sampling_rate(cfg),
+      "neighbouring": neighbouring_relation(cfg),
       "rounds_accounted": rounds, "target_epsilon": cfg.target_epsilon,
       "stopped_by_budget": rounds < cfg.rounds,
       "not_accounted": [],

@@ -248,19 +248,34 @@ def sampling_rate(cfg: Config) -> float:
 
 
 def round_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
-  """RDP of one central-DP round: a Poisson-subsampled Gaussian on the clipped sum
-  (sensitivity clip_norm under add/remove-one client). Infinite without noise."""
+  """RDP of one central-DP round, N(0, (z C)^2) on the sum of updates clipped to C:
+    sampling 'poisson': Poisson-subsampled Gaussian, add/remove-one client
+      (sensitivity C, multiplier z);
+    sampling 'fixed': exactly clients_per_round of num_clients without replacement,
+      replace-one client (sensitivity 2C, so multiplier z / 2; WBK 2019).
+  Infinite without noise."""
   if noise_multiplier == 0:
     return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
+  if cfg.sampling == "fixed":
+    return accounting.fixed_size_gaussian_rdp(cfg.clients_per_round, cfg.num_clients,
+                                              noise_multiplier / 2)
   return accounting.poisson_gaussian_rdp(sampling_rate(cfg), noise_multiplier)
+
+
+def neighbouring_relation(cfg: Config) -> str:
+  if cfg.sampling == "fixed":
+    return "replace one client (fixed-size cohorts; sensitivity 2 clip_norm)"
+  return "add/remove one client (Poisson sampling; sensitivity clip_norm)"
 
 
 def noise_multiplier_for(cfg: Config) -> float:
   """The configured noise multiplier, or the one that reaches target_epsilon in `rounds`."""
   if cfg.noise_multiplier is not None:
     return cfg.noise_multiplier
-  return accounting.calibrate_noise_multiplier(cfg.target_epsilon, sampling_rate(cfg), cfg.rounds,
-                                               cfg.delta)
+  return accounting.calibrate_noise_multiplier(
+      cfg.target_epsilon, sampling_rate(cfg), cfg.rounds, cfg.delta,
+      epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * round_event_rdp(cfg, z),
+                                                 cfg.delta)[0])
 
 
 def make_evaluate(model: Model) -> Callable:

@@ -95,8 +95,27 @@ def test_target_epsilon_alone_calibrates_the_noise(tmp_path):
   assert summary["privacy"]["pld_epsilon"] < rows[-1]["epsilon"]   # PLD is tighter
 
 
+def test_fixed_size_cohorts_are_accounted_replace_one(tmp_path):
+  rc, rows, summary = _run(tmp_path, "f", "sampling=fixed", "noise_multiplier=1.3")
+  assert rc == 0
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  oracle.compose(dpa.SampledWithoutReplacementDpEvent(40, 4, dpa.GaussianDpEvent(1.3 / 2)), 30)
+  assert rows[-1]["epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
+  p = summary["privacy"]
+  assert p["sampling"] == "fixed" and "replace one" in p["neighbouring"]
+  # a target alone calibrates against the same accountant
+  rc, rows, summary = _run(tmp_path, "g", "sampling=fixed", "target_epsilon=5.0")
+  assert rc == 0
+  z = summary["privacy"]["noise_multiplier"]
+  for mult, ok in [(1.0, True), (0.99, False)]:
+    oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    oracle.compose(dpa.SampledWithoutReplacementDpEvent(40, 4, dpa.GaussianDpEvent(mult * z / 2)),
+                   30)
+    assert (oracle.get_epsilon(1e-5) <= 5.0 * (1 + 1e-6)) == ok
+
+
 @pytest.mark.parametrize("sets,fragment", [
-    (["sampling=fixed", "noise_multiplier=1"], "needs sampling 'poisson'"),
+    (["sampling=fixed", "noise_multiplier=1", "accountant=pld"], "PLD has no fixed-size"),
     ([], "needs noise_multiplier or target_epsilon"),
     (["noise_multiplier=0.5", "target_epsilon=0.01"], "below one round's epsilon"),
     (["delta=1", "noise_multiplier=1"], "'delta' = 1: must be > 0 and < 1"),
