@@ -219,6 +219,15 @@ def multi_part_gaussian_rdp(noise_multipliers, orders=DEFAULT_ORDERS) -> np.ndar
   return sum(gaussian_rdp(z, orders) for z in noise_multipliers)
 
 
+def effective_noise_multiplier(noise_multipliers) -> float:
+  """The single Gaussian equivalent to Gaussians on the parts of one record:
+  (sum_p z_p^-2)^(-1/2); its RDP a / (2 z^2) is `multi_part_gaussian_rdp`'s, and
+  unlike a sum of curves it can be subsampled."""
+  for z in noise_multipliers:
+    _check_z(z)
+  return float(sum(z ** -2.0 for z in noise_multipliers) ** -0.5)
+
+
 def _check_q(q: float) -> None:
   if not (0.0 < q <= 1.0):
     raise ValueError(f"sampling rate q = {q}: must be in (0, 1]")
@@ -271,6 +280,20 @@ def epsilon_np(rdp: np.ndarray, delta: float, orders=DEFAULT_ORDERS) -> tuple[fl
   eps = np.where(delta ** 2 + np.expm1(-rdp) > 0, 0.0, eps)
   k = int(np.argmin(eps))
   return max(float(eps[k]), 0.0), float(a[k])
+
+
+def epsilons_np(ledgers: np.ndarray, delta: float, orders=DEFAULT_ORDERS):
+  """`epsilon_np` over the last axis of [..., orders] ledgers: (epsilons, orders) arrays
+  (scalars for one ledger); infinite where the ledger is."""
+  a = np.asarray(orders, np.float64)
+  rdp = np.asarray(ledgers, np.float64)
+  with np.errstate(invalid="ignore"):
+    eps = rdp + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+  eps = np.where(delta ** 2 + np.expm1(-rdp) > 0, 0.0, eps)
+  eps = np.where(np.isnan(eps), np.inf, eps)
+  k = np.argmin(eps, axis=-1)
+  best = np.maximum(np.take_along_axis(eps, k[..., None], axis=-1)[..., 0], 0.0)
+  return best, a[k]
 
 
 def dpsgd_epsilon(q: float, noise_multiplier: float, steps: int, delta: float,

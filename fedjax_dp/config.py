@@ -63,6 +63,11 @@ class Config:
   target_epsilon: float | None = None
   delta: float = 1e-5
   accountant: str = "rdp"
+  clip_parts: str = "flat"
+  adaptive_clipping: bool = False
+  target_quantile: float = 0.5
+  clip_lr: float = 0.2
+  clip_count_stddev: float | None = None
   # run
   rounds: int = 50
   eval_every: int = 5
@@ -91,7 +96,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "cosine"),
     "algorithm": ("fedavg", "fedavgm", "fedadam"),
     "client_parallelism": ("auto", "map", "vmap"),
-    "dp": ("none", "central"),
+    "dp": ("none", "central", "local"),
+    "clip_parts": ("flat", "per_layer"),
     "accountant": ("rdp", "pld"),
 }
 
@@ -120,6 +126,9 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "noise_multiplier": (0, None, True, True),
     "target_epsilon": (0, None, False, True),
     "delta": (0, 1, False, False),
+    "target_quantile": (0, 1, True, True),
+    "clip_lr": (0, None, False, True),
+    "clip_count_stddev": (0, None, False, True),
     "rounds": (1, None, True, True),
     "eval_every": (1, None, True, True),
     "seed": (0, 2**31 - 1, True, True),
@@ -132,7 +141,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _OPTIONAL = {"data_dir": str, "csv_path": str, "max_cohort": int, "noise_multiplier": float,
-             "target_epsilon": float}
+             "target_epsilon": float, "clip_count_stddev": float}
 
 
 def _describe_range(key: str) -> str:
@@ -232,6 +241,12 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
                         "sampling 'poisson'")
     if cfg.noise_multiplier is None and cfg.target_epsilon is None:
       raise ConfigError("dp 'central' needs noise_multiplier or target_epsilon")
+  if cfg.dp == "local" and cfg.noise_multiplier is None:
+    raise ConfigError("dp 'local' needs noise_multiplier (target_epsilon, if given, caps each "
+                      "client's own ledger)")
+  if cfg.adaptive_clipping and cfg.dp != "central":
+    raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
+                      f"{cfg.dp!r})")
   if cfg.dataset == "csv" and not cfg.csv_path:
     raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
 

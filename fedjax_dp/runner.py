@@ -27,9 +27,10 @@ from fedjax_dp.config import Config, make_config
 from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.partition import partition
-from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation, make_mesh,
-                                  neighbouring_relation, noise_multiplier_for, round_event_rdp,
-                                  sampling_rate)
+from fedjax_dp import mechanisms
+from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation, clip_count_stddev,
+                                  local_event_rdp, make_mesh, neighbouring_relation,
+                                  noise_multiplier_for, round_event_rdp, sampling_rate)
 from fedjax_dp.store import build_store
 
 
@@ -74,17 +75,33 @@ def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
   return sorted(e for e in ends if start < e <= last)
 
 
-def budget_rounds(cfg: Config, noise_multiplier: float) -> int:
-  """Rounds the run may take: all of them, or with target_epsilon the most whose
-  accounted epsilon stays <= the target (the run stops before passing it)."""
-  if cfg.dp == "none" or cfg.target_epsilon is None:
+def budget_rounds(cfg: Config) -> int:
+  """Rounds the run may take, checked before anything is written.
+
+  Central DP with target_epsilon: the most rounds whose accounted epsilon stays
+  <= the target (the run stops before passing it). Local DP: all of them (each
+  client stops on its own), but one participation must fit in the target. Also
+  raises RunError for an unreachable target or an impossible adaptive-clipping
+  set-up."""
+  if cfg.dp == "none":
     return cfg.rounds
-  event = round_event_rdp(cfg, noise_multiplier)
+  try:
+    z = noise_multiplier_for(cfg)
+    if cfg.adaptive_clipping:
+      mechanisms.update_noise_multiplier(z, clip_count_stddev(cfg))
+  except ValueError as e:  # target epsilon out of reach; count noise too small
+    raise RunError(str(e))
+  if cfg.target_epsilon is None:
+    return cfg.rounds
+  event = local_event_rdp(cfg, z) if cfg.dp == "local" else round_event_rdp(cfg, z)
   ok = lambda t: accounting.epsilon_np(t * event, cfg.delta)[0] <= cfg.target_epsilon
   if not ok(1):
-    raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below one round's epsilon "
+    what = "one participation's" if cfg.dp == "local" else "one round's"
+    raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below {what} epsilon "
                    f"{accounting.epsilon_np(event, cfg.delta)[0]:.4g} at noise multiplier "
-                   f"{noise_multiplier:g}: raise noise_multiplier or target_epsilon")
+                   f"{z:g}: raise noise_multiplier or target_epsilon")
+  if cfg.dp == "local":
+    return cfg.rounds
   lo, hi = 1, cfg.rounds  # epsilon grows with t: find the last t with ok(t)
   if ok(hi):
     return hi
@@ -94,21 +111,31 @@ def budget_rounds(cfg: Config, noise_multiplier: float) -> int:
   return lo
 
 
-def _noise_multiplier(cfg: Config) -> float:
-  if cfg.dp == "none":
-    return 0.0
-  try:
-    return noise_multiplier_for(cfg)
-  except ValueError as e:  # target epsilon out of reach
-    raise RunError(str(e))
+def spent_epsilon(sim: Simulation, state) -> dict:
+  """Epsilon spent so far by the in-round ledger, for metrics.jsonl: central DP
+  gives the run's epsilon; local DP the largest client's, and how many clients
+  can no longer take part."""
+  if sim.cfg.dp == "none":
+    return {"epsilon": None, "delta": None}
+  eps, _ = sim.epsilons(state)
+  row = {"epsilon": _finite(np.max(eps)), "delta": sim.cfg.delta}
+  if sim.cfg.dp == "local":
+    row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
+  return row
 
 
-def spent_epsilon(cfg: Config, ledger) -> tuple[float | None, float | None]:
-  """(epsilon, optimal order) of the state's ledger; None without DP or without noise."""
-  if cfg.dp == "none":
-    return None, None
-  eps, order = accounting.epsilon_np(np.asarray(ledger, np.float64), cfg.delta)
-  return (eps, order) if np.isfinite(eps) else (None, None)
+def clients_spent(sim: Simulation, state) -> np.ndarray:
+  """[num_clients] bool: local DP clients whose next participation would pass the target."""
+  cfg = sim.cfg
+  if cfg.dp != "local" or cfg.target_epsilon is None:
+    return np.zeros(cfg.num_clients, bool)
+  after = np.asarray(state.ledger, np.float64) + sim.privacy.event_rdp
+  return accounting.epsilons_np(after, cfg.delta)[0] > cfg.target_epsilon
+
+
+def _finite(x) -> float | None:
+  x = float(x)
+  return x if np.isfinite(x) else None
 
 
 def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool) -> Config:
@@ -143,7 +170,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   Returns the summary dict (also written to `out/summary.json`).
   """
   log = log or (lambda msg: print(msg, file=sys.stderr))
-  last = budget_rounds(cfg, _noise_multiplier(cfg))  # fails before anything is written
+  last = budget_rounds(cfg)  # fails before anything is written
   cfg = _prepare_out(out, cfg, resume, overwrite)
   reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
   metrics_path = os.path.join(out, "metrics.jsonl")
@@ -176,6 +203,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   chunk_times: list[tuple[int, float]] = []
   wall0 = time.perf_counter() - meta["wall_s"]
   loss_sum, examples = meta["loss_sum"], meta["examples"]
+  unclipped, clip_seen = meta.get("unclipped", 0.0), meta.get("clip_seen", 0.0)
   bar = _progress(progress, cfg.rounds, start)
   r = start
   for end in chunk_ends(start, cfg, last):
@@ -183,27 +211,39 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     state, stats = sim.run_rounds(state, end - r)
     loss_sum += float(np.sum(stats.loss_sum))  # one host transfer per chunk
     examples += float(np.sum(stats.examples))
+    unclipped += float(np.sum(stats.unclipped))
+    clip_seen += float(np.sum(stats.participants))
     chunk_times.append((end - r, time.perf_counter() - t))
     bar.update(end - r)
     r = end
-    if end % cfg.eval_every == 0 or end == last:
+    # local DP: once every client's budget is spent, no round can change the model
+    all_spent = bool(np.all(clients_spent(sim, state))) if cfg.dp == "local" else False
+    if all_spent:
+      log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
+          f"the run stops after round {end}")
+    if end % cfg.eval_every == 0 or end == last or all_spent:
       acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
       participations = int(state.participations)
       row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
              "train_loss": loss_sum / examples if examples else None,
-             "epsilon": spent_epsilon(cfg, state.ledger)[0],
-             "delta": cfg.delta if cfg.dp != "none" else None,
+             **spent_epsilon(sim, state),
+             **({"clip_norm": float(state.clip_norm),
+                 "unclipped_fraction": unclipped / clip_seen if clip_seen else None}
+                if cfg.dp != "none" else {}),
              "bytes_up": participations * bytes_per_update,
              "bytes_down": participations * bytes_per_update,
              "wall_s": round(time.perf_counter() - wall0, 4)}
       reporting.append_metrics(metrics_path, row)
       rows.append(row)
-      loss_sum = examples = 0.0
+      loss_sum = examples = unclipped = clip_seen = 0.0
       bar.set_postfix(acc=f"{acc:.4f}")
-    if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last):
+    if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last or all_spent):
       ckpt.save(ckpt_dir, end, state, {"wall_s": time.perf_counter() - wall0,
-                                       "loss_sum": loss_sum, "examples": examples},
+                                       "loss_sum": loss_sum, "examples": examples,
+                                       "unclipped": unclipped, "clip_seen": clip_seen},
                 keep=cfg.keep_checkpoints)
+    if all_spent:
+      break
   bar.close()
 
   summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, bytes_per_update)
@@ -218,37 +258,87 @@ def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
   rounds = int(state.round)
-  eps, order = spent_epsilon(cfg, state.ledger)
   z = sim.noise_multiplier
+  eps, order = sim.epsilons(state)
   report = {
-      "dp": "central",
-      "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
-                    "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
-                    "divided by the expected cohort size clients_per_round"),
-      "guarantee": f"the accountant's epsilon below, for {neighbouring_relation(cfg)} neighbours",
-      "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
-      "epsilon": eps, "order": order, "delta": cfg.delta,
-      "noise_multiplier": z,
+      "dp": cfg.dp, "delta": cfg.delta, "noise_multiplier": z,
       "noise_multiplier_source": "configured" if cfg.noise_multiplier is not None
                                  else f"calibrated to target_epsilon {cfg.target_epsilon:g}",
-      "clip_norm": cfg.clip_norm, "sampling": cfg.sampling, "q": sampling_rate(cfg),
-      "neighbouring": neighbouring_relation(cfg),
-      "rounds_accounted": rounds, "target_epsilon": cfg.target_epsilon,
-      "stopped_by_budget": rounds < cfg.rounds,
+      "clip_norm": cfg.clip_norm, "clip_parts": cfg.clip_parts,
+      "sampling": cfg.sampling, "q": sampling_rate(cfg), "rounds_accounted": rounds,
+      "target_epsilon": cfg.target_epsilon,
+      "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
       "not_accounted": [],
   }
+  if cfg.clip_parts == "per_layer":
+    layout = sim.privacy.layout
+    report["part_clip_norms"] = {n: f * cfg.clip_norm for n, f in zip(layout.names,
+                                                                      layout.fractions)}
+    report["clip_parts_note"] = (
+        "each layer clipped to clip_norm * sqrt(size / total), isotropic noise: the parts "
+        "compose to one Gaussian with the same noise multiplier")
+  if cfg.dp == "central":
+    report.update({
+        "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
+                      "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
+                      "divided by the expected cohort size clients_per_round"),
+        "guarantee": f"the accountant's epsilon below, for {neighbouring_relation(cfg)} "
+                     "neighbours",
+        "neighbouring": neighbouring_relation(cfg),
+        "epsilon": _finite(eps), "order": float(order) if _finite(eps) is not None else None,
+        "ledger": np.asarray(state.ledger, np.float64).tolist(),
+        "stopped_by_budget": rounds < cfg.rounds,
+    })
+    if cfg.adaptive_clipping:
+      report["adaptive_clipping"] = {
+          "method": "Andrew et al. 2021, geometric update to a target quantile",
+          "target_quantile": cfg.target_quantile, "clip_lr": cfg.clip_lr,
+          "count_stddev": sim.privacy.count_stddev,
+          "update_noise_multiplier": sim.privacy.update_noise_multiplier,
+          "final_clip_norm": float(state.clip_norm),
+          "note": "the noised clipped-count query is accounted: updates and count together "
+                  "are one Gaussian with noise_multiplier"}
+    if cfg.accountant == "pld" and z > 0 and rounds > 0:
+      from fedjax_dp.account import pld_epsilon
+      report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z, rounds, cfg.delta)
+      report["accountant"] = "rdp ledger in the round; final figure by dp-accounting's PLD"
+      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+    overflow = int(state.cohort_overflow)
+    if overflow:
+      report["not_accounted"].append(
+          f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
+          "analysis assumes every draw takes part: raise max_cohort")
+  else:
+    event = sim.privacy.event_rdp
+    ledgers = np.asarray(state.ledger, np.float64)
+    # every participation composes the same event, so the ledger counts them
+    counts = np.rint(ledgers[:, 0] / event[0]).astype(int) if np.isfinite(event[0]) else None
+    spent = clients_spent(sim, state)
+    report.update({
+        "mechanism": ("local DP: each client clips its update to L2 norm clip_norm and adds "
+                      "N(0, (noise_multiplier * clip_norm)^2) from its own key before sending; "
+                      "the server averages the participants' reports"),
+        "guarantee": ("per client: its epsilon below covers everything it sent (replace-one "
+                      "neighbours of its data, sensitivity 2 clip_norm), against the server and "
+                      "anyone who sees the reports; no amplification by sampling is claimed"),
+        "neighbouring": "replace one client's data (sensitivity 2 clip_norm)",
+        "epsilon": _finite(np.max(eps)), "epsilon_is": "the largest client's",
+        "clients": {
+            "epsilon_median": _finite(np.median(eps)),
+            "participations": ({"min": int(counts.min()), "median": float(np.median(counts)),
+                                "max": int(counts.max())} if counts is not None else None),
+            "spent": int(spent.sum()),
+            "stopped_by_budget": "clients stop taking part when their next participation "
+                                 "would pass target_epsilon" if cfg.target_epsilon else None},
+        "client_epsilons": [_finite(e) for e in eps],
+    })
+    if cfg.accountant == "pld" and z > 0 and counts is not None and counts.max() > 0:
+      from fedjax_dp.account import pld_epsilon
+      report["pld_epsilon"] = pld_epsilon(1.0, z / 2, int(counts.max()), cfg.delta)
+      report["accountant"] = "rdp ledgers in the round; largest client's figure by PLD"
+      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
   if z == 0:
     report["note"] = "noise_multiplier 0: no differential-privacy guarantee (epsilon infinite)"
-  if cfg.accountant == "pld" and z > 0 and rounds > 0:
-    from fedjax_dp.account import pld_epsilon
-    report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z, rounds, cfg.delta)
-    report["accountant"] = "rdp ledger in the round; final figure by dp-accounting's PLD"
-    report["epsilon"] = min(report["pld_epsilon"], eps) if eps is not None else None
-  overflow = int(state.cohort_overflow)
-  if overflow:
-    report["not_accounted"].append(
-        f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
-        "analysis assumes every draw takes part: raise max_cohort")
   return report
 
 

@@ -19,6 +19,7 @@ fold_in(fold_in(round_key, CLIENT_TRAINING), c). No key is used twice.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from functools import partial
 from typing import Any, Callable, NamedTuple
@@ -31,9 +32,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import accounting
 from fedjax_dp import client as client_lib
+from fedjax_dp import mechanisms
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config
-from fedjax_dp.kernels import clipping, weighted_mean
+from fedjax_dp.kernels import gaussian_noise, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
 
@@ -41,6 +43,8 @@ from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
 COHORT_SAMPLING = 0
 CLIENT_TRAINING = 1
 SERVER_NOISE = 2
+LOCAL_NOISE = 3
+CLIP_COUNT_NOISE = 4
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
 
 
@@ -53,13 +57,31 @@ class SimState(NamedTuple):
   key: jax.Array              # uint32[2] run key
   participations: jax.Array   # int32: client participations so far (for bytes)
   cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
-  ledger: jax.Array           # float32 [orders]: RDP spent so far (zeros without DP)
+  ledger: jax.Array           # float32 RDP spent: [orders] (central, zeros without DP),
+                              # [num_clients, orders] (local: one ledger per client)
+  clip_norm: jax.Array        # float32: the clip norm of the next round (moves if adaptive)
 
 
 class RoundStats(NamedTuple):
   loss_sum: jax.Array      # sum of local minibatch losses weighted by batch examples
   examples: jax.Array      # example-visits in local training this round
   participants: jax.Array  # int32 clients that trained this round
+  unclipped: jax.Array     # int32 participants whose update norm was <= the clip norm
+  spent: jax.Array         # int32 cohort draws refused because the client's budget is spent
+
+
+@dataclasses.dataclass(frozen=True)
+class Privacy:
+  """The static DP set-up of a compiled round (resolved from the config)."""
+  mode: str = "none"               # none | central | local
+  layout: Any = None               # mechanisms.ClipLayout
+  update_noise_multiplier: float = 0.0  # std of the noise on updates / clip norm
+  noise_multiplier: float = 0.0    # what the accountant charges (z)
+  event_rdp: Any = None            # np [orders]: RDP of one round (central) or one participation (local)
+  target_epsilon: float | None = None
+  delta: float = 1e-5
+  adaptive: bool = False
+  count_stddev: float = 0.0
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -90,7 +112,12 @@ class Simulation:
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
   run_chunk: Callable         # (state, store, length) -> (state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
-  noise_multiplier: float = 0.0  # central DP: configured or calibrated
+  privacy: Privacy = Privacy()
+
+  @property
+  def noise_multiplier(self) -> float:
+    """The noise multiplier the accountant charges (configured or calibrated)."""
+    return self.privacy.noise_multiplier
 
   def replicate(self, tree):
     """Places a pytree replicated on the mesh, as the compiled round returns it
@@ -100,6 +127,11 @@ class Simulation:
   def init_state(self) -> SimState:
     return self.replicate(init_state(self.cfg, self.model))
 
+  def epsilons(self, state: SimState):
+    """(epsilon, optimal order) spent, by the in-round RDP ledger, as float64 numpy:
+    scalars for central DP, [num_clients] arrays for local DP."""
+    return accounting.epsilons_np(np.asarray(state.ledger, np.float64), self.cfg.delta)
+
   def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
     return self.run_chunk(state, self.store, num_rounds)
 
@@ -108,21 +140,26 @@ def init_state(cfg: Config, model: Model) -> SimState:
   key = jax.random.PRNGKey(cfg.seed)
   params = model.init(jax.random.fold_in(key, MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
+  ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
                   client_state={}, key=key, participations=jnp.int32(0),
-                  cohort_overflow=jnp.int32(0), ledger=accounting.init_ledger())
+                  cohort_overflow=jnp.int32(0),
+                  ledger=accounting.init_ledger(shape=ledger_shape),
+                  clip_norm=jnp.float32(cfg.clip_norm))
 
 
-def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_index,
+def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, x, y, client_index,
                   client_count, *, train_one: Callable, parallelism: str, client_batch: int,
-                  clip_norm: float | None):
+                  privacy: Privacy):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]. Outputs are identical on all devices.
-  Without DP (clip_norm None) it returns the example-weighted mean delta. With
-  central DP it returns the plain sum of the deltas, each clipped to L2 norm
-  clip_norm: the server adds noise to that sum (weights by example count
-  would give one client unbounded influence).
+    dp none: the example-weighted mean delta (FedAvg).
+    dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
+      server noises the sum; weights by example count would give one client
+      unbounded influence).
+    dp local: the mean over participants of the deltas, each clipped and
+      noised by its client with N(0, (z clip_norm)^2) from the client's own key.
   """
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
@@ -140,21 +177,30 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, x, y, client_i
     res = jax.vmap(one)((rows, counts, keys))
   else:
     res = jax.lax.map(one, (rows, counts, keys), batch_size=client_batch)
-  if clip_norm is None:
-    weights = counts.astype(jnp.float32)  # FedAvg: n_i / n
-    deltas = res.delta
+  mask_f = cohort_mask.astype(jnp.float32)
+  unclipped = jnp.zeros((), jnp.int32)
+  if privacy.mode == "none":
+    weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n
   else:
-    weights = cohort_mask.astype(jnp.float32)
-    deltas = jax.vmap(lambda d: clipping.l2_clip(d, clip_norm)[0])(res.delta)
+    weights = mask_f
+    deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, privacy.layout))(
+        res.delta)
+    unclipped = jnp.sum((norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
+    if privacy.mode == "local":
+      deltas = mechanisms.add_client_noise(deltas, cohort_ids,
+                                           jax.random.fold_in(round_key, LOCAL_NOISE),
+                                           privacy.update_noise_multiplier * clip_norm)
   delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
-  if clip_norm is None:
+  if privacy.mode == "central":
+    mean_delta = delta_sum  # the server noises the sum and divides
+  else:
     total_weight = jax.lax.psum(jnp.sum(weights), "clients")
     mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
-  else:
-    mean_delta = delta_sum  # the server noises the sum and divides
-  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum), "clients"),
-                     examples=jax.lax.psum(jnp.sum(res.examples), "clients"),
-                     participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"))
+  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
+                     examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
+                     participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
+                     unclipped=jax.lax.psum(unclipped, "clients"),
+                     spent=jnp.zeros((), jnp.int32))
   return mean_delta, stats
 
 
@@ -188,19 +234,18 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if parallelism == "auto":
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
 
-  central_dp = cfg.dp == "central"
-  noise_multiplier = noise_multiplier_for(cfg) if central_dp else 0.0
-  event_rdp = round_event_rdp(cfg, noise_multiplier) if central_dp else None
+  privacy = make_privacy(cfg, model)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size, momentum=cfg.momentum)
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, parallelism=parallelism,
-              client_batch=cfg.client_batch, clip_norm=cfg.clip_norm if central_dp else None),
+              client_batch=cfg.client_batch, privacy=privacy),
       mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P()),
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
+  event_rdp = privacy.event_rdp
 
   def round_fn(state: SimState, store: FederatedStore) -> tuple[SimState, RoundStats]:
     round_key = jax.random.fold_in(state.key, state.round)
@@ -208,28 +253,48 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                            cfg.clients_per_round, cfg.sampling, capacity)
     ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
                              padded_capacity)
+    ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
+    if privacy.mode == "local" and privacy.target_epsilon is not None:
+      # a client takes part only if its own ledger stays within the target after it
+      after = accounting.compose(ledger[ids], event_rdp)
+      within = accounting.epsilon(after, privacy.delta)[0] <= privacy.target_epsilon
+      spent = jnp.sum(mask & ~within, dtype=jnp.int32)
+      mask = mask & within
     mean_delta, stats = client_phase(state.params, ids, mask, lr_at(state.round), round_key,
-                                     store.x, store.y, store.client_index, store.client_count)
-    ledger = state.ledger
-    if central_dp:
+                                     state.clip_norm, store.x, store.y, store.client_index,
+                                     store.client_count)
+    stats = stats._replace(spent=spent)
+    clip_norm = state.clip_norm
+    if privacy.mode == "central":
       # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
       # updates, divided by the expected cohort size q N = clients_per_round
       # (a fixed denominator: the realised size is itself private).
-      noise_key = jax.random.fold_in(round_key, SERVER_NOISE)
-      leaves, treedef = jax.tree.flatten(mean_delta)
-      keys = jax.random.split(noise_key, len(leaves))
-      std = noise_multiplier * cfg.clip_norm
-      mean_delta = jax.tree.unflatten(treedef, [
-          (d + std * jax.random.normal(k, d.shape, d.dtype)) / cfg.clients_per_round
-          for d, k in zip(leaves, keys)])
+      std = privacy.update_noise_multiplier * clip_norm
+      mean_delta = jax.tree.map(
+          lambda d: d / cfg.clients_per_round,
+          gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
+                                            std))
       ledger = accounting.compose(ledger, event_rdp)
+      if privacy.adaptive:
+        clip_norm = mechanisms.adaptive_clip_norm(
+            clip_norm, stats.unclipped - 0.5 * stats.participants,
+            jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
+            cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
+    elif privacy.mode == "local":
+      ledger = ledger.at[ids].add(mask[:, None] * jnp.asarray(event_rdp, jnp.float32))
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    if privacy.mode == "local":
+      # nobody took part (all spent): the server has nothing to apply, momentum included
+      keep = stats.participants == 0
+      params, opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
+                                       (state.params, state.server_opt_state),
+                                       (params, opt_state))
     new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                                participations=state.participations + stats.participants,
                                cohort_overflow=state.cohort_overflow + cohort.overflow,
-                               ledger=ledger)
+                               ledger=ledger, clip_norm=clip_norm)
     return new_state, stats
 
   @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
@@ -239,12 +304,52 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   store = jax.device_put(store, NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
-                    run_chunk=run_chunk, evaluate=make_evaluate(model),
-                    noise_multiplier=noise_multiplier)
+                    run_chunk=run_chunk, evaluate=make_evaluate(model), privacy=privacy)
 
 
 def sampling_rate(cfg: Config) -> float:
   return cfg.clients_per_round / cfg.num_clients
+
+
+def make_privacy(cfg: Config, model: Model) -> Privacy:
+  """Resolves the config's DP keys: clip layout, noise multipliers, the accounted event."""
+  if cfg.dp == "none":
+    return Privacy()
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  layout = mechanisms.clip_layout(shapes, cfg.clip_parts)
+  z = noise_multiplier_for(cfg)
+  count_stddev = 0.0
+  z_update = z
+  if cfg.adaptive_clipping:
+    count_stddev = clip_count_stddev(cfg)
+    z_update = mechanisms.update_noise_multiplier(z, count_stddev)
+  # per-part bounds with isotropic noise compose to one Gaussian with multiplier z
+  z_accounted = accounting.effective_noise_multiplier(
+      mechanisms.part_noise_multipliers(layout, z)) if z > 0 else 0.0
+  event = (local_event_rdp(cfg, z_accounted) if cfg.dp == "local"
+           else round_event_rdp(cfg, z_accounted))
+  return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,
+                 noise_multiplier=z, event_rdp=event, target_epsilon=cfg.target_epsilon,
+                 delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev)
+
+
+def clip_count_stddev(cfg: Config) -> float:
+  """Std of the noise on the clipped count. Default: Andrew et al.'s m / 20, raised
+  to the noise multiplier z where that is larger (small cohorts), so that the
+  updates' noise grows by at most (1 - 1/4)^(-1/2) = 1.155x."""
+  if cfg.clip_count_stddev is not None:
+    return cfg.clip_count_stddev
+  z = noise_multiplier_for(cfg)
+  return max(cfg.clients_per_round / 20.0, z)
+
+
+def local_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
+  """RDP of one participation under local DP: the client's own clipped update
+  with N(0, (z C)^2), released whole (no amplification by sampling), replace-one
+  (sensitivity 2C, so multiplier z / 2). Infinite without noise."""
+  if noise_multiplier == 0:
+    return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
+  return accounting.gaussian_rdp(noise_multiplier / 2)
 
 
 def round_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
@@ -268,6 +373,7 @@ def neighbouring_relation(cfg: Config) -> str:
   return "add/remove one client (Poisson sampling; sensitivity clip_norm)"
 
 
+@functools.lru_cache(maxsize=16)
 def noise_multiplier_for(cfg: Config) -> float:
   """The configured noise multiplier, or the one that reaches target_epsilon in `rounds`."""
   if cfg.noise_multiplier is not None:

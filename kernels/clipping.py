@@ -1,10 +1,17 @@
-"""L2 clipping of a client update (a pytree) to norm C.
+"""L2 clipping of a client update (a pytree), flat or per part.
 
-  clip(u, C) = u * min(1, C / ||u||_2),  ||u||_2 over all leaves together
+Flat, to norm C over all leaves together:
+  clip(u, C) = u * min(1, C / ||u||_2)
+Per part (each part p a set of leaves, e.g. one layer's kernel and bias):
+  clip(u, C)_p = u_p * min(1, C_p / ||u_p||_2)
+so ||clip(u)||_2 <= sqrt(sum_p C_p^2).
 
-`l2_clip_reference` flattens and concatenates; `l2_clip` works leaf by leaf
-(no concatenated copy of the update). Both return (clipped, norm before).
+`l2_clip_reference` flattens and concatenates; `l2_clip` works leaf by leaf (no
+concatenated copy of the update). Both return (clipped, norm before).
+`per_part_clip` returns (clipped, [parts] norms before).
 """
+
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -25,3 +32,15 @@ def l2_clip(tree, clip_norm):
   norm = global_norm(tree)
   scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30))
   return jax.tree.map(lambda x: x * scale.astype(x.dtype), tree), norm
+
+
+def per_part_clip(tree, part_of_leaf: tuple[int, ...], bounds: jax.Array):
+  """Clips each part to its own bound; `part_of_leaf[i]` is the part of leaf i
+  (in `jax.tree.leaves` order), `bounds` [parts]."""
+  leaves, treedef = jax.tree.flatten(tree)
+  num_parts = bounds.shape[0]
+  sq = jnp.stack([jnp.sum(jnp.square(x)) for x in leaves])
+  norms = jnp.sqrt(jax.ops.segment_sum(sq, jnp.asarray(part_of_leaf), num_segments=num_parts))
+  scales = jnp.minimum(1.0, bounds / jnp.maximum(norms, 1e-30))
+  out = [x * scales[p].astype(x.dtype) for x, p in zip(leaves, part_of_leaf)]
+  return jax.tree.unflatten(treedef, out), norms

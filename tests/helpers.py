@@ -30,3 +30,28 @@ def toy_simulation(x, y, parts, devices=1, classes=3, **overrides):
   model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
   return build_simulation(cfg, model, store, make_mesh(devices))
+
+
+def round_zero_deltas(sim, state):
+  """Each client's local-training delta in round 0, computed outside the round
+  (the same local_train and keys), as a list of param pytrees of numpy arrays."""
+  import jax
+  from functools import partial
+  from fedjax_dp import client as client_lib
+  from fedjax_dp.simulation import CLIENT_TRAINING
+  cfg = sim.cfg
+  train = jax.jit(partial(client_lib.local_train, apply_fn=sim.model.apply, epochs=cfg.local_epochs,
+                          batch_size=cfg.batch_size, momentum=cfg.momentum))
+  client_key = jax.random.fold_in(jax.random.fold_in(state.key, 0), CLIENT_TRAINING)
+  out = []
+  for c in range(cfg.num_clients):
+    res = train(state.params, sim.store.client_index[c], sim.store.client_count[c],
+                jax.random.fold_in(client_key, c), np.float32(cfg.lr), x=sim.store.x,
+                y=sim.store.y)
+    out.append(jax.tree.map(np.asarray, res.delta))
+  return out
+
+
+def flat(tree):
+  import jax
+  return np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(tree)])

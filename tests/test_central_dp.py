@@ -114,7 +114,44 @@ def test_fixed_size_cohorts_are_accounted_replace_one(tmp_path):
     assert (oracle.get_epsilon(1e-5) <= 5.0 * (1 + 1e-6)) == ok
 
 
+def test_local_dp_run_stops_when_every_client_is_spent(tmp_path):
+  def oracle_local(k):  # k participations, replace-one: Gaussian with multiplier z / 2 = 4
+    a = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    a.compose(dpa.GaussianDpEvent(4.0), k)
+    return a.get_epsilon(1e-5)
+  k_max = max(k for k in range(1, 50) if oracle_local(k) <= 3.0)
+  rc, rows, summary = _run(tmp_path, "h", "dp=local", "noise_multiplier=8.0",
+                           "target_epsilon=3.0", "sampling=fixed", "rounds=200")
+  assert rc == 0
+  p = summary["privacy"]
+  assert k_max >= 3 and p["dp"] == "local" and p["clients"]["participations"]["max"] == k_max
+  assert p["clients"]["spent"] == 40 and summary["rounds"] < 200
+  assert max(p["client_epsilons"]) == p["epsilon"] <= 3.0
+  assert rows[-1]["clients_spent"] == 40 and rows[-1]["round"] == summary["rounds"]
+  assert p["epsilon"] == pytest.approx(oracle_local(k_max), rel=1e-3)
+
+
+def test_adaptive_clipping_run_reports_the_clip_norm(tmp_path):
+  rc, rows, summary = _run(tmp_path, "i", "noise_multiplier=1.0", "adaptive_clipping=true",
+                           "clip_norm=0.01", "target_quantile=0.5")
+  assert rc == 0
+  a = summary["privacy"]["adaptive_clipping"]
+  # m / 20 = 0.2 would leave no noise for the updates: the default rises to z
+  assert a["count_stddev"] == 1.0
+  assert a["update_noise_multiplier"] == pytest.approx((1 - 0.25) ** -0.5)
+  # a small initial bound clips everything, so the norm grows
+  assert rows[-1]["clip_norm"] > 0.01 and a["final_clip_norm"] == rows[-1]["clip_norm"]
+  assert rows[0]["unclipped_fraction"] is not None
+  assert rows[-1]["epsilon"] == pytest.approx(oracle_epsilon(0.1, 1.0, 30, 1e-5), rel=1e-3)
+
+
 @pytest.mark.parametrize("sets,fragment", [
+    (["dp=local", "noise_multiplier=null"], "dp 'local' needs noise_multiplier"),
+    (["dp=local", "noise_multiplier=0.5", "target_epsilon=0.1"], "one participation's"),
+    (["dp=local", "noise_multiplier=1", "adaptive_clipping=true"], "needs dp 'central'"),
+    (["noise_multiplier=1", "adaptive_clipping=true", "clip_count_stddev=0.4"],
+     "clip_count_stddev = 0.4"),
+    (["noise_multiplier=1", "clip_parts=per_neuron"], "allowed values are flat, per_layer"),
     (["sampling=fixed", "noise_multiplier=1", "accountant=pld"], "PLD has no fixed-size"),
     ([], "needs noise_multiplier or target_epsilon"),
     (["noise_multiplier=0.5", "target_epsilon=0.01"], "below one round's epsilon"),

@@ -1,0 +1,103 @@
+"""Differential-privacy mechanisms on client updates, used inside the compiled round.
+
+* Clipping, flat or per layer. Per layer, part p (a layer's kernel and bias)
+  is clipped to C_p = C sqrt(d_p / d), so sum_p C_p^2 = C^2 and the clipped
+  update still has norm <= C. The noise stays isotropic, std z C, so
+  in the accountant's terms each part is a Gaussian with multiplier
+  z C / C_p, and the parts compose to one Gaussian with multiplier
+  (sum_p (C_p / (z C))^2)^(-1/2) = z: per-layer clipping changes the
+  mechanism's bias, not its epsilon (`part_noise_multipliers`).
+* Adaptive clipping to a target quantile (Andrew, Thakkar, McMahan,
+  Ramaswamy 2021): each client also reports b_i = 1[||u_i|| <= C_t]; the
+  server releases sum_i (b_i - 1/2) + N(0, s^2) and moves the clip norm
+  geometrically,
+    b~ = released / m + 1/2,   C_{t+1} = C_t exp(-eta (b~ - gamma)),
+  with m the expected cohort size. The count's sensitivity is 1/2, so the
+  pair (update sum, count) is one Gaussian with multiplier z when the
+  updates get z_u = (z^-2 - (2 s)^-2)^(-1/2) (their Theorem 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.kernels import clipping, gaussian_noise
+
+
+class ClipLayout(NamedTuple):
+  """How an update is split for clipping; static (hashable)."""
+  part_of_leaf: tuple[int, ...]  # part index of each leaf, in jax.tree.leaves order
+  fractions: tuple[float, ...]   # C_p / C per part; their squares sum to 1
+  names: tuple[str, ...]         # a name per part, for reports
+
+
+def clip_layout(params, scheme: str) -> ClipLayout:
+  """'flat': one part. 'per_layer': one part per layer (leaves sharing a path
+  prefix, e.g. Dense_0/kernel and Dense_0/bias), bound proportional to sqrt(size)."""
+  paths_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  if scheme == "flat":
+    return ClipLayout((0,) * len(paths_leaves), (1.0,), ("all",))
+  if scheme != "per_layer":
+    raise ValueError(f"clip scheme {scheme!r}: allowed values are flat, per_layer")
+  names: list[str] = []
+  part_of_leaf = []
+  sizes: dict[int, int] = {}
+  for path, leaf in paths_leaves:
+    name = "/".join(str(getattr(k, "key", k)) for k in path[:-1]) or "root"
+    if name not in names:
+      names.append(name)
+    p = names.index(name)
+    part_of_leaf.append(p)
+    sizes[p] = sizes.get(p, 0) + int(np.prod(leaf.shape))
+  total = sum(sizes.values())
+  fractions = tuple(math.sqrt(sizes[p] / total) for p in range(len(names)))
+  return ClipLayout(tuple(part_of_leaf), fractions, tuple(names))
+
+
+def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
+  """(clipped update, L2 norm before clipping) for one client's update."""
+  if len(layout.fractions) == 1:
+    return clipping.l2_clip(update, clip_norm)
+  bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
+  clipped, norms = clipping.per_part_clip(update, layout.part_of_leaf, bounds)
+  return clipped, jnp.sqrt(jnp.sum(jnp.square(norms)))
+
+
+def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std):
+  """Local DP: adds N(0, std^2 I) to each client's update, from the client's own
+  stream fold_in(noise_key, client id). updates: pytree of [clients, ...];
+  client_ids: [clients]. `noise_key` is the round's local-noise key, so no
+  stream repeats across clients or rounds."""
+  return jax.vmap(lambda u, c: gaussian_noise.add_gaussian_noise(
+      u, jax.random.fold_in(noise_key, c), std))(updates, client_ids)
+
+
+def part_noise_multipliers(layout: ClipLayout, noise_multiplier: float) -> list[float]:
+  """Each part's noise multiplier (isotropic std z C over its bound C_p)."""
+  return [noise_multiplier / f for f in layout.fractions]
+
+
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+  """z_u for the clipped updates when the clipped count takes std `count_stddev`:
+  (z^-2 - (2 s)^-2)^(-1/2); the pair then costs what one Gaussian with z does."""
+  if noise_multiplier == 0:
+    return 0.0
+  rest = noise_multiplier ** -2 - (2.0 * count_stddev) ** -2
+  if rest <= 0:
+    raise ValueError(f"clip_count_stddev = {count_stddev:g}: adaptive clipping needs it "
+                     f"> noise_multiplier / 2 = {noise_multiplier / 2:g}")
+  return rest ** -0.5
+
+
+def adaptive_clip_norm(clip_norm: jax.Array, below_minus_half: jax.Array, key: jax.Array,
+                       expected_cohort: float, target_quantile: float, clip_lr: float,
+                       count_stddev: float) -> jax.Array:
+  """C_{t+1} from C_t and sum_i (b_i - 1/2) over the cohort (noised here)."""
+  released = below_minus_half + count_stddev * jax.random.normal(key, (), jnp.float32)
+  fraction_below = released / expected_cohort + 0.5
+  return clip_norm * jnp.exp(-clip_lr * (fraction_below - target_quantile))
