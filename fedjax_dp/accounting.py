@@ -246,11 +246,28 @@ def init_ledger(orders=DEFAULT_ORDERS, shape: tuple[int, ...] = ()) -> jnp.ndarr
   return jnp.zeros(tuple(shape) + (len(orders),), jnp.float32)
 
 
+def event_to_float32(event_rdp) -> np.ndarray:
+  """A float64 event curve as float32, rounded up (never below the true RDP)."""
+  e64 = np.asarray(event_rdp, np.float64)
+  e32 = e64.astype(np.float32)
+  return np.where(e32.astype(np.float64) < e64, np.nextafter(e32, np.float32(np.inf)), e32)
+
+
 def compose(ledger: jnp.ndarray, event_rdp, count=1) -> jnp.ndarray:
   """Adds `count` repetitions of an event; `count` may be an array broadcasting
-  against the ledger's leading axes (e.g. [clients] participation flags)."""
+  against the ledger's leading axes (e.g. [clients] participation flags).
+
+  The ledger is float32 (no x64 inside the round), so every step rounds up: the
+  event is cast upwards and each product and sum is moved one ulp towards +inf.
+  The ledger is then an upper bound of the exact RDP, off by at most about
+  2 ulp per composition (1e-4 relative after 500 rounds), on the safe side.
+  """
+  up = lambda x: jnp.nextafter(x, jnp.float32(jnp.inf))
   count = jnp.asarray(count, jnp.float32)
-  return ledger + count[..., None] * jnp.asarray(event_rdp, jnp.float32)
+  if isinstance(event_rdp, np.ndarray):
+    event_rdp = event_to_float32(event_rdp)
+  added = up(count[..., None] * jnp.asarray(event_rdp, jnp.float32))
+  return jnp.where(count[..., None] == 0, ledger, up(ledger + added))  # no participation: no change
 
 
 def epsilon(ledger: jnp.ndarray, delta: float, orders=DEFAULT_ORDERS):

@@ -221,3 +221,16 @@ def test_heterogeneous_rounds_compose_like_dp_accounting():
   eps, order = acc.epsilon(ledger, 1e-5)
   assert float(eps) == pytest.approx(want, rel=1e-4)
   assert float(order) == pytest.approx(want_order)
+
+
+def test_float32_ledger_rounds_up_never_below_the_exact_rdp():
+  event = acc.poisson_gaussian_rdp(0.013, 0.9)
+  steps = 20000
+  ledger, _ = jax.jit(lambda l: jax.lax.scan(lambda l, _: (acc.compose(l, event), None), l, None,
+                                             length=steps))(acc.init_ledger())
+  exact = steps * event
+  ledger = np.asarray(ledger, np.float64)
+  assert np.all(ledger >= exact)
+  assert np.all(ledger <= exact * (1 + 2.4e-7 * steps))
+  # a zero count adds nothing, even after rounding up
+  np.testing.assert_array_equal(acc.compose(acc.init_ledger(), event, 0), 0.0)
