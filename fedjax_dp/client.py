@@ -20,8 +20,9 @@ import optax
 
 class LocalResult(NamedTuple):
   delta: dict          # w_i^{t+1} - w^t, same pytree as params
-  loss_sum: jax.Array  # sum over steps of (mean batch loss * batch examples)
+  loss_sum: jax.Array  # sum over steps of (mean batch cross-entropy * batch examples)
   examples: jax.Array  # number of example-visits (E * n_i), float32
+  steps: jax.Array     # number of local optimizer steps K = E * ceil(n_i / B), int32
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
@@ -46,11 +47,13 @@ def epoch_orders(key: jax.Array, count: jax.Array, max_n: int, epochs: int) -> j
 
 def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, lr: jax.Array, *,
                 apply_fn: Callable, x: jax.Array, y: jax.Array, epochs: int, batch_size: int,
-                momentum: float) -> LocalResult:
+                momentum: float, loss_fn: Callable | None = None) -> LocalResult:
   """Trains from `params` on one client's data and returns the model delta.
 
   index_row [max_n] int32 indices into x/y; count: n_i (0 for an empty slot,
   which then returns a zero delta); lr: this round's learning rate.
+  loss_fn(p, xb, yb, mb) -> (objective, cross-entropy): the local objective
+  (default: the masked cross-entropy alone; see objectives.py).
   """
   max_n = index_row.shape[0]  # a multiple of batch_size: every slice stays in the row
   steps_per_epoch = (count + batch_size - 1) // batch_size
@@ -58,8 +61,10 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
   orders = epoch_orders(key, count, max_n, epochs)
   opt = optax.sgd(learning_rate=lr, momentum=momentum if momentum > 0 else None)
 
-  def loss_fn(p, xb, yb, mb):
-    return masked_cross_entropy(apply_fn(p, xb), yb, mb)
+  if loss_fn is None:
+    def loss_fn(p, xb, yb, mb):
+      ce = masked_cross_entropy(apply_fn(p, xb), yb, mb)
+      return ce, ce
 
   def step(s, carry):
     p, opt_state, loss_sum = carry
@@ -68,7 +73,7 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
     pos = jax.lax.dynamic_slice(orders[jnp.minimum(epoch, epochs - 1)], (start,), (batch_size,))
     mask = start + jnp.arange(batch_size) < count
     ex = index_row[pos]
-    loss, grads = jax.value_and_grad(loss_fn)(p, x[ex], y[ex], mask)
+    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, x[ex], y[ex], mask)
     updates, opt_state = opt.update(grads, opt_state, p)
     p = optax.apply_updates(p, updates)
     return p, opt_state, loss_sum + loss * jnp.sum(mask)
@@ -78,4 +83,5 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
   carry = (params, opt.init(params), jnp.zeros_like(count, jnp.float32))
   new_params, _, loss_sum = jax.lax.fori_loop(0, total_steps, step, carry)
   delta = jax.tree.map(jnp.subtract, new_params, params)
-  return LocalResult(delta, loss_sum, (epochs * count).astype(jnp.float32))
+  return LocalResult(delta, loss_sum, (epochs * count).astype(jnp.float32),
+                     total_steps.astype(jnp.int32))

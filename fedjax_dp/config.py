@@ -51,6 +51,16 @@ class Config:
   momentum: float = 0.5
   # server
   algorithm: str = "fedavg"
+  server_optimizer: str = "auto"
+  prox_mu: float = 0.001
+  contrastive_form: str = "bounded"
+  contrastive_mu1: float = 0.01
+  contrastive_mu2: float = 0.005
+  contrastive_radius: float = 1.0
+  contrastive_tau: float = 0.5
+  moon_mu: float = 1.0
+  moon_tau: float = 0.5
+  admm_rho: float = 0.01
   server_lr: float = 1.0
   server_momentum: float = 0.9
   server_beta1: float = 0.9
@@ -94,7 +104,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "partition": ("iid", "dirichlet", "shards", "quantity"),
     "model": ("mlp", "cnn"),
     "lr_schedule": ("constant", "cosine"),
-    "algorithm": ("fedavg", "fedavgm", "fedadam"),
+    "server_optimizer": ("auto", "sgd", "momentum", "adam"),
+    "contrastive_form": ("bounded", "moon_params"),
     "client_parallelism": ("auto", "map", "vmap"),
     "dp": ("none", "central", "local"),
     "clip_parts": ("flat", "per_layer"),
@@ -127,6 +138,14 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "target_epsilon": (0, None, False, True),
     "delta": (0, 1, False, False),
     "target_quantile": (0, 1, True, True),
+    "prox_mu": (0, None, True, True),
+    "contrastive_mu1": (0, None, True, True),
+    "contrastive_mu2": (0, None, True, True),
+    "contrastive_radius": (0, None, False, True),
+    "contrastive_tau": (0, None, False, True),
+    "moon_mu": (0, None, True, True),
+    "moon_tau": (0, None, False, True),
+    "admm_rho": (0, None, False, True),
     "clip_lr": (0, None, False, True),
     "clip_count_stddev": (0, None, False, True),
     "rounds": (1, None, True, True),
@@ -247,6 +266,14 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.adaptive_clipping and cfg.dp != "central":
     raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
                       f"{cfg.dp!r})")
+  from fedjax_dp.objectives import parse_algorithm
+  try:
+    terms, _ = parse_algorithm(cfg.algorithm)
+  except ValueError as e:
+    raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
+  if "scaffold" in terms and cfg.dp != "none":
+    raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r} with dp {cfg.dp!r}: SCAFFOLD's "
+                      "control variates are not privatized, so no guarantee would hold")
   if cfg.dataset == "csv" and not cfg.csv_path:
     raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
 

@@ -19,11 +19,14 @@ class MLP(nn.Module):
   num_classes: int
 
   @nn.compact
-  def __call__(self, x):  # x: [batch, ...] -> logits [batch, classes]
+  def __call__(self, x, with_features: bool = False):
+    """x: [batch, ...] -> logits [batch, classes] (and the last hidden layer's
+    activations [batch, hidden[-1]], MOON's representation, if with_features)."""
     x = x.reshape((x.shape[0], -1))
     for width in self.hidden:
       x = nn.relu(nn.Dense(width)(x))
-    return nn.Dense(self.num_classes)(x)
+    logits = nn.Dense(self.num_classes)(x)
+    return (logits, x) if with_features else logits
 
 
 class CNN(nn.Module):
@@ -36,18 +39,20 @@ class CNN(nn.Module):
   dense: int = 512
 
   @nn.compact
-  def __call__(self, x):  # x: [batch, H, W, C]
+  def __call__(self, x, with_features: bool = False):  # x: [batch, H, W, C]
     x = nn.max_pool(nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
     x = nn.max_pool(nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(self.dense)(x))
-    return nn.Dense(self.num_classes)(x)
+    logits = nn.Dense(self.num_classes)(x)
+    return (logits, x) if with_features else logits
 
 
 class Model(NamedTuple):
   init: Callable[[jax.Array], dict]         # key -> params
   apply: Callable[[dict, jax.Array], jax.Array]  # (params, x [B, ...]) -> logits [B, classes]
   name: str
+  apply_with_features: Callable = None      # (params, x) -> (logits, representation [B, h])
 
 
 def make_model(name: str, input_shape: tuple[int, ...], num_classes: int,
@@ -63,7 +68,9 @@ def make_model(name: str, input_shape: tuple[int, ...], num_classes: int,
   dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
   return Model(init=lambda key: module.init(key, dummy)["params"],
                apply=lambda params, x: module.apply({"params": params}, x),
-               name=name)
+               name=name,
+               apply_with_features=lambda params, x: module.apply({"params": params}, x,
+                                                                  with_features=True))
 
 
 def num_params(params) -> int:

@@ -1,8 +1,8 @@
 """Server optimizers over the pseudo-gradient g = -mean_i(delta_i) (Reddi et al. 2021).
 
-  fedavg:  w <- w - server_lr * g                      (server_lr = 1 is plain FedAvg)
-  fedavgm: v <- server_momentum * v + g;  w <- w - server_lr * v
-  fedadam: Adam(server_lr, beta1, beta2, eps) on g
+  sgd:      w <- w - server_lr * g                      (server_lr = 1 is plain FedAvg)
+  momentum: v <- server_momentum * v + g;  w <- w - server_lr * v   (FedAvgM)
+  adam:     Adam(server_lr, beta1, beta2, eps) on g                 (FedAdam)
 """
 
 import optax
@@ -10,11 +10,21 @@ import optax
 from fedjax_dp.config import Config
 
 
+def server_optimizer_name(cfg: Config) -> str:
+  """`server_optimizer`, or with 'auto' the one the algorithm implies
+  (fedavgm: momentum, fedadam: adam, otherwise sgd)."""
+  if cfg.server_optimizer != "auto":
+    return cfg.server_optimizer
+  from fedjax_dp.objectives import parse_algorithm
+  return parse_algorithm(cfg.algorithm)[1]
+
+
 def make_server_optimizer(cfg: Config) -> optax.GradientTransformation:
-  if cfg.algorithm == "fedavg":
+  name = server_optimizer_name(cfg)
+  if name == "sgd":
     return optax.sgd(cfg.server_lr)
-  if cfg.algorithm == "fedavgm":
+  if name == "momentum":
     return optax.sgd(cfg.server_lr, momentum=cfg.server_momentum)
-  if cfg.algorithm == "fedadam":
+  if name == "adam":
     return optax.adam(cfg.server_lr, b1=cfg.server_beta1, b2=cfg.server_beta2, eps=cfg.server_eps)
-  raise ValueError(f"unknown algorithm {cfg.algorithm!r} (allowed: fedavg, fedavgm, fedadam)")
+  raise ValueError(f"unknown server optimizer {name!r} (allowed: sgd, momentum, adam)")

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_dp import accounting
 from fedjax_dp import client as client_lib
 from fedjax_dp import mechanisms
+from fedjax_dp import objectives
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config
 from fedjax_dp.kernels import gaussian_noise, weighted_mean
@@ -54,6 +55,7 @@ class SimState(NamedTuple):
   params: Any                 # server model
   server_opt_state: Any       # optax state of the server optimizer
   client_state: Any           # per-client pytrees, leading axis [num_clients] (empty for FedAvg)
+  server_state: Any           # the algorithm's server-side state (e.g. SCAFFOLD's control variate)
   key: jax.Array              # uint32[2] run key
   participations: jax.Array   # int32: client participations so far (for bytes)
   cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
@@ -141,19 +143,28 @@ def init_state(cfg: Config, model: Model) -> SimState:
   params = model.init(jax.random.fold_in(key, MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
+  objective = objectives.make_objective(cfg)
+  one_client = objective.init_client_state(params)
+  client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
+                              one_client)
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
-                  client_state={}, key=key, participations=jnp.int32(0),
+                  client_state=client_state, server_state=objective.init_server_state(params),
+                  key=key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
                   ledger=accounting.init_ledger(shape=ledger_shape),
                   clip_norm=jnp.float32(cfg.clip_norm))
 
 
-def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, x, y, client_index,
-                  client_count, *, train_one: Callable, parallelism: str, client_batch: int,
-                  privacy: Privacy):
+def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cohort_state,
+                  server_state, x, y, client_index, client_count, *, train_one: Callable,
+                  objective: objectives.Objective, model: Model, parallelism: str,
+                  client_batch: int, privacy: Privacy):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
-  cohort_ids, cohort_mask: [local_cohort]. Outputs are identical on all devices.
+  cohort_ids, cohort_mask: [local_cohort]; cohort_state: the cohort's per-client
+  state, leaves [local_cohort, ...]. Returns (aggregate, stats, the cohort's new
+  state, the psum of the objective's server contributions); all but the new
+  state are identical on all devices.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -170,13 +181,19 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, x, 
   keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
 
   def one(args):
-    row, count, key = args
-    return train_one(params, row, count, key, lr, x=x, y=y)
+    row, count, key, cstate, took_part = args
+    ctx = objectives.LocalContext(params, cstate, server_state)
+    loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
+    res = train_one(params, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
+    upload, cstate, contrib = objective.finish(ctx, res.delta, res.steps, lr, took_part)
+    return res._replace(delta=upload), cstate, contrib
 
+  args = (rows, counts, keys, cohort_state, cohort_mask)
   if parallelism == "vmap":
-    res = jax.vmap(one)((rows, counts, keys))
+    res, new_state, contribs = jax.vmap(one)(args)
   else:
-    res = jax.lax.map(one, (rows, counts, keys), batch_size=client_batch)
+    res, new_state, contribs = jax.lax.map(one, args, batch_size=client_batch)
+  contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
   if privacy.mode == "none":
@@ -201,7 +218,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, x, 
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
                      unclipped=jax.lax.psum(unclipped, "clients"),
                      spent=jnp.zeros((), jnp.int32))
-  return mean_delta, stats
+  return mean_delta, stats, new_state, contrib_sum
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
@@ -235,14 +252,16 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
 
   privacy = make_privacy(cfg, model)
+  objective = objectives.make_objective(cfg)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size, momentum=cfg.momentum)
   client_phase = jax.shard_map(
-      partial(_client_phase, train_one=train_one, parallelism=parallelism,
-              client_batch=cfg.client_batch, privacy=privacy),
+      partial(_client_phase, train_one=train_one, objective=objective, model=model,
+              parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy),
       mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P()),
-      out_specs=(P(), P()))
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P("clients"), P(), P(), P(), P(),
+                P()),
+      out_specs=(P(), P(), P("clients"), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
   event_rdp = privacy.event_rdp
@@ -260,9 +279,16 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(privacy.target_epsilon)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
-    mean_delta, stats = client_phase(state.params, ids, mask, lr_at(state.round), round_key,
-                                     state.clip_norm, store.x, store.y, store.client_index,
-                                     store.client_count)
+    cohort_state = jax.tree.map(lambda a: a[ids], state.client_state)
+    mean_delta, stats, cohort_state, contrib_sum = client_phase(
+        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, cohort_state,
+        state.server_state, store.x, store.y, store.client_index, store.client_count)
+    # scatter back only real participants: padded and refused slots go out of bounds
+    # and are dropped (a padded slot may repeat a real id)
+    scatter_ids = jnp.where(mask, ids, cfg.num_clients)
+    client_state = jax.tree.map(lambda a, new: a.at[scatter_ids].set(new, mode="drop"),
+                                state.client_state, cohort_state)
+    server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
     stats = stats._replace(spent=spent)
     clip_norm = state.clip_norm
     if privacy.mode == "central":
@@ -294,7 +320,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                                participations=state.participations + stats.participants,
                                cohort_overflow=state.cohort_overflow + cohort.overflow,
-                               ledger=ledger, clip_norm=clip_norm)
+                               ledger=ledger, clip_norm=clip_norm,
+                               client_state=client_state, server_state=server_state)
     return new_state, stats
 
   @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))

@@ -1,0 +1,235 @@
+"""Local objectives: each term's gradient against a hand-computed value, and
+FedProx, SCAFFOLD, FedADMM and the contrastive term against plain per-client loops."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dp import objectives
+from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.simulation import CLIENT_TRAINING, COHORT_SAMPLING
+from tests.helpers import flat, toy_problem, toy_simulation
+
+
+RNG = np.random.default_rng(0)
+W = {"a": RNG.normal(size=(3, 4)), "b": RNG.normal(size=(4,))}
+W_T = jax.tree.map(lambda v: v + 0.3 * RNG.normal(size=v.shape), W)
+W_PREV = jax.tree.map(lambda v: v + 0.2 * RNG.normal(size=v.shape), W)
+C_SERVER = jax.tree.map(lambda v: RNG.normal(size=v.shape), W)
+C_CLIENT = jax.tree.map(lambda v: RNG.normal(size=v.shape), W)
+DUAL = jax.tree.map(lambda v: RNG.normal(size=v.shape), W)
+
+
+def penalty_grad(objective, client_state, server_state=None):
+  """Gradient of the objective's added terms at W (the CE part is made constant)."""
+  ctx = objectives.LocalContext(jax.tree.map(jnp.asarray, W_T),
+                                jax.tree.map(jnp.asarray, client_state),
+                                jax.tree.map(jnp.asarray, server_state or {}))
+  zero_logits = lambda p, x: jnp.zeros((x.shape[0], 3))
+  loss = objective.make_loss(zero_logits, None, ctx)
+  xb, yb, mb = jnp.zeros((2, 1)), jnp.zeros(2, jnp.int32), jnp.ones(2, bool)
+  g = jax.grad(lambda p: loss(p, xb, yb, mb)[0])(jax.tree.map(jnp.asarray, W))
+  return flat(g)
+
+
+def fl(tree):
+  return np.concatenate([np.ravel(v) for v in jax.tree.leaves(tree)])
+
+
+def test_fedprox_gradient():
+  g = penalty_grad(objectives.Objective(terms=("fedprox",), prox_mu=0.3), {})
+  np.testing.assert_allclose(g, 0.3 * (fl(W) - fl(W_T)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("radius", [10.0, 0.1])
+def test_bounded_contrastive_gradient(radius):
+  obj = objectives.Objective(terms=("contrastive",), mu1=0.2, mu2=0.5, radius=radius)
+  g = penalty_grad(obj, {"prev_model": W_PREV, "seen": True})
+  inside = np.sum((fl(W) - fl(W_PREV)) ** 2) < radius ** 2
+  want = 0.2 * (fl(W) - fl(W_T)) - (0.5 * (fl(W) - fl(W_PREV)) if inside else 0.0)
+  np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+  # a client seen for the first time uses w^t as its previous model
+  g0 = penalty_grad(obj, {"prev_model": W_PREV, "seen": False})
+  inside0 = np.sum((fl(W) - fl(W_T)) ** 2) < radius ** 2
+  want0 = 0.2 * (fl(W) - fl(W_T)) - (0.5 * (fl(W) - fl(W_T)) if inside0 else 0.0)
+  np.testing.assert_allclose(g0, want0, rtol=1e-5, atol=1e-6)
+
+
+def test_moon_params_contrastive_gradient():
+  tau, mu = 0.5, 0.7
+  obj = objectives.Objective(terms=("contrastive",), contrastive_form="moon_params", mu1=mu,
+                             contrastive_tau=tau)
+  g = penalty_grad(obj, {"prev_model": W_PREV, "seen": True})
+  w, wt, wp = fl(W), fl(W_T), fl(W_PREV)
+
+  def cos_and_grad(v):  # d cos(w, v) / dw = v / (|w||v|) - cos w / |w|^2
+    c = w @ v / (np.linalg.norm(w) * np.linalg.norm(v))
+    return c, v / (np.linalg.norm(w) * np.linalg.norm(v)) - c * w / (w @ w)
+  sg, dg = cos_and_grad(wt)
+  sp, dp = cos_and_grad(wp)
+  sigmoid = 1 / (1 + np.exp(-(sp - sg) / tau))   # d softplus(u) = sigmoid(u)
+  np.testing.assert_allclose(g, mu * sigmoid * (dp - dg) / tau, rtol=1e-4, atol=1e-7)
+
+
+def test_scaffold_and_fedadmm_gradients():
+  g = penalty_grad(objectives.Objective(terms=("scaffold",)), {"control": C_CLIENT},
+                   {"control": C_SERVER})
+  np.testing.assert_allclose(g, fl(C_SERVER) - fl(C_CLIENT), rtol=1e-5)
+  g = penalty_grad(objectives.Objective(terms=("fedadmm",), rho=0.4), {"dual": DUAL})
+  np.testing.assert_allclose(g, fl(DUAL) + 0.4 * (fl(W) - fl(W_T)), rtol=1e-5)
+
+
+def test_moon_representation_loss_against_numpy():
+  """MOON on an MLP: the loss by a numpy forward pass, its gradient by central differences."""
+  x, y, parts = toy_problem()
+  sim = toy_simulation(x, y, parts, algorithm="moon", moon_mu=0.8, moon_tau=0.5, hidden=[32])
+  model = sim.model
+  params = sim.init_state().params
+  k = jax.random.PRNGKey(1)
+  w_t = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(k, v.shape), params)
+  prev = jax.tree.map(lambda v: v - 0.1 * jax.random.normal(k, v.shape), params)
+  ctx = objectives.LocalContext(w_t, {"prev_model": prev, "seen": jnp.bool_(True)}, {})
+  obj = objectives.make_objective(sim.cfg)
+  loss = obj.make_loss(lambda p, xb: jnp.zeros((xb.shape[0], 3)), model.apply_with_features, ctx)
+  xb, yb, mb = jnp.asarray(x[:6]), jnp.asarray(y[:6]), jnp.array([1, 1, 1, 1, 0, 0], bool)
+
+  def rep(p):  # numpy forward pass of the one-hidden-layer MLP: relu(x W0 + b0)
+    d = p["Dense_0"]
+    return np.maximum(np.asarray(x[:6], np.float64) @ np.asarray(d["kernel"], np.float64)
+                      + np.asarray(d["bias"], np.float64), 0)
+
+  def cos(a, b):
+    return np.sum(a * b, -1) / np.maximum(
+        np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
+
+  def numpy_moon(p):
+    z, zg, zp = rep(p), rep(w_t), rep(prev)
+    nll = np.log1p(np.exp((cos(z, zp) - cos(z, zg)) / 0.5))
+    return 0.8 * np.mean(nll[:4])
+  # MOON's objective is the cross-entropy of the model's own logits plus the term
+  ce = lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+      model.apply(p, xb[:4]), yb[:4]))
+  assert float(loss(params, xb, yb, mb)[0]) == pytest.approx(
+      float(ce(params)) + numpy_moon(params), rel=1e-5)
+  g = jax.grad(lambda p: loss(p, xb, yb, mb)[0] - ce(p))(params)["Dense_0"]["kernel"]
+  eps = 1e-4
+  for (i, j) in [(0, 0), (2, 3), (5, 1)]:
+    up = jax.tree.map(np.array, params)
+    dn = jax.tree.map(np.array, params)
+    up["Dense_0"]["kernel"][i, j] += eps
+    dn["Dense_0"]["kernel"][i, j] -= eps
+    fd = (numpy_moon(up) - numpy_moon(dn)) / (2 * eps)
+    assert float(g[i, j]) == pytest.approx(fd, rel=2e-2, abs=1e-5)
+
+
+# ------------------------------------------------------------- plain per-client loops
+
+
+def reference_rounds(sim, x, y, parts, rounds):
+  """FedProx / SCAFFOLD / FedADMM / bounded contrastive as loops over clients and
+  batches, with the per-client state in Python dicts. Shared with the library: the
+  key derivation, the epoch order rule, and jax.grad of the cross-entropy."""
+  cfg, model = sim.cfg, sim.model
+  term = cfg.algorithm
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), sim.init_state().params)
+  zeros = lambda: jax.tree.map(np.zeros_like, params)
+  c_server = zeros()
+  c_client = {i: zeros() for i in range(cfg.num_clients)}
+  dual = {i: zeros() for i in range(cfg.num_clients)}
+  prev = {}
+  run_key = jax.random.PRNGKey(cfg.seed)
+  max_n = sim.store.max_examples
+
+  def ce_grad(p, xb, yb):
+    loss = lambda q: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(q, xb), yb))
+    return jax.tree.map(np.asarray, jax.grad(loss)(p))
+
+  def extra_grad(w, c):
+    if term == "fedprox":
+      return jax.tree.map(lambda a, b: cfg.prox_mu * (a - b), w, params)
+    if term == "scaffold":
+      return jax.tree.map(np.subtract, c_server, c_client[c])
+    if term == "fedadmm":
+      return jax.tree.map(lambda yv, a, b: yv + cfg.admm_rho * (a - b), dual[c], w, params)
+    # bounded contrastive
+    wp = prev.get(c, params)
+    inside = sum(np.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(wp))) \
+        < cfg.contrastive_radius ** 2
+    return jax.tree.map(lambda a, b, q: cfg.contrastive_mu1 * (a - b)
+                        - (cfg.contrastive_mu2 * (a - q) if inside else 0.0), w, params, wp)
+
+  for r in range(rounds):
+    lr = cfg.lr
+    round_key = jax.random.fold_in(run_key, r)
+    cohort = np.asarray(jax.random.permutation(
+        jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients))[:cfg.clients_per_round]
+    client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
+    uploads, weights, dc_sum = [], [], zeros()
+    for c in map(int, cohort):
+      idx, n = parts[c], len(parts[c])
+      w = jax.tree.map(np.copy, params)
+      mom = zeros()
+      steps = 0
+      epoch_keys = jax.random.split(jax.random.fold_in(client_key, c), cfg.local_epochs)
+      for e in range(cfg.local_epochs):
+        u = np.array(jax.random.uniform(epoch_keys[e], (max_n,)))
+        u[n:] = 2.0
+        order = np.argsort(u, kind="stable")[:n]
+        for start in range(0, n, cfg.batch_size):
+          ex = idx[order[start:start + cfg.batch_size]]
+          g = jax.tree.map(np.add, ce_grad(w, x[ex], y[ex]), extra_grad(w, c))
+          mom = jax.tree.map(lambda m, gi: gi + cfg.momentum * m, mom, g)
+          w = jax.tree.map(lambda wi, m: wi - lr * m, w, mom)
+          steps += 1
+      delta = jax.tree.map(np.subtract, w, params)
+      upload = delta
+      if term == "scaffold":
+        new_c = jax.tree.map(lambda ci, cs, d: ci - cs - d / (steps * lr), c_client[c], c_server,
+                             delta)
+        dc_sum = jax.tree.map(lambda s, a, b: s + a - b, dc_sum, new_c, c_client[c])
+        c_client[c] = new_c
+      if term == "fedadmm":
+        dual[c] = jax.tree.map(lambda yv, d: yv + cfg.admm_rho * d, dual[c], delta)
+        upload = jax.tree.map(lambda d, yv: d + yv / cfg.admm_rho, delta, dual[c])
+      if term == "contrastive":
+        prev[c] = w
+      uploads.append(upload)
+      weights.append(float(n))
+    total = sum(weights)
+    mean = jax.tree.map(lambda *d: sum(wi * di for wi, di in zip(weights, d)) / total, *uploads)
+    params = jax.tree.map(np.add, params, mean)
+    if term == "scaffold":
+      c_server = jax.tree.map(lambda cs, s: cs + s / cfg.num_clients, c_server, dc_sum)
+  return params
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(algorithm="fedprox", prox_mu=0.5),
+    dict(algorithm="scaffold"),
+    dict(algorithm="fedadmm", admm_rho=0.5),
+    dict(algorithm="contrastive", contrastive_mu1=0.3, contrastive_mu2=0.2, contrastive_radius=0.5),
+])
+@pytest.mark.parametrize("devices", [1, 2])
+def test_partial_cohorts_equal_plain_loops(overrides, devices):
+  """2 of 4 clients per round for 4 rounds, so per-client state persists across
+  rounds for clients that sit some out; 2 devices shard the cohort."""
+  x, y, parts = toy_problem(sizes=(5, 9, 4, 13))
+  sim = toy_simulation(x, y, parts, clients_per_round=2, batch_size=3, devices=devices,
+                       **overrides)
+  state, _ = sim.run_rounds(sim.init_state(), 4)
+  expected = reference_rounds(sim, x, y, parts, 4)
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+
+
+def test_algorithm_names_and_errors():
+  assert objectives.parse_algorithm("fedprox+scaffold") == (("fedprox", "scaffold"), "sgd")
+  assert objectives.parse_algorithm("topksdp") == (("contrastive",), "sgd")
+  assert objectives.parse_algorithm("fedavgm") == ((), "momentum")
+  with pytest.raises(ConfigError, match="'algorithm' = 'fedsgd'"):
+    make_config({"algorithm": "fedsgd"})
+  with pytest.raises(ConfigError, match="not privatized"):
+    make_config({"algorithm": "scaffold", "dp": "central", "noise_multiplier": 1.0})
