@@ -61,6 +61,18 @@ class Config:
   moon_mu: float = 1.0
   moon_tau: float = 0.5
   admm_rho: float = 0.01
+  # update pipeline (TopkSDP-FL's SparseRandom and its variants)
+  s_local: float = 0.0
+  s_global: float = 0.0
+  index_selection: str = "topk"
+  error_feedback: bool = True
+  coordinate_clip: float | None = None
+  update_clip_l2: float | None = None
+  kept_noise: str = "none"
+  kept_noise_multiplier: float = 0.0
+  ldp_epsilon: float | None = None
+  ldp_delta: float = 1e-5
+  shuffle: str = "none"
   server_lr: float = 1.0
   server_momentum: float = 0.9
   server_beta1: float = 0.9
@@ -106,6 +118,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "cosine"),
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
+    "index_selection": ("topk", "random_k", "public_topk"),
+    "kept_noise": ("none", "paper", "multiplier"),
+    "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap"),
     "dp": ("none", "central", "local"),
     "clip_parts": ("flat", "per_layer"),
@@ -146,6 +161,13 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "moon_mu": (0, None, True, True),
     "moon_tau": (0, None, False, True),
     "admm_rho": (0, None, False, True),
+    "s_local": (0, 1, True, False),
+    "s_global": (0, 1, True, False),
+    "coordinate_clip": (0, None, False, True),
+    "update_clip_l2": (0, None, False, True),
+    "kept_noise_multiplier": (0, None, True, True),
+    "ldp_epsilon": (0, None, False, True),
+    "ldp_delta": (0, 1, False, False),
     "clip_lr": (0, None, False, True),
     "clip_count_stddev": (0, None, False, True),
     "rounds": (1, None, True, True),
@@ -160,7 +182,11 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _OPTIONAL = {"data_dir": str, "csv_path": str, "max_cohort": int, "noise_multiplier": float,
-             "target_epsilon": float, "clip_count_stddev": float}
+             "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
+             "update_clip_l2": float, "ldp_epsilon": float}
+
+# algorithm presets: defaults a named algorithm brings, unless the user sets the key
+PRESETS = {"topksdp": {"s_local": 0.9, "s_global": 0.9, "shuffle": "layerwise"}}
 
 
 def _describe_range(key: str) -> str:
@@ -274,6 +300,18 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if "scaffold" in terms and cfg.dp != "none":
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r} with dp {cfg.dp!r}: SCAFFOLD's "
                       "control variates are not privatized, so no guarantee would hold")
+  if cfg.kept_noise != "none":
+    if cfg.s_local == 0:
+      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: noise on the kept "
+                        "coordinates needs top-k (s_local > 0)")
+    if cfg.coordinate_clip is None and cfg.update_clip_l2 is None:
+      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: needs coordinate_clip or "
+                        "update_clip_l2 (the noise is calibrated to the clip)")
+    if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
+      raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
+                        "client budget of the paper's calibration)")
+  if cfg.index_selection == "public_topk" and cfg.s_local == 0:
+    raise ConfigError("config key 'index_selection' = 'public_topk': needs s_local > 0")
   if cfg.dataset == "csv" and not cfg.csv_path:
     raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
 
@@ -282,6 +320,10 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
   """Returns a validated Config: `base` (or the defaults) with `overrides` applied."""
   values = (base or Config()).to_dict()
   raw = dict(overrides or {})
+  algorithm = str(raw.get("algorithm", values["algorithm"]))
+  for name, preset in PRESETS.items():
+    if name in [a.strip() for a in algorithm.split("+")]:
+      values.update({k: v for k, v in preset.items() if k not in raw})
   for key, value in raw.items():
     if key not in _FIELDS:
       raise ConfigError(

@@ -204,7 +204,8 @@ class Objective:
 
   def server_step(self, server_state: dict, contrib_sum: dict, num_clients: int) -> dict:
     if "scaffold" in self.terms:
-      return {"control": jax.tree.map(lambda c, s: c + s / num_clients,
+      return {**server_state,
+              "control": jax.tree.map(lambda c, s: c + s / num_clients,
                                       server_state["control"], contrib_sum["control"])}
     return server_state
 

@@ -28,6 +28,7 @@ from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.partition import partition
 from fedjax_dp import mechanisms
+from fedjax_dp import pipeline
 from fedjax_dp.simulation import (Simulation, batch_for_eval, budget_limit, build_simulation,
                                   clip_count_stddev,
                                   local_event_rdp, make_mesh, neighbouring_relation,
@@ -185,7 +186,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   setup_s = time.perf_counter() - t_setup
   eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
   d = num_params(jax.tree.leaves(sim.init_state().params))
-  bytes_per_update = 4 * d  # dense float32 values: no indices needed
+  comm = pipeline.communication(cfg, d)  # per participant and round, each way
 
   state = sim.init_state()
   meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
@@ -234,8 +235,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
              **({"clip_norm": float(state.clip_norm),
                  "unclipped_fraction": unclipped / clip_seen if clip_seen else None}
                 if cfg.dp != "none" else {}),
-             "bytes_up": participations * bytes_per_update,
-             "bytes_down": participations * bytes_per_update,
+             "bytes_up": participations * comm["bytes_per_client_up"],
+             "bytes_down": participations * comm["bytes_per_client_down"],
              "wall_s": round(time.perf_counter() - wall0, 4)}
       reporting.append_metrics(metrics_path, row)
       rows.append(row)
@@ -250,7 +251,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       break
   bar.close()
 
-  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, bytes_per_update)
+  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm)
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
   summary["plots"] = reporting.plot_metrics(rows, out)
   return summary
@@ -353,7 +354,7 @@ def _progress(enabled: bool, total: int, initial: int):
 
 
 def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s, d,
-             bytes_per_update) -> dict:
+             comm) -> dict:
   sizes = [len(p) for p in parts]
   per_round = [t / n for n, t in chunk_times[1:]] or [t / n for n, t in chunk_times]
   final = rows[-1] if rows else {}
@@ -364,8 +365,10 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
       "privacy": privacy_report(cfg, sim, state),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
-          "bytes_per_client_up": bytes_per_update, "bytes_per_client_down": bytes_per_update,
-          "encoding": "dense float32: 4 bytes per parameter each way, no indices",
+          **comm,
+          "note": "bytes as they would be sent: float32 values, plus int32 indices or a d-bit "
+                  "bitmap for a sparse update, whichever is smaller; the down link counts one "
+                  "copy per participant",
           "participations": int(state.participations),
       },
       "timing": {

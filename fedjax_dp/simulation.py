@@ -28,12 +28,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import accounting
 from fedjax_dp import client as client_lib
 from fedjax_dp import mechanisms
 from fedjax_dp import objectives
+from fedjax_dp import pipeline as pipeline_lib
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config
 from fedjax_dp.kernels import gaussian_noise, weighted_mean
@@ -46,6 +48,8 @@ CLIENT_TRAINING = 1
 SERVER_NOISE = 2
 LOCAL_NOISE = 3
 CLIP_COUNT_NOISE = 4
+PIPELINE = 5
+SHUFFLE = 6
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
 
 
@@ -145,10 +149,19 @@ def init_state(cfg: Config, model: Model) -> SimState:
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
   objective = objectives.make_objective(cfg)
   one_client = objective.init_client_state(params)
+  server_state = objective.init_server_state(params)
+  d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
+  if client_pipeline is not None:
+    one_client["pipeline"] = client_pipeline.init(d)
+  if cfg.index_selection == "public_topk":
+    server_state["public_update"] = jnp.zeros((d,), jnp.float32)
+  if cfg.s_global > 0:
+    server_state["downlink_residual"] = jnp.zeros((d,), jnp.float32)
   client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
                               one_client)
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
-                  client_state=client_state, server_state=objective.init_server_state(params),
+                  client_state=client_state, server_state=server_state,
                   key=key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
                   ledger=accounting.init_ledger(shape=ledger_shape),
@@ -158,7 +171,7 @@ def init_state(cfg: Config, model: Model) -> SimState:
 def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cohort_state,
                   server_state, x, y, client_index, client_count, *, train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
-                  client_batch: int, privacy: Privacy):
+                  client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; cohort_state: the cohort's per-client
@@ -180,15 +193,27 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
   client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
   keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
 
+  pipeline_key = jax.random.fold_in(round_key, PIPELINE)
+
   def one(args):
-    row, count, key, cstate, took_part = args
+    row, count, key, cstate, took_part, cid = args
     ctx = objectives.LocalContext(params, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
     res = train_one(params, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.steps, lr, took_part)
+    if client_pipeline is not None:
+      flat, unravel = ravel_pytree(upload)
+      stage_ctx = pipeline_lib.StageContext(
+          key=jax.random.fold_in(pipeline_key, cid), num_examples=count, lr=lr,
+          public_update=server_state.get("public_update", jnp.zeros_like(flat)))
+      sent, pstate = client_pipeline.update(
+          pipeline_lib.Upload(flat, jnp.ones(flat.shape, bool)), cstate["pipeline"], stage_ctx)
+      cstate["pipeline"] = jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
+                                        cstate["pipeline"])
+      upload = unravel(sent.values)
     return res._replace(delta=upload), cstate, contrib
 
-  args = (rows, counts, keys, cohort_state, cohort_mask)
+  args = (rows, counts, keys, cohort_state, cohort_mask, cohort_ids)
   if parallelism == "vmap":
     res, new_state, contribs = jax.vmap(one)(args)
   else:
@@ -207,11 +232,23 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
                                            privacy.update_noise_multiplier * clip_norm)
+  if shuffle:
+    # The shuffler hands the server, per layer, the cohort's tuples in random
+    # order: the server cannot link sizes to updates, so it weights uniformly.
+    # Non-participants' rows are zeroed first (their mask does not follow the
+    # permutation). Each device permutes its own slice: the sum is permutation
+    # invariant, so this equals a cohort-wide shuffle up to float summation order.
+    deltas = jax.tree.map(lambda d: d * mask_f.reshape((-1,) + (1,) * (d.ndim - 1)), deltas)
+    shuffle_key = jax.random.fold_in(jax.random.fold_in(round_key, SHUFFLE),
+                                     jax.lax.axis_index("clients"))
+    deltas = pipeline_lib.layerwise_shuffle(deltas, shuffle_key)
+    weights = jnp.ones_like(mask_f)
   delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
   if privacy.mode == "central":
     mean_delta = delta_sum  # the server noises the sum and divides
   else:
-    total_weight = jax.lax.psum(jnp.sum(weights), "clients")
+    total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
+                                        else mask_f, dtype=jnp.float32), "clients")
     mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
   stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
@@ -253,11 +290,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
 
   privacy = make_privacy(cfg, model)
   objective = objectives.make_objective(cfg)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size, momentum=cfg.momentum)
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, objective=objective, model=model,
-              parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy),
+              parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy,
+              client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise"),
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P("clients"), P(), P(), P(), P(),
                 P()),
@@ -308,6 +349,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
             cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
     elif privacy.mode == "local":
       ledger = ledger.at[ids].set(accounting.compose(ledger[ids], event_rdp, mask))
+    if cfg.s_global > 0:
+      # downlink top-k: the server keeps what it does not broadcast (error feedback)
+      flat, unravel = ravel_pytree(mean_delta)
+      sent, _, residual = pipeline_lib.downlink_topk(flat, server_state["downlink_residual"],
+                                                     cfg.s_global)
+      server_state = {**server_state, "downlink_residual": residual}
+      mean_delta = unravel(sent)
+    if cfg.index_selection == "public_topk":
+      server_state = {**server_state, "public_update": ravel_pytree(mean_delta)[0]}
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

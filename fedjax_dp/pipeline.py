@@ -1,0 +1,198 @@
+"""The update pipeline: optax-style stages between local training and aggregation.
+
+A client stage is a pair of pure functions, as in optax:
+
+  init(d) -> state                    one client's state for a flat update of size d
+  update(upload, state, ctx) -> (upload, state)
+
+and `chain(*stages)` composes them. Uploads are flat float32 vectors [d] with a
+bool mask [d] of the coordinates that are sent (all, for a dense upload).
+Stages (SparseRandom, TopkSDP-FL Algorithm 1, and its variants):
+
+  clip_per_coordinate(C)   u <- clip(u, -C, C)
+  clip_l2(C)               u <- u min(1, C / ||u||)
+  topk_with_error_feedback(k, selection)
+                           v = u + r;  S = select(v);  send v on S;  r <- v off S
+                           (sent + new residual = update + old residual exactly)
+                           selection: 'topk' (largest |v|), 'random_k' (from the
+                           key), 'public_topk' (largest |previous global update|)
+  gaussian_on_kept(std_fn) adds N(0, std^2) to the sent coordinates only; std_fn
+                           maps the context to a std: `paper_std` (TopkSDP-FL's
+                           calibration) or z * C
+
+The server side has the layer-wise shuffler (a permutation of the cohort per
+layer) and downlink top-k with a server residual (`downlink_topk`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.kernels import topk as topk_kernels
+
+
+class Upload(NamedTuple):
+  values: jax.Array  # [d] float32; zero where not sent
+  sent: jax.Array    # [d] bool
+
+
+class StageContext(NamedTuple):
+  key: jax.Array            # this client's, this round's key for the pipeline
+  num_examples: jax.Array   # n_i
+  lr: jax.Array             # the round's client learning rate
+  public_update: jax.Array  # [d] the previous round's global update (public)
+
+
+class ClientStage(NamedTuple):
+  init: Callable[[int], Any]
+  update: Callable[[Upload, Any, StageContext], tuple[Upload, Any]]
+
+
+def chain(*stages: ClientStage) -> ClientStage:
+  """Applies the stages in order; each gets its own key, fold_in(key, position)."""
+  def init(d):
+    return tuple(s.init(d) for s in stages)
+
+  def update(upload, state, ctx):
+    new_state = []
+    for i, (stage, s) in enumerate(zip(stages, state)):
+      upload, s = stage.update(upload, s, ctx._replace(key=jax.random.fold_in(ctx.key, i)))
+      new_state.append(s)
+    return upload, tuple(new_state)
+  return ClientStage(init, update)
+
+
+def identity() -> ClientStage:
+  return ClientStage(lambda d: (), lambda u, s, ctx: (u, s))
+
+
+def clip_per_coordinate(clip: float) -> ClientStage:
+  return ClientStage(lambda d: (),
+                     lambda u, s, ctx: (u._replace(values=jnp.clip(u.values, -clip, clip)), s))
+
+
+def clip_l2(clip: float) -> ClientStage:
+  def update(u, s, ctx):
+    norm = jnp.linalg.norm(u.values)
+    return u._replace(values=u.values * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-30))), s
+  return ClientStage(lambda d: (), update)
+
+
+def keep_count(d: int, sparsity: float) -> int:
+  """k = (1 - s) d, at least 1."""
+  return max(1, int(round((1.0 - sparsity) * d)))
+
+
+def topk_with_error_feedback(sparsity: float, selection: str = "topk",
+                             error_feedback: bool = True) -> ClientStage:
+  """Keeps k = (1 - sparsity) d coordinates of update + residual; the rest becomes
+  the new residual (or is dropped without error feedback)."""
+  if selection not in ("topk", "random_k", "public_topk"):
+    raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
+
+  def init(d):
+    return jnp.zeros((d,), jnp.float32) if error_feedback else ()
+
+  def update(u, residual, ctx):
+    d = u.values.shape[0]
+    k = keep_count(d, sparsity)
+    v = u.values + residual if error_feedback else u.values
+    if selection == "topk":
+      mask = topk_kernels.topk_mask_exact(v, k)
+    elif selection == "random_k":
+      mask = topk_kernels.random_k_mask(ctx.key, d, k)
+    else:
+      mask = topk_kernels.topk_mask_exact(ctx.public_update, k)
+    sent = jnp.where(mask, v, 0.0)
+    new_residual = v - sent if error_feedback else ()
+    return Upload(sent, mask & u.sent), new_residual
+  return ClientStage(init, update)
+
+
+def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array]) -> ClientStage:
+  def update(u, s, ctx):
+    noise = std_fn(ctx) * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
+    return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s
+  return ClientStage(lambda d: (), update)
+
+
+def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
+  """TopkSDP-FL's calibration (after Wei et al. 2020), per client:
+    sigma = Delta_s sqrt(2 ln(1.25 / delta)) / (epsilon / k),  Delta_s = 2 lr C / n_i.
+  Labelled as the paper's: it covers one example in one SGD step, not a client's
+  update after E epochs, and the classical Gaussian bound needs epsilon / k < 1."""
+  factor = math.sqrt(2 * math.log(1.25 / delta)) * k / epsilon
+
+  def std(ctx):
+    return 2.0 * ctx.lr * clip / jnp.maximum(ctx.num_examples, 1).astype(jnp.float32) * factor
+  return std
+
+
+# ------------------------------------------------------------------ server side
+
+
+def layerwise_shuffle(uploads, key: jax.Array):
+  """Per layer (leaf), a random permutation of the cohort axis: leaves [m, ...].
+
+  The server then holds, per layer, the multiset of the cohort's tuples with no
+  link between one client's layers."""
+  leaves, treedef = jax.tree.flatten(uploads)
+  out = [leaf[jax.random.permutation(jax.random.fold_in(key, i), leaf.shape[0])]
+         for i, leaf in enumerate(leaves)]
+  return jax.tree.unflatten(treedef, out)
+
+
+def downlink_topk(update: jax.Array, residual: jax.Array, sparsity: float):
+  """Server-side top-k with error feedback on the flat aggregate [d]:
+  (broadcast [d], sent mask [d], new residual [d])."""
+  v = update + residual
+  mask = topk_kernels.topk_mask_exact(v, keep_count(v.shape[0], sparsity))
+  sent = jnp.where(mask, v, 0.0)
+  return sent, mask, v - sent
+
+
+def sparse_bytes(d: int, k: int, value_bytes: int = 4, index_bytes: int = 4) -> tuple[int, str]:
+  """Bytes to send k of d float32 values: k values with 32-bit indices, or with a
+  d-bit bitmap when that is smaller; dense (no indices) when k = d."""
+  if k >= d:
+    return d * value_bytes, "dense float32"
+  with_indices = k * (value_bytes + index_bytes)
+  with_bitmap = k * value_bytes + (d + 7) // 8
+  if with_indices <= with_bitmap:
+    return with_indices, "float32 values + int32 indices"
+  return with_bitmap, "float32 values + d-bit bitmap"
+
+
+def make_client_pipeline(cfg, d: int) -> ClientStage | None:
+  """The configured client stages, in the paper's order: clip, top-k with error
+  feedback, noise on the kept coordinates. None when no stage is configured."""
+  stages = []
+  if cfg.coordinate_clip is not None:
+    stages.append(clip_per_coordinate(cfg.coordinate_clip))
+  if cfg.update_clip_l2 is not None:
+    stages.append(clip_l2(cfg.update_clip_l2))
+  if cfg.s_local > 0:
+    stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback))
+  if cfg.kept_noise != "none":
+    clip = cfg.coordinate_clip if cfg.coordinate_clip is not None else cfg.update_clip_l2
+    if cfg.kept_noise == "paper":
+      stages.append(gaussian_on_kept(paper_std(cfg.ldp_epsilon, cfg.ldp_delta, clip,
+                                               keep_count(d, cfg.s_local))))
+    else:
+      std = cfg.kept_noise_multiplier * clip
+      stages.append(gaussian_on_kept(lambda ctx: jnp.float32(std)))
+  return chain(*stages) if stages else None
+
+
+def communication(cfg, d: int) -> dict:
+  """Bytes per participant and round, each way, and the encodings."""
+  up_k = keep_count(d, cfg.s_local) if cfg.s_local > 0 else d
+  down_k = keep_count(d, cfg.s_global) if cfg.s_global > 0 else d
+  up, up_enc = sparse_bytes(d, up_k)
+  down, down_enc = sparse_bytes(d, down_k)
+  return {"bytes_per_client_up": up, "bytes_per_client_down": down, "k_up": up_k,
+          "k_down": down_k, "encoding_up": up_enc, "encoding_down": down_enc}

@@ -1,0 +1,193 @@
+"""Update pipeline: top-k with error feedback, index selection, noise on kept
+coordinates, the layer-wise shuffler, downlink top-k, bytes, and the round."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedjax_dp import pipeline as pl
+from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.kernels import topk as topk_kernels
+from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
+
+D = 1000
+
+
+def ctx(key=0, n=50, lr=0.01, public=None):
+  return pl.StageContext(jax.random.PRNGKey(key), jnp.int32(n), jnp.float32(lr),
+                         jnp.zeros(D) if public is None else public)
+
+
+def upload(v):
+  return pl.Upload(jnp.asarray(v, jnp.float32), jnp.ones(len(v), bool))
+
+
+def test_topk_kernels():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=D), jnp.float32)
+  want = np.zeros(D, bool)
+  want[np.argsort(-np.abs(np.asarray(x)))[:37]] = True
+  np.testing.assert_array_equal(topk_kernels.topk_mask_exact(x, 37), want)
+  approx = topk_kernels.topk_mask_approx(x, 37)
+  assert int(approx.sum()) == 37 and np.mean(np.asarray(approx)[want]) >= 0.9
+  thr = topk_kernels.topk_mask_threshold(x, 37, jax.random.PRNGKey(1))
+  assert int(thr.sum()) == 37
+  r = topk_kernels.random_k_mask(jax.random.PRNGKey(2), D, 37)
+  assert int(r.sum()) == 37
+
+
+@pytest.mark.parametrize("selection", ["topk", "random_k", "public_topk"])
+def test_error_feedback_conserves_mass(selection):
+  rng = np.random.default_rng(1)
+  stage = pl.topk_with_error_feedback(0.9, selection)
+  residual = jnp.asarray(rng.normal(size=D), jnp.float32)
+  u = rng.normal(size=D)
+  public = jnp.asarray(rng.normal(size=D), jnp.float32)
+  out, new_residual = stage.update(upload(u), residual, ctx(public=public))
+  # sent + new residual = update + old residual, exactly
+  np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(new_residual),
+                                np.asarray(jnp.asarray(u, jnp.float32) + residual))
+  assert int(out.sent.sum()) == 100 and np.all(np.asarray(out.values)[~np.asarray(out.sent)] == 0)
+  v = np.asarray(jnp.asarray(u, jnp.float32) + residual)
+  if selection == "topk":
+    assert np.min(np.abs(v[np.asarray(out.sent)])) >= np.max(np.abs(v[~np.asarray(out.sent)]))
+  if selection == "public_topk":   # indices from the public update, not from the private one
+    np.testing.assert_array_equal(out.sent, topk_kernels.topk_mask_exact(public, 100))
+  if selection == "random_k":      # indices from the key alone
+    other, _ = stage.update(upload(-u * 7), residual, ctx())
+    np.testing.assert_array_equal(out.sent, other.sent)
+
+
+def test_sparsity_zero_without_noise_is_the_identity():
+  u = np.random.default_rng(2).normal(size=D)
+  stage = pl.chain(pl.clip_per_coordinate(1e9), pl.topk_with_error_feedback(0.0),
+                   pl.clip_l2(1e12))
+  out, state = stage.update(upload(u), stage.init(D), ctx())
+  np.testing.assert_array_equal(np.asarray(out.values), np.asarray(u, np.float32))
+  np.testing.assert_array_equal(np.asarray(state[1]), 0.0)
+
+
+def test_noise_only_on_kept_coordinates_with_the_papers_std():
+  k = 100
+  std_fn = pl.paper_std(epsilon=3.0, delta=1e-5, clip=0.05, k=k)
+  want = (2 * 0.01 * 0.05 / 50) * np.sqrt(2 * np.log(1.25 / 1e-5)) / (3.0 / k)
+  assert float(std_fn(ctx())) == pytest.approx(want, rel=1e-6)
+  stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0))
+  u = np.zeros(D)
+  u[:k] = 100.0
+  out, _ = stage.update(upload(u), stage.init(D), ctx())
+  noise = np.asarray(out.values)[:k] - 100.0
+  assert np.all(np.asarray(out.values)[k:] == 0)
+  assert stats.kstest(noise / 2.0, "norm").pvalue > 1e-3
+
+
+def test_layerwise_shuffle_is_a_per_layer_permutation():
+  rng = np.random.default_rng(3)
+  uploads = {"w": jnp.asarray(rng.normal(size=(16, 5, 3))), "b": jnp.asarray(rng.normal(size=(16, 3)))}
+  out = pl.layerwise_shuffle(uploads, jax.random.PRNGKey(0))
+  for name in uploads:
+    a, b = np.asarray(uploads[name]), np.asarray(out[name])
+    # the same multiset of per-client tuples
+    assert sorted(map(bytes, a.reshape(16, -1))) == sorted(map(bytes, b.reshape(16, -1)))
+    np.testing.assert_allclose(b.mean(0), a.mean(0), rtol=1e-5, atol=1e-7)
+    assert not np.array_equal(a, b)
+  # layers are permuted independently: the link between a client's layers is broken
+  perm_w = [np.flatnonzero((np.asarray(uploads["w"]) == r).all(axis=(1, 2)))[0]
+            for r in np.asarray(out["w"])]
+  perm_b = [np.flatnonzero((np.asarray(uploads["b"]) == r).all(axis=1))[0]
+            for r in np.asarray(out["b"])]
+  assert perm_w != perm_b
+
+
+def test_downlink_topk_keeps_the_rest_on_the_server():
+  rng = np.random.default_rng(4)
+  v, r = jnp.asarray(rng.normal(size=D), jnp.float32), jnp.asarray(rng.normal(size=D), jnp.float32)
+  sent, mask, new_r = pl.downlink_topk(v, r, 0.9)
+  np.testing.assert_array_equal(np.asarray(sent) + np.asarray(new_r), np.asarray(v + r))
+  assert int(mask.sum()) == 100
+
+
+def test_bytes_against_a_hand_count():
+  # 199,210 parameters (MLP 784-200-200-10). A d-bit bitmap is 24,902 bytes; it
+  # beats 32-bit indices once k > d / 32.
+  # s = 0.99: k = 1,992 values + 1,992 indices = 15,936 bytes (bitmap: 32,870)
+  assert pl.sparse_bytes(199210, 1992) == (15936, "float32 values + int32 indices")
+  # s = 0.9: k = 19,921 values + the bitmap = 104,586 bytes (indices: 159,368)
+  assert pl.sparse_bytes(199210, 19921) == (104586, "float32 values + d-bit bitmap")
+  assert pl.sparse_bytes(199210, 199210) == (796840, "dense float32")
+  cfg = make_config({"algorithm": "topksdp"})
+  c = pl.communication(cfg, 199210)
+  assert c["k_up"] == c["k_down"] == 19921
+  assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 104586
+
+
+def test_round_with_topk_and_downlink_against_numpy():
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
+  sim = toy_simulation(x, y, parts, hidden=[6], s_local=0.8, s_global=0.5)
+  s0 = sim.init_state()
+  deltas = [flat(d) for d in round_zero_deltas(sim, s0)]
+  p0 = flat(s0.params)   # the round donates s0
+  s1, _ = sim.run_rounds(s0, 1)
+  d = deltas[0].size
+  k = pl.keep_count(d, 0.8)
+  sent, residuals = [], []
+  for v in deltas:
+    m = np.zeros(d, bool)
+    m[np.argsort(-np.abs(v), kind="stable")[:k]] = True
+    sent.append(np.where(m, v, 0.0))
+    residuals.append(v - sent[-1])
+  n = np.array([8, 9, 10, 11], float)
+  agg = np.sum([w * s for w, s in zip(n / n.sum(), sent)], axis=0)
+  kd = pl.keep_count(d, 0.5)
+  md = np.zeros(d, bool)
+  md[np.argsort(-np.abs(agg), kind="stable")[:kd]] = True
+  np.testing.assert_allclose(flat(s1.params) - p0, np.where(md, agg, 0.0),
+                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(s1.server_state["downlink_residual"]),
+                             np.where(md, 0.0, agg), atol=1e-6)
+  got_res = np.asarray(s1.client_state["pipeline"][0])
+  np.testing.assert_allclose(got_res, np.stack(residuals), atol=1e-6)
+
+
+def test_shuffled_round_weights_uniformly():
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
+  sim = toy_simulation(x, y, parts, hidden=[6], shuffle="layerwise", devices=2)
+  s0 = sim.init_state()
+  deltas = [flat(d) for d in round_zero_deltas(sim, s0)]
+  p0 = flat(s0.params)
+  s1, _ = sim.run_rounds(s0, 1)
+  np.testing.assert_allclose(flat(s1.params) - p0, np.mean(deltas, axis=0),
+                             atol=1e-6)
+
+
+def test_preset_and_errors():
+  cfg = make_config({"algorithm": "topksdp"})
+  assert (cfg.s_local, cfg.s_global, cfg.shuffle) == (0.9, 0.9, "layerwise")
+  assert make_config({"algorithm": "topksdp", "s_local": 0.5}).s_local == 0.5
+  with pytest.raises(ConfigError, match="needs ldp_epsilon"):
+    make_config({"algorithm": "topksdp", "kept_noise": "paper", "coordinate_clip": 0.1})
+  with pytest.raises(ConfigError, match="needs coordinate_clip"):
+    make_config({"algorithm": "topksdp", "kept_noise": "multiplier"})
+  with pytest.raises(ConfigError, match="'s_local' = 1"):
+    make_config({"s_local": 1})
+
+
+def test_topksdp_run_counts_bytes(tmp_path):
+  import json
+  import os
+  from fedjax_dp.cli import main
+  out = str(tmp_path / "t")
+  sets = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
+          "batch_size=16", "lr=0.05", "rounds=20", "eval_every=10", "devices=1",
+          "algorithm=topksdp"]
+  assert main(["run", "--no-progress", "--out", out] + sum([["--set", s] for s in sets], [])) == 0
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+  c = summary["communication"]
+  d = summary["model"]["params"]            # 64*32 + 32 + 32*10 + 10 = 2,410
+  assert d == 2410 and c["k_up"] == c["k_down"] == 241
+  # 241 values (964 bytes) + a 2,410-bit bitmap (302 bytes) beats 241 indices (964 bytes)
+  assert c["bytes_per_client_up"] == 964 + 302 and "bitmap" in c["encoding_up"]
+  assert rows[-1]["bytes_up"] == 20 * 5 * c["bytes_per_client_up"]
+  assert summary["final"]["test_accuracy"] > 0.5
