@@ -65,6 +65,7 @@ class Config:
   s_local: float = 0.0
   s_global: float = 0.0
   index_selection: str = "topk"
+  topk_kernel: str = "exact"
   error_feedback: bool = True
   coordinate_clip: float | None = None
   update_clip_l2: float | None = None
@@ -119,6 +120,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
     "index_selection": ("topk", "random_k", "public_topk"),
+    "topk_kernel": ("exact", "threshold"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap"),

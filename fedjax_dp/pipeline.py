@@ -88,11 +88,18 @@ def keep_count(d: int, sparsity: float) -> int:
 
 
 def topk_with_error_feedback(sparsity: float, selection: str = "topk",
-                             error_feedback: bool = True) -> ClientStage:
+                             error_feedback: bool = True, kernel: str = "exact") -> ClientStage:
   """Keeps k = (1 - sparsity) d coordinates of update + residual; the rest becomes
-  the new residual (or is dropped without error feedback)."""
+  the new residual (or is dropped without error feedback). kernel: 'exact'
+  (lax.top_k) or 'threshold' (sampled quantile, exactly k kept, about 98 % of
+  them among the true top k: see BENCHMARKS.md)."""
   if selection not in ("topk", "random_k", "public_topk"):
     raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
+
+  def largest(v, k, key):
+    if kernel == "threshold":
+      return topk_kernels.topk_mask_threshold(v, k, key)
+    return topk_kernels.topk_mask_exact(v, k)
 
   def init(d):
     return jnp.zeros((d,), jnp.float32) if error_feedback else ()
@@ -102,11 +109,11 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
     k = keep_count(d, sparsity)
     v = u.values + residual if error_feedback else u.values
     if selection == "topk":
-      mask = topk_kernels.topk_mask_exact(v, k)
+      mask = largest(v, k, ctx.key)
     elif selection == "random_k":
       mask = topk_kernels.random_k_mask(ctx.key, d, k)
     else:
-      mask = topk_kernels.topk_mask_exact(ctx.public_update, k)
+      mask = largest(ctx.public_update, k, ctx.key)
     sent = jnp.where(mask, v, 0.0)
     new_residual = v - sent if error_feedback else ()
     return Upload(sent, mask & u.sent), new_residual
@@ -176,7 +183,8 @@ def make_client_pipeline(cfg, d: int) -> ClientStage | None:
   if cfg.update_clip_l2 is not None:
     stages.append(clip_l2(cfg.update_clip_l2))
   if cfg.s_local > 0:
-    stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback))
+    stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback,
+                                           cfg.topk_kernel))
   if cfg.kept_noise != "none":
     clip = cfg.coordinate_clip if cfg.coordinate_clip is not None else cfg.update_clip_l2
     if cfg.kept_noise == "paper":

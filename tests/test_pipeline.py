@@ -191,3 +191,15 @@ def test_topksdp_run_counts_bytes(tmp_path):
   assert c["bytes_per_client_up"] == 964 + 302 and "bitmap" in c["encoding_up"]
   assert rows[-1]["bytes_up"] == 20 * 5 * c["bytes_per_client_up"]
   assert summary["final"]["test_accuracy"] > 0.5
+
+
+def test_threshold_kernel_in_the_stage_keeps_exactly_k_and_conserves_mass():
+  rng = np.random.default_rng(5)
+  stage = pl.topk_with_error_feedback(0.9, kernel="threshold")
+  u = rng.normal(size=D)
+  out, residual = stage.update(upload(u), stage.init(D), ctx())
+  assert int(out.sent.sum()) == 100
+  np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(residual),
+                                np.asarray(u, np.float32))
+  exact = topk_kernels.topk_mask_exact(jnp.asarray(u, jnp.float32), 100)
+  assert np.mean(np.asarray(out.sent)[np.asarray(exact)]) >= 0.9

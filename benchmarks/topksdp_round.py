@@ -1,0 +1,109 @@
+"""TopkSDP-FL round time against FedAvg, and top-k kernel variants (issue 4, item 7).
+
+Part 1, protocol: the core benchmark's (full Fashion-MNIST, 100 clients, all 100
+every round, Dirichlet 0.5, MLP 784-200-200-10, E = 1, batch 64, lr 0.01,
+momentum 0.5). Two compiled simulations in one process: FedAvg, and TopkSDP-FL
+(contrastive term, top-k with error feedback at s_local = 0.9, noise on the
+kept coordinates at the paper's calibration, layer-wise shuffling, downlink
+top-k at s_global = 0.9). A third simulation uses the sampled-threshold top-k
+kernel. Rounds are timed alternately, A B C A B C ..., and the medians are
+compared. Target: TopkSDP at most 25 % slower.
+
+Part 2: top-k masks of d = 1e5, 1e6, 1e7 Gaussian values at k = d / 10:
+lax.top_k, lax.approx_max_k and the sampled-quantile threshold. Reports the
+median time of 5 and the recall against the exact top-k.
+
+  python benchmarks/topksdp_round.py [--rounds 5] [--dataset fmnist] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from fedjax_dp.host import use_cpu_devices
+
+use_cpu_devices()
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.config import make_config
+from fedjax_dp.kernels import topk as topk_kernels
+from fedjax_dp.runner import setup
+
+PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", alpha=0.5,
+                model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,
+                momentum=0.5, sampling="fixed", seed=0)
+TOPKSDP = dict(algorithm="topksdp", coordinate_clip=0.05, kept_noise="paper", ldp_epsilon=3.0)
+
+
+def round_times(dataset: str, rounds: int) -> dict:
+  sims = {}
+  for name, extra in [("fedavg", {}), ("topksdp", TOPKSDP),
+                      ("topksdp_threshold", dict(TOPKSDP, topk_kernel="threshold"))]:
+    _, _, sim = setup(make_config(dict(PROTOCOL, dataset=dataset, **extra)))
+    state, _ = sim.run_rounds(sim.init_state(), 1)   # compile
+    jax.block_until_ready(state)
+    sims[name] = [sim, state]
+  times = {name: [] for name in sims}
+  for _ in range(rounds):
+    for name, entry in sims.items():
+      t = time.perf_counter()
+      entry[1], _ = entry[0].run_rounds(entry[1], 1)
+      jax.block_until_ready(entry[1])
+      times[name].append(time.perf_counter() - t)
+  med = {name: statistics.median(ts) for name, ts in times.items()}
+  return {"seconds_per_round_median": med, "all": times,
+          "topksdp_over_fedavg": med["topksdp"] / med["fedavg"],
+          "topksdp_threshold_over_fedavg": med["topksdp_threshold"] / med["fedavg"],
+          "target_ratio": 1.25}
+
+
+def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dict]:
+  out = []
+  for d in sizes:
+    k = d // 10
+    x = jax.random.normal(jax.random.PRNGKey(0), (d,))
+    exact = np.asarray(topk_kernels.topk_mask_exact(x, k))
+    fns = {
+        "lax.top_k": jax.jit(lambda v: topk_kernels.topk_mask_exact(v, k)),
+        "lax.approx_max_k": jax.jit(lambda v: topk_kernels.topk_mask_approx(v, k)),
+        "sampled_threshold": jax.jit(lambda v: topk_kernels.topk_mask_threshold(
+            v, k, jax.random.PRNGKey(1))),
+    }
+    for name, fn in fns.items():
+      mask = jax.block_until_ready(fn(x))
+      ts = []
+      for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        ts.append(time.perf_counter() - t)
+      m = np.asarray(mask)
+      out.append({"d": d, "k": k, "variant": name, "seconds_median": statistics.median(ts),
+                  "recall": float((m & exact).sum() / k)})
+  return out
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--dataset", default="fmnist")
+  ap.add_argument("--json", default=None)
+  args = ap.parse_args(argv)
+  res = {"protocol": dict(PROTOCOL, dataset=args.dataset), "topksdp": TOPKSDP,
+         "devices": jax.device_count(), "platform": jax.devices()[0].platform,
+         "rounds": round_times(args.dataset, args.rounds), "topk_kernels": topk_variants()}
+  print(json.dumps(res, indent=2))
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
