@@ -69,6 +69,7 @@ class Config:
   error_feedback: bool = True
   coordinate_clip: float | None = None
   update_clip_l2: float | None = None
+  final_clip_l2: float | None = None
   kept_noise: str = "none"
   kept_noise_multiplier: float = 0.0
   ldp_epsilon: float | None = None
@@ -167,6 +168,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "s_global": (0, 1, True, False),
     "coordinate_clip": (0, None, False, True),
     "update_clip_l2": (0, None, False, True),
+    "final_clip_l2": (0, None, False, True),
     "kept_noise_multiplier": (0, None, True, True),
     "ldp_epsilon": (0, None, False, True),
     "ldp_delta": (0, 1, False, False),
@@ -185,7 +187,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _OPTIONAL = {"data_dir": str, "csv_path": str, "max_cohort": int, "noise_multiplier": float,
              "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
-             "update_clip_l2": float, "ldp_epsilon": float}
+             "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float}
 
 # algorithm presets: defaults a named algorithm brings, unless the user sets the key
 PRESETS = {"topksdp": {"s_local": 0.9, "s_global": 0.9, "shuffle": "layerwise"}}
@@ -306,12 +308,15 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     if cfg.s_local == 0:
       raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: noise on the kept "
                         "coordinates needs top-k (s_local > 0)")
-    if cfg.coordinate_clip is None and cfg.update_clip_l2 is None:
-      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: needs coordinate_clip or "
-                        "update_clip_l2 (the noise is calibrated to the clip)")
+    if cfg.coordinate_clip is None and cfg.update_clip_l2 is None and cfg.final_clip_l2 is None:
+      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: needs final_clip_l2, "
+                        "coordinate_clip or update_clip_l2 (the noise is calibrated to the clip)")
     if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
       raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
                         "client budget of the paper's calibration)")
+  if cfg.final_clip_l2 is not None and cfg.s_local == 0:
+    raise ConfigError("config key 'final_clip_l2' clips the sent top-k update: needs s_local > 0 "
+                      "(without top-k use update_clip_l2)")
   if cfg.index_selection == "public_topk" and cfg.s_local == 0:
     raise ConfigError("config key 'index_selection' = 'public_topk': needs s_local > 0")
   if cfg.dataset == "csv" and not cfg.csv_path:

@@ -88,11 +88,15 @@ def keep_count(d: int, sparsity: float) -> int:
 
 
 def topk_with_error_feedback(sparsity: float, selection: str = "topk",
-                             error_feedback: bool = True, kernel: str = "exact") -> ClientStage:
+                             error_feedback: bool = True, kernel: str = "exact",
+                             final_clip: float | None = None) -> ClientStage:
   """Keeps k = (1 - sparsity) d coordinates of update + residual; the rest becomes
   the new residual (or is dropped without error feedback). kernel: 'exact'
   (lax.top_k) or 'threshold' (sampled quantile, exactly k kept, about 98 % of
-  them among the true top k: see BENCHMARKS.md)."""
+  them among the true top k: see BENCHMARKS.md). final_clip: the sent vector is
+  clipped to this L2 norm and what the clip removes joins the residual, so every
+  upload's norm is bounded whatever the residual holds (needed for a complete
+  guarantee: the residual carries earlier rounds' data)."""
   if selection not in ("topk", "random_k", "public_topk"):
     raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
 
@@ -115,6 +119,8 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
     else:
       mask = largest(ctx.public_update, k, ctx.key)
     sent = jnp.where(mask, v, 0.0)
+    if final_clip is not None:
+      sent = sent * jnp.minimum(1.0, final_clip / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
     new_residual = v - sent if error_feedback else ()
     return Upload(sent, mask & u.sent), new_residual
   return ClientStage(init, update)
@@ -174,6 +180,15 @@ def sparse_bytes(d: int, k: int, value_bytes: int = 4, index_bytes: int = 4) -> 
   return with_bitmap, "float32 values + d-bit bitmap"
 
 
+def noise_clip(cfg) -> float:
+  """The clip the kept-coordinate noise is calibrated to: the final L2 clip when
+  set (it bounds what is sent), else the per-coordinate or the update L2 clip."""
+  for c in (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2):
+    if c is not None:
+      return c
+  raise ValueError("kept-coordinate noise needs final_clip_l2, coordinate_clip or update_clip_l2")
+
+
 def make_client_pipeline(cfg, d: int) -> ClientStage | None:
   """The configured client stages, in the paper's order: clip, top-k with error
   feedback, noise on the kept coordinates. None when no stage is configured."""
@@ -184,9 +199,9 @@ def make_client_pipeline(cfg, d: int) -> ClientStage | None:
     stages.append(clip_l2(cfg.update_clip_l2))
   if cfg.s_local > 0:
     stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback,
-                                           cfg.topk_kernel))
+                                           cfg.topk_kernel, cfg.final_clip_l2))
   if cfg.kept_noise != "none":
-    clip = cfg.coordinate_clip if cfg.coordinate_clip is not None else cfg.update_clip_l2
+    clip = noise_clip(cfg)
     if cfg.kept_noise == "paper":
       stages.append(gaussian_on_kept(paper_std(cfg.ldp_epsilon, cfg.ldp_delta, clip,
                                                keep_count(d, cfg.s_local))))

@@ -259,6 +259,19 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
 
 def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   """What is guaranteed (the accountant's figure), how, and what is not accounted."""
+  report = _privacy_report(cfg, sim, state)
+  if cfg.kept_noise != "none":
+    from fedjax_dp.topksdp_privacy import topksdp_report
+    d = num_params(jax.tree.leaves(state.params))
+    sizes = [int(n) for n in np.asarray(sim.store.client_count)]
+    report["kept_noise"] = topksdp_report(cfg, d, int(state.round), sizes)
+    if cfg.dp == "none":
+      report["note"] = ("no user-level DP (dp none); the client-side noise on kept coordinates "
+                        "is reported under kept_noise")
+  return report
+
+
+def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}

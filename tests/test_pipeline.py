@@ -167,7 +167,7 @@ def test_preset_and_errors():
   assert make_config({"algorithm": "topksdp", "s_local": 0.5}).s_local == 0.5
   with pytest.raises(ConfigError, match="needs ldp_epsilon"):
     make_config({"algorithm": "topksdp", "kept_noise": "paper", "coordinate_clip": 0.1})
-  with pytest.raises(ConfigError, match="needs coordinate_clip"):
+  with pytest.raises(ConfigError, match="needs final_clip_l2, coordinate_clip"):
     make_config({"algorithm": "topksdp", "kept_noise": "multiplier"})
   with pytest.raises(ConfigError, match="'s_local' = 1"):
     make_config({"s_local": 1})

@@ -1,0 +1,87 @@
+"""TopkSDP-FL's privacy report: the paper's chain, checked step by step by hand, and
+the accountant's figure only when the guarantee is complete."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fedjax_dp import amplification, pipeline as pl
+from fedjax_dp.config import make_config
+from fedjax_dp.topksdp_privacy import topksdp_report
+
+dpa = pytest.importorskip("dp_accounting")
+
+D = 199210
+
+
+def test_papers_chain_by_hand():
+  cfg = make_config({"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 3.0,
+                     "coordinate_clip": 0.05, "num_clients": 1000, "clients_per_round": 100})
+  r = topksdp_report(cfg, D, 200, [60] * 1000)
+  k = pl.keep_count(D, 0.9)
+  chain = r["papers_chain"]["steps"]
+  assert chain[0]["epsilon"] == pytest.approx(3.0 / k) and chain[0]["valid"]
+  # 100 reports: no shuffle theorem applies (FMT needs n > 16 ln(2/delta) ~ 195)
+  assert not chain[2]["valid"] and "no amplification" in chain[2]["reason"]
+  # subsampling by hand, then the best of the compositions
+  eps_sub = math.log1p(0.1 * math.expm1(3.0))
+  assert chain[3]["epsilon"] == pytest.approx(eps_sub)
+  assert chain[3]["delta"] == pytest.approx(1e-6)
+  want = min(200 * eps_sub,
+             amplification.compose_advanced(eps_sub, 1e-6, 200, 1e-5).epsilon,
+             amplification.compose_optimal(eps_sub, 1e-6, 200, 1e-5).epsilon)
+  assert r["papers_chain"]["epsilon"] == pytest.approx(want)
+  # the paper's std, from the largest client (the least noise)
+  std = 2 * 0.01 * 0.05 / 60 * math.sqrt(2 * math.log(1.25e5)) * k / 3.0
+  assert r["noise_std"]["min_over_clients"] == pytest.approx(std)
+  # top-k indices: no guarantee, and it says why
+  assert r["accountant"] == {"complete": False, "epsilon": None}
+  assert any("data-dependent indices" in x for x in r["not_accounted"])
+  assert any("one example in one SGD step" in x for x in r["not_accounted"])
+
+
+@pytest.mark.parametrize("selection", ["random_k", "public_topk"])
+def test_complete_guarantee_with_public_indices_and_final_clip(selection):
+  cfg = make_config({"algorithm": "topksdp", "kept_noise": "multiplier",
+                     "kept_noise_multiplier": 4.0, "final_clip_l2": 0.5,
+                     "index_selection": selection})
+  r = topksdp_report(cfg, D, 50, [60] * 20)
+  acc = r["accountant"]
+  assert acc["complete"] and acc["noise_multiplier"] == pytest.approx(2.0)  # std 2.0 / (2 * 0.5)
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  oracle.compose(dpa.GaussianDpEvent(2.0), 50)
+  assert acc["epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
+  assert r["not_accounted"] == []
+
+
+def test_final_clip_bounds_the_sent_norm_and_conserves_mass():
+  rng = np.random.default_rng(0)
+  stage = pl.topk_with_error_feedback(0.5, "random_k", final_clip=0.1)
+  import jax
+  import jax.numpy as jnp
+  u = rng.normal(size=200)
+  residual = jnp.asarray(rng.normal(size=200) * 10, jnp.float32)
+  ctx = pl.StageContext(jax.random.PRNGKey(0), jnp.int32(10), jnp.float32(0.1), jnp.zeros(200))
+  out, new_r = stage.update(pl.Upload(jnp.asarray(u, jnp.float32), jnp.ones(200, bool)),
+                            residual, ctx)
+  assert float(jnp.linalg.norm(out.values)) <= 0.1 + 1e-6
+  np.testing.assert_allclose(np.asarray(out.values + new_r), np.asarray(u + residual), rtol=1e-6)
+
+
+def test_run_writes_the_report(tmp_path):
+  import json
+  import os
+  from fedjax_dp.cli import main
+  out = str(tmp_path / "r")
+  sets = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
+          "batch_size=16", "lr=0.05", "rounds=10", "eval_every=5", "devices=1",
+          "algorithm=topksdp", "kept_noise=multiplier", "kept_noise_multiplier=2.0",
+          "final_clip_l2=0.5", "index_selection=random_k"]
+  assert main(["run", "--no-progress", "--out", out] + sum([["--set", s] for s in sets], [])) == 0
+  p = json.load(open(os.path.join(out, "summary.json")))["privacy"]
+  assert p["dp"] == "none" and p["kept_noise"]["accountant"]["complete"]
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  oracle.compose(dpa.GaussianDpEvent(1.0), 10)
+  assert p["kept_noise"]["accountant"]["epsilon"] == pytest.approx(oracle.get_epsilon(1e-5),
+                                                                   rel=1e-3)
