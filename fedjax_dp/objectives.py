@@ -27,7 +27,8 @@ seen for the first time uses w^t. Per-client state lives in
 `SimState.client_state` with a leading [num_clients] axis and is gathered for
 the cohort and scattered back inside the compiled round. Memory per client:
 one parameter vector each for `prev_model` (contrastive, moon), `control`
-(scaffold) and `dual` (fedadmm): 4 d bytes each (0.8 MB for the 199,210-
+(scaffold), `dual` (fedadmm) and `model` (solo: each client's own model,
+trained from its last one, never aggregated): 4 d bytes each (0.8 MB for the 199,210-
 parameter MLP), plus one byte for `seen`.
 """
 
@@ -52,8 +53,9 @@ ALGORITHMS = {
     "moon": (("moon",), "sgd"),
     "scaffold": (("scaffold",), "sgd"),
     "fedadmm": (("fedadmm",), "sgd"),
+    "solo": (("solo",), "sgd"),
 }
-TERMS = ("fedprox", "contrastive", "moon", "scaffold", "fedadmm")
+TERMS = ("fedprox", "contrastive", "moon", "scaffold", "fedadmm", "solo")
 
 
 def parse_algorithm(name: str) -> tuple[tuple[str, ...], str]:
@@ -68,6 +70,8 @@ def parse_algorithm(name: str) -> tuple[tuple[str, ...], str]:
     t, s = ALGORITHMS[p]
     terms += [x for x in t if x not in terms]
     server = s if s != "sgd" else server
+  if "solo" in terms and len(parts) > 1:
+    raise ValueError(f"algorithm {name!r}: solo (each client trains alone) combines with nothing")
   return tuple(terms), server
 
 
@@ -109,6 +113,11 @@ class Objective:
   rho: float = 0.01
 
   @property
+  def solo(self) -> bool:
+    """SOLO: every client trains its own model from its own last one; no aggregation."""
+    return "solo" in self.terms
+
+  @property
   def needs_prev_model(self) -> bool:
     return "contrastive" in self.terms or "moon" in self.terms
 
@@ -124,6 +133,8 @@ class Objective:
       state["control"] = zeros
     if "fedadmm" in self.terms:
       state["dual"] = zeros
+    if self.solo:
+      state["model"] = params  # every client starts from the same initial model
     return state
 
   def init_server_state(self, params) -> dict:
@@ -195,6 +206,9 @@ class Objective:
       new_c_i = keep(new_c_i, c_i)
       contrib["control"] = jax.tree.map(jnp.subtract, new_c_i, c_i)
       state["control"] = new_c_i
+    if self.solo:
+      state["model"] = keep(jax.tree.map(jnp.add, ctx.global_params, delta), state["model"])
+      upload = jax.tree.map(jnp.zeros_like, delta)
     if "fedadmm" in self.terms:
       new_dual = keep(jax.tree.map(lambda y, d: y + self.rho * d, state["dual"], delta),
                       state["dual"])

@@ -26,6 +26,7 @@ from fedjax_dp import reporting
 from fedjax_dp.config import Config, make_config
 from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
+from fedjax_dp.objectives import parse_algorithm
 from fedjax_dp.partition import partition
 from fedjax_dp import mechanisms
 from fedjax_dp import pipeline
@@ -143,6 +144,15 @@ def _finite(x) -> float | None:
   return x if np.isfinite(x) else None
 
 
+def client_label_distribution(ds: Dataset, parts) -> np.ndarray:
+  """[clients, classes]: each client's training label frequencies."""
+  out = np.zeros((len(parts), ds.num_classes), np.float32)
+  for i, idx in enumerate(parts):
+    if len(idx):
+      out[i] = np.bincount(ds.y_train[idx], minlength=ds.num_classes) / len(idx)
+  return out
+
+
 def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool) -> Config:
   """Checks the output folder; never loses an existing run's results."""
   cfg_path = os.path.join(out, "config.json")
@@ -201,6 +211,11 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   else:
     rows = []
 
+  solo_eval = label_dist = None
+  if "solo" in parse_algorithm(cfg.algorithm)[0]:
+    from fedjax_dp.simulation import make_solo_evaluate
+    solo_eval = make_solo_evaluate(sim.model)
+    label_dist = client_label_distribution(ds, parts)
   start = int(state.round)
   if last < cfg.rounds:
     log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
@@ -227,7 +242,11 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
           f"the run stops after round {end}")
     if end % cfg.eval_every == 0 or end == last or all_spent:
-      acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
+      if solo_eval is not None:
+        acc, test_loss = (float(v) for v in solo_eval(state.client_state["model"], *eval_data,
+                                                     label_dist))
+      else:
+        acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
       participations = int(state.participations)
       row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
              "train_loss": loss_sum / examples if examples else None,
@@ -374,6 +393,11 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
   return {
       "final": final,
       "best_test_accuracy": max((r["test_accuracy"] for r in rows), default=None),
+      "test_accuracy_is": (
+          "SOLO: the mean over clients of each client's own model's test accuracy, with the "
+          "test set reweighted to the client's training label distribution"
+          if "solo" in parse_algorithm(cfg.algorithm)[0] else
+          "the server model's accuracy on the whole test set"),
       "rounds": int(state.round),
       "privacy": privacy_report(cfg, sim, state),
       "communication": {

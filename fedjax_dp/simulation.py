@@ -197,9 +197,10 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
 
   def one(args):
     row, count, key, cstate, took_part, cid = args
-    ctx = objectives.LocalContext(params, cstate, server_state)
+    start = cstate["model"] if objective.solo else params
+    ctx = objectives.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
-    res = train_one(params, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
+    res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.steps, lr, took_part)
     if client_pipeline is not None:
       flat, unravel = ravel_pytree(upload)
@@ -361,6 +362,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    if objective.solo:  # no aggregation: the server model never moves
+      params, opt_state = state.params, state.server_opt_state
     if privacy.mode == "local":
       # nobody took part (all spent): the server has nothing to apply, momentum included
       keep = stats.participants == 0
@@ -465,6 +468,33 @@ def noise_multiplier_for(cfg: Config) -> float:
       cfg.target_epsilon, sampling_rate(cfg), cfg.rounds, cfg.delta,
       epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * round_event_rdp(cfg, z),
                                                  cfg.delta)[0])
+
+
+def make_solo_evaluate(model: Model) -> Callable:
+  """SOLO's accuracy: the mean over clients of each client's own model's accuracy on
+  the test set, reweighted to the client's label distribution,
+    acc_i = sum_k p_ik correct_ik / n_k,
+  (and the same for the loss). client_models: leaves [N, ...]; label_dist [N, K]."""
+  @jax.jit
+  def evaluate(client_models, xb, yb, mb, label_dist):
+    num_classes = label_dist.shape[1]
+    onehot = jax.nn.one_hot(yb, num_classes) * mb[..., None]         # [nb, b, K]
+    per_class_n = jnp.maximum(jnp.sum(onehot, axis=(0, 1)), 1.0)      # [K]
+
+    def one_client(args):
+      p, dist = args
+      def batch(a):
+        x, y, oh = a
+        logits = model.apply(p, x)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+        return correct @ oh, ce @ oh                                   # [K], [K]
+      correct, loss = jax.lax.map(batch, (xb, yb, onehot))
+      return (dist @ (jnp.sum(correct, 0) / per_class_n),
+              dist @ (jnp.sum(loss, 0) / per_class_n))
+    acc, loss = jax.lax.map(one_client, (client_models, label_dist))
+    return jnp.mean(acc), jnp.mean(loss)
+  return evaluate
 
 
 def make_evaluate(model: Model) -> Callable:

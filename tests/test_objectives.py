@@ -139,6 +139,7 @@ def reference_rounds(sim, x, y, parts, rounds):
   c_client = {i: zeros() for i in range(cfg.num_clients)}
   dual = {i: zeros() for i in range(cfg.num_clients)}
   prev = {}
+  own = {i: jax.tree.map(np.copy, params) for i in range(cfg.num_clients)}   # solo
   run_key = jax.random.PRNGKey(cfg.seed)
   max_n = sim.store.max_examples
 
@@ -150,6 +151,8 @@ def reference_rounds(sim, x, y, parts, rounds):
   def extra_grad(w, c):
     if term == "fedprox":
       return jax.tree.map(lambda a, b: cfg.prox_mu * (a - b), w, params)
+    if term == "solo":
+      return zeros()
     if term == "scaffold":
       return jax.tree.map(np.subtract, c_server, c_client[c])
     if term == "fedadmm":
@@ -170,7 +173,7 @@ def reference_rounds(sim, x, y, parts, rounds):
     uploads, weights, dc_sum = [], [], zeros()
     for c in map(int, cohort):
       idx, n = parts[c], len(parts[c])
-      w = jax.tree.map(np.copy, params)
+      w = jax.tree.map(np.copy, own[c] if term == "solo" else params)
       mom = zeros()
       steps = 0
       epoch_keys = jax.random.split(jax.random.fold_in(client_key, c), cfg.local_epochs)
@@ -196,6 +199,9 @@ def reference_rounds(sim, x, y, parts, rounds):
         upload = jax.tree.map(lambda d, yv: d + yv / cfg.admm_rho, delta, dual[c])
       if term == "contrastive":
         prev[c] = w
+      if term == "solo":
+        own[c] = w
+        upload = zeros()
       uploads.append(upload)
       weights.append(float(n))
     total = sum(weights)
@@ -203,7 +209,7 @@ def reference_rounds(sim, x, y, parts, rounds):
     params = jax.tree.map(np.add, params, mean)
     if term == "scaffold":
       c_server = jax.tree.map(lambda cs, s: cs + s / cfg.num_clients, c_server, dc_sum)
-  return params
+  return (params, own) if term == "solo" else params
 
 
 @pytest.mark.parametrize("overrides", [
@@ -231,5 +237,52 @@ def test_algorithm_names_and_errors():
   assert objectives.parse_algorithm("fedavgm") == ((), "momentum")
   with pytest.raises(ConfigError, match="'algorithm' = 'fedsgd'"):
     make_config({"algorithm": "fedsgd"})
+  with pytest.raises(ConfigError, match="combines with nothing"):
+    make_config({"algorithm": "solo+fedprox"})
   with pytest.raises(ConfigError, match="not privatized"):
     make_config({"algorithm": "scaffold", "dp": "central", "noise_multiplier": 1.0})
+
+
+def test_solo_clients_train_alone():
+  x, y, parts = toy_problem(sizes=(5, 9, 4, 13))
+  sim = toy_simulation(x, y, parts, clients_per_round=2, batch_size=3, algorithm="solo")
+  s0 = sim.init_state()
+  p0 = flat(s0.params)
+  state, _ = sim.run_rounds(s0, 4)
+  params, own = reference_rounds(sim, x, y, parts, 4)
+  np.testing.assert_array_equal(flat(state.params), p0)   # the server model never moves
+  for c in range(4):
+    got = flat(jax.tree.map(lambda a: a[c], state.client_state["model"]))
+    np.testing.assert_allclose(got, flat(own[c]), atol=2e-5, rtol=1e-4)
+
+
+def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
+  from fedjax_dp.simulation import batch_for_eval, make_solo_evaluate
+  x, y, parts = toy_problem(sizes=(30, 30, 30))
+  sim = toy_simulation(x, y, parts, algorithm="solo", hidden=[8])
+  state, _ = sim.run_rounds(sim.init_state(), 3)
+  models = state.client_state["model"]
+  rng = np.random.default_rng(0)
+  xt = rng.normal(size=(50, x.shape[1])).astype(np.float32)
+  yt = rng.integers(0, 3, size=50).astype(np.int32)
+  dist = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1.0, 0.0, 0.0]], np.float32)
+  acc, _ = make_solo_evaluate(sim.model)(models, *batch_for_eval(xt, yt, 16), dist)
+  want = []
+  for c in range(3):
+    pred = np.argmax(np.asarray(sim.model.apply(jax.tree.map(lambda a: a[c], models), xt)), -1)
+    per_class = [np.mean(pred[yt == k] == k) for k in range(3)]
+    want.append(float(dist[c] @ per_class))
+  assert float(acc) == pytest.approx(np.mean(want), rel=1e-5)
+
+
+def test_solo_run_reports_the_mean_client_accuracy(tmp_path):
+  import json
+  import os
+  from fedjax_dp.cli import main
+  out = str(tmp_path / "s")
+  sets = ["dataset=digits", "num_clients=6", "clients_per_round=6", "hidden=[16]",
+          "batch_size=16", "lr=0.05", "rounds=6", "eval_every=3", "devices=1", "algorithm=solo"]
+  assert main(["run", "--no-progress", "--out", out] + sum([["--set", s] for s in sets], [])) == 0
+  summary = json.load(open(os.path.join(out, "summary.json")))
+  assert summary["test_accuracy_is"].startswith("SOLO")
+  assert 0.2 < summary["final"]["test_accuracy"] <= 1.0
