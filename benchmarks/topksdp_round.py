@@ -5,15 +5,19 @@ every round, Dirichlet 0.5, MLP 784-200-200-10, E = 1, batch 64, lr 0.01,
 momentum 0.5). Two compiled simulations in one process: FedAvg, and TopkSDP-FL
 (contrastive term, top-k with error feedback at s_local = 0.9, noise on the
 kept coordinates at the paper's calibration, layer-wise shuffling, downlink
-top-k at s_global = 0.9). A third simulation uses the sampled-threshold top-k
-kernel. Rounds are timed alternately, A B C A B C ..., and the medians are
-compared. Target: TopkSDP at most 25 % slower.
+top-k at s_global = 0.9), once per top-k kernel: 'exact' with the noise drawn
+per client (the literal algorithm), 'threshold', and 'bisect' with the noise
+of the aggregate drawn once (same distribution; pipeline.gaussian_on_kept).
+Rounds are timed alternately, A B C D A B C D ..., and the medians are
+compared. Target: TopkSDP at most 25 % slower. Ablations (`--ablations`) time
+each part alone against FedAvg in the same way.
 
-Part 2: top-k masks of d = 1e5, 1e6, 1e7 Gaussian values at k = d / 10:
-lax.top_k, lax.approx_max_k and the sampled-quantile threshold. Reports the
-median time of 5 and the recall against the exact top-k.
+Part 2: top-k masks of d = 1e5, 2e5, 1e6, 1e7 Gaussian values at k = d / 10:
+lax.top_k, lax.approx_max_k, the sampled-quantile threshold and the bisecting
+threshold. Reports the median time of 5, the count kept and the recall
+against the exact top-k.
 
-  python benchmarks/topksdp_round.py [--rounds 5] [--dataset fmnist] [--json OUT]
+  python benchmarks/topksdp_round.py [--rounds 7] [--dataset fmnist] [--ablations] [--json OUT]
 """
 
 from __future__ import annotations
@@ -42,10 +46,23 @@ PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", a
 TOPKSDP = dict(algorithm="topksdp", coordinate_clip=0.05, kept_noise="paper", ldp_epsilon=3.0)
 
 
-def round_times(dataset: str, rounds: int) -> dict:
+VARIANTS = [("fedavg", {}),
+            ("topksdp", dict(TOPKSDP, kept_noise_draw="client")),
+            ("topksdp_threshold", dict(TOPKSDP, topk_kernel="threshold", kept_noise_draw="client")),
+            ("topksdp_bisect", dict(TOPKSDP, topk_kernel="bisect"))]
+# each part of the bisect variant alone (s_local/s_global 0 turn off the preset's top-k)
+ABLATIONS = [("fedavg", {}),
+             ("contrastive_only", dict(algorithm="contrastive")),
+             ("topk_ef_only", dict(s_local=0.9, topk_kernel="bisect")),
+             ("topk_ef_noise", dict(s_local=0.9, topk_kernel="bisect", coordinate_clip=0.05,
+                                    kept_noise="paper", ldp_epsilon=3.0)),
+             ("shuffle_only", dict(shuffle="layerwise")),
+             ("downlink_only", dict(s_global=0.9, topk_kernel="bisect"))]
+
+
+def round_times(dataset: str, rounds: int, variants=VARIANTS) -> dict:
   sims = {}
-  for name, extra in [("fedavg", {}), ("topksdp", TOPKSDP),
-                      ("topksdp_threshold", dict(TOPKSDP, topk_kernel="threshold"))]:
+  for name, extra in variants:
     _, _, sim = setup(make_config(dict(PROTOCOL, dataset=dataset, **extra)))
     state, _ = sim.run_rounds(sim.init_state(), 1)   # compile
     jax.block_until_ready(state)
@@ -59,8 +76,7 @@ def round_times(dataset: str, rounds: int) -> dict:
       times[name].append(time.perf_counter() - t)
   med = {name: statistics.median(ts) for name, ts in times.items()}
   return {"seconds_per_round_median": med, "all": times,
-          "topksdp_over_fedavg": med["topksdp"] / med["fedavg"],
-          "topksdp_threshold_over_fedavg": med["topksdp_threshold"] / med["fedavg"],
+          "over_fedavg": {name: med[name] / med["fedavg"] for name in med if name != "fedavg"},
           "target_ratio": 1.25}
 
 
@@ -75,6 +91,7 @@ def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dic
         "lax.approx_max_k": jax.jit(lambda v: topk_kernels.topk_mask_approx(v, k)),
         "sampled_threshold": jax.jit(lambda v: topk_kernels.topk_mask_threshold(
             v, k, jax.random.PRNGKey(1))),
+        "bisect": jax.jit(lambda v: topk_kernels.topk_mask_bisect(v, k, jax.random.PRNGKey(1))),
     }
     for name, fn in fns.items():
       mask = jax.block_until_ready(fn(x))
@@ -85,19 +102,25 @@ def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dic
         ts.append(time.perf_counter() - t)
       m = np.asarray(mask)
       out.append({"d": d, "k": k, "variant": name, "seconds_median": statistics.median(ts),
-                  "recall": float((m & exact).sum() / k)})
+                  "kept": int(m.sum()), "recall": float((m & exact).sum() / k)})
   return out
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser()
-  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--rounds", type=int, default=7)
+  ap.add_argument("--ablations", action="store_true")
+  ap.add_argument("--no-kernels", action="store_true")
   ap.add_argument("--dataset", default="fmnist")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   res = {"protocol": dict(PROTOCOL, dataset=args.dataset), "topksdp": TOPKSDP,
          "devices": jax.device_count(), "platform": jax.devices()[0].platform,
-         "rounds": round_times(args.dataset, args.rounds), "topk_kernels": topk_variants()}
+         "rounds": round_times(args.dataset, args.rounds)}
+  if args.ablations:
+    res["ablations"] = round_times(args.dataset, args.rounds, ABLATIONS)
+  if not args.no_kernels:
+    res["topk_kernels"] = topk_variants()
   print(json.dumps(res, indent=2))
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

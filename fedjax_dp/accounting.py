@@ -289,14 +289,9 @@ def delta_for_epsilon(ledger: jnp.ndarray, eps: float, orders=DEFAULT_ORDERS) ->
 
 
 def epsilon_np(rdp: np.ndarray, delta: float, orders=DEFAULT_ORDERS) -> tuple[float, float]:
-  """The same conversion in float64 numpy, for reports."""
-  a = np.asarray(orders, np.float64)
-  rdp = np.asarray(rdp, np.float64)
-  with np.errstate(invalid="ignore"):
-    eps = rdp + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
-  eps = np.where(delta ** 2 + np.expm1(-rdp) > 0, 0.0, eps)
-  k = int(np.argmin(eps))
-  return max(float(eps[k]), 0.0), float(a[k])
+  """The same conversion in float64 numpy, for reports: (epsilon, optimal order) of one curve."""
+  eps, order = epsilons_np(rdp, delta, orders)
+  return float(eps), float(order)
 
 
 def epsilons_np(ledgers: np.ndarray, delta: float, orders=DEFAULT_ORDERS):

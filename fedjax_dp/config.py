@@ -72,6 +72,7 @@ class Config:
   final_clip_l2: float | None = None
   kept_noise: str = "none"
   kept_noise_multiplier: float = 0.0
+  kept_noise_draw: str = "auto"
   ldp_epsilon: float | None = None
   ldp_delta: float = 1e-5
   shuffle: str = "none"
@@ -121,7 +122,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
     "index_selection": ("topk", "random_k", "public_topk"),
-    "topk_kernel": ("exact", "threshold"),
+    "topk_kernel": ("exact", "threshold", "bisect"),
+    "kept_noise_draw": ("auto", "client", "aggregate"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap"),
@@ -314,6 +316,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
       raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
                         "client budget of the paper's calibration)")
+  if cfg.kept_noise_draw == "aggregate" and cfg.dp != "none":
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with dp {cfg.dp!r}: the DP "
+                      "clip comes after the pipeline, so the noise must be drawn per client "
+                      "(use 'client' or 'auto')")
   if cfg.final_clip_l2 is not None and cfg.s_local == 0:
     raise ConfigError("config key 'final_clip_l2' clips the sent top-k update: needs s_local > 0 "
                       "(without top-k use update_clip_l2)")

@@ -38,6 +38,9 @@ from fedjax_dp.kernels import topk as topk_kernels
 class Upload(NamedTuple):
   values: jax.Array  # [d] float32; zero where not sent
   sent: jax.Array    # [d] bool
+  # std of N(0, std^2) noise owed on the sent coordinates but not yet drawn
+  # (gaussian_on_kept with draw='aggregate': the server draws the sum's noise)
+  noise_std: Any = 0.0
 
 
 class StageContext(NamedTuple):
@@ -87,6 +90,23 @@ def keep_count(d: int, sparsity: float) -> int:
   return max(1, int(round((1.0 - sparsity) * d)))
 
 
+TOPK_KERNELS = ("exact", "threshold", "bisect")
+
+
+def topk_mask(v: jax.Array, k: int, key: jax.Array, kernel: str = "exact") -> jax.Array:
+  """The largest-|v| mask by the named kernel (kernels/topk.py): 'exact'
+  (lax.top_k, k kept), 'threshold' (sampled quantile trimmed to k, about 98 %
+  recall), 'bisect' (the exact top-c for a c <= k within about 0.5 % of k; the
+  fastest on CPU)."""
+  if kernel == "exact":
+    return topk_kernels.topk_mask_exact(v, k)
+  if kernel == "threshold":
+    return topk_kernels.topk_mask_threshold(v, k, key)
+  if kernel == "bisect":
+    return topk_kernels.topk_mask_bisect(v, k, key)
+  raise ValueError(f"top-k kernel {kernel!r}: allowed are {', '.join(TOPK_KERNELS)}")
+
+
 def topk_with_error_feedback(sparsity: float, selection: str = "topk",
                              error_feedback: bool = True, kernel: str = "exact",
                              final_clip: float | None = None) -> ClientStage:
@@ -101,9 +121,7 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
     raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
 
   def largest(v, k, key):
-    if kernel == "threshold":
-      return topk_kernels.topk_mask_threshold(v, k, key)
-    return topk_kernels.topk_mask_exact(v, k)
+    return topk_mask(v, k, key, kernel)
 
   def init(d):
     return jnp.zeros((d,), jnp.float32) if error_feedback else ()
@@ -126,11 +144,32 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
   return ClientStage(init, update)
 
 
-def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array]) -> ClientStage:
+def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
+                     draw: str = "client") -> ClientStage:
+  """N(0, std^2) on each sent coordinate. draw='client' draws it here, from the
+  client's key. draw='aggregate' only records the std in `Upload.noise_std`, and
+  the server adds the noise of the weighted sum in one draw: for a linear
+  aggregate sum_i w_i (v_i + n_i) with independent n_ic ~ N(0, std_i^2) on the
+  sent coordinates, sum_i w_i n_i is exactly N(0, diag(sum_i w_i^2 std_i^2 sent_i)),
+  so the aggregate has the same distribution, for one draw of d normals per
+  round instead of one per client. Not for robust (non-linear) aggregators,
+  nor where uploads are inspected one by one."""
+  if draw not in ("client", "aggregate"):
+    raise ValueError(f"noise draw {draw!r}: allowed are client, aggregate")
+
   def update(u, s, ctx):
-    noise = std_fn(ctx) * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
+    std = std_fn(ctx)
+    if draw == "aggregate":
+      return u._replace(noise_std=std), s
+    noise = std * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
     return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s
   return ClientStage(lambda d: (), update)
+
+
+def aggregate_noise_var(weights: jax.Array, noise_std: jax.Array, sent: jax.Array) -> jax.Array:
+  """Per-coordinate variance [d] of sum_i w_i n_i, n_ic ~ N(0, noise_std_i^2) where
+  sent_ic: sum_i w_i^2 noise_std_i^2 sent_ic. weights, noise_std [m]; sent [m, d] bool."""
+  return jnp.tensordot(jnp.square(weights * noise_std), sent.astype(jnp.float32), 1)
 
 
 def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
@@ -159,11 +198,13 @@ def layerwise_shuffle(uploads, key: jax.Array):
   return jax.tree.unflatten(treedef, out)
 
 
-def downlink_topk(update: jax.Array, residual: jax.Array, sparsity: float):
+def downlink_topk(update: jax.Array, residual: jax.Array, sparsity: float,
+                  key: jax.Array | None = None, kernel: str = "exact"):
   """Server-side top-k with error feedback on the flat aggregate [d]:
-  (broadcast [d], sent mask [d], new residual [d])."""
+  (broadcast [d], sent mask [d], new residual [d]). `key` is needed by the
+  sampling kernels ('threshold', 'bisect')."""
   v = update + residual
-  mask = topk_kernels.topk_mask_exact(v, keep_count(v.shape[0], sparsity))
+  mask = topk_mask(v, keep_count(v.shape[0], sparsity), key, kernel)
   sent = jnp.where(mask, v, 0.0)
   return sent, mask, v - sent
 
@@ -189,6 +230,15 @@ def noise_clip(cfg) -> float:
   raise ValueError("kept-coordinate noise needs final_clip_l2, coordinate_clip or update_clip_l2")
 
 
+def kept_noise_draw(cfg) -> str:
+  """'aggregate' (one draw for the weighted sum, same distribution) where the
+  aggregate is a plain weighted sum of the uploads, i.e. without central or
+  local DP (whose clipping comes after the pipeline); else 'client'."""
+  if cfg.kept_noise_draw != "auto":
+    return cfg.kept_noise_draw
+  return "aggregate" if cfg.dp == "none" else "client"
+
+
 def make_client_pipeline(cfg, d: int) -> ClientStage | None:
   """The configured client stages, in the paper's order: clip, top-k with error
   feedback, noise on the kept coordinates. None when no stage is configured."""
@@ -202,12 +252,13 @@ def make_client_pipeline(cfg, d: int) -> ClientStage | None:
                                            cfg.topk_kernel, cfg.final_clip_l2))
   if cfg.kept_noise != "none":
     clip = noise_clip(cfg)
+    draw = kept_noise_draw(cfg)
     if cfg.kept_noise == "paper":
       stages.append(gaussian_on_kept(paper_std(cfg.ldp_epsilon, cfg.ldp_delta, clip,
-                                               keep_count(d, cfg.s_local))))
+                                               keep_count(d, cfg.s_local)), draw))
     else:
       std = cfg.kept_noise_multiplier * clip
-      stages.append(gaussian_on_kept(lambda ctx: jnp.float32(std)))
+      stages.append(gaussian_on_kept(lambda ctx: jnp.float32(std), draw))
   return chain(*stages) if stages else None
 
 

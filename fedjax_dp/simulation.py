@@ -50,6 +50,8 @@ LOCAL_NOISE = 3
 CLIP_COUNT_NOISE = 4
 PIPELINE = 5
 SHUFFLE = 6
+KEPT_NOISE = 7
+DOWNLINK = 8
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
 
 
@@ -168,14 +170,16 @@ def init_state(cfg: Config, model: Model) -> SimState:
                   clip_norm=jnp.float32(cfg.clip_norm))
 
 
-def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cohort_state,
+def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, client_state,
                   server_state, x, y, client_index, client_count, *, train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
-                  client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool):
+                  client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
+                  aggregate_noise: bool):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
-  cohort_ids, cohort_mask: [local_cohort]; cohort_state: the cohort's per-client
-  state, leaves [local_cohort, ...]. Returns (aggregate, stats, the cohort's new
+  cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
+  leaves [num_clients, ...], replicated: each client reads its own row where it
+  trains (a gather of the cohort's rows beforehand would copy them all once more). Returns (aggregate, stats, the cohort's new
   state, the psum of the objective's server contributions); all but the new
   state are identical on all devices.
     dp none: the example-weighted mean delta (FedAvg).
@@ -196,7 +200,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
   pipeline_key = jax.random.fold_in(round_key, PIPELINE)
 
   def one(args):
-    row, count, key, cstate, took_part, cid = args
+    row, count, key, took_part, cid = args
+    cstate = jax.tree.map(lambda a: a[cid], client_state)
     start = cstate["model"] if objective.solo else params
     ctx = objectives.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
@@ -212,13 +217,16 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
       cstate["pipeline"] = jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
                                         cstate["pipeline"])
       upload = unravel(sent.values)
-    return res._replace(delta=upload), cstate, contrib
+      if aggregate_noise:  # the noise this upload owes, drawn below for the sum
+        return (res._replace(delta=upload), cstate, contrib,
+                (sent.sent, jnp.asarray(sent.noise_std, jnp.float32)))
+    return res._replace(delta=upload), cstate, contrib, ()
 
-  args = (rows, counts, keys, cohort_state, cohort_mask, cohort_ids)
+  args = (rows, counts, keys, cohort_mask, cohort_ids)
   if parallelism == "vmap":
-    res, new_state, contribs = jax.vmap(one)(args)
+    res, new_state, contribs, owed = jax.vmap(one)(args)
   else:
-    res, new_state, contribs = jax.lax.map(one, args, batch_size=client_batch)
+    res, new_state, contribs, owed = jax.lax.map(one, args, batch_size=client_batch)
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
@@ -245,6 +253,16 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, coh
     deltas = pipeline_lib.layerwise_shuffle(deltas, shuffle_key)
     weights = jnp.ones_like(mask_f)
   delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+  if aggregate_noise:
+    # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
+    # distribution (pipeline.gaussian_on_kept). The weights pair with their own
+    # client's mask and std: shuffling is per layer but its weights are uniform.
+    sent, noise_std = owed
+    std = jnp.sqrt(jax.lax.psum(pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std,
+                                                                  sent), "clients"))
+    flat, unravel = ravel_pytree(delta_sum)
+    noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
+    delta_sum = unravel(flat + noise)
   if privacy.mode == "central":
     mean_delta = delta_sum  # the server noises the sum and divides
   else:
@@ -299,10 +317,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, objective=objective, model=model,
               parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy,
-              client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise"),
+              client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise",
+              aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
+                               and pipeline_lib.kept_noise_draw(cfg) == "aggregate")),
       mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P("clients"), P(), P(), P(), P(),
-                P()),
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P(), P("clients"), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
@@ -321,9 +340,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(privacy.target_epsilon)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
-    cohort_state = jax.tree.map(lambda a: a[ids], state.client_state)
     mean_delta, stats, cohort_state, contrib_sum = client_phase(
-        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, cohort_state,
+        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, state.client_state,
         state.server_state, store.x, store.y, store.client_index, store.client_count)
     # scatter back only real participants: padded and refused slots go out of bounds
     # and are dropped (a padded slot may repeat a real id)
@@ -353,8 +371,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     if cfg.s_global > 0:
       # downlink top-k: the server keeps what it does not broadcast (error feedback)
       flat, unravel = ravel_pytree(mean_delta)
-      sent, _, residual = pipeline_lib.downlink_topk(flat, server_state["downlink_residual"],
-                                                     cfg.s_global)
+      sent, _, residual = pipeline_lib.downlink_topk(
+          flat, server_state["downlink_residual"], cfg.s_global,
+          jax.random.fold_in(round_key, DOWNLINK), cfg.topk_kernel)
       server_state = {**server_state, "downlink_residual": residual}
       mean_delta = unravel(sent)
     if cfg.index_selection == "public_topk":

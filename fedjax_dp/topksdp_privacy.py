@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from fedjax_dp import accounting, amplification
-from fedjax_dp.pipeline import keep_count, noise_clip
+from fedjax_dp.pipeline import keep_count, kept_noise_draw, noise_clip
 
 
 def papers_chain(cfg, k: int, rounds: int) -> dict:
@@ -66,6 +66,10 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
       f"top-k with error feedback (k = {k} of {d}, selection {cfg.index_selection}), Gaussian "
       f"noise on the kept coordinates ({cfg.kept_noise}), shuffle {cfg.shuffle}"),
       "k": k, "not_accounted": []}
+  report["noise_draw"] = (
+      "per client, from the client's own key" if kept_noise_draw(cfg) == "client" else
+      "for the aggregate in one draw (simulation shortcut with the same distribution of the "
+      "aggregate as per-client draws; the guarantee is the per-client mechanism's)")
   clip = noise_clip(cfg)
   if cfg.kept_noise == "multiplier":
     std_min = std_max = cfg.kept_noise_multiplier * clip

@@ -203,3 +203,103 @@ def test_threshold_kernel_in_the_stage_keeps_exactly_k_and_conserves_mass():
                                 np.asarray(u, np.float32))
   exact = topk_kernels.topk_mask_exact(jnp.asarray(u, jnp.float32), 100)
   assert np.mean(np.asarray(out.sent)[np.asarray(exact)]) >= 0.9
+
+
+@pytest.mark.parametrize("d,k", [(1000, 100), (5000, 37), (20000, 2000), (3000, 2999)])
+def test_bisect_kernel_keeps_an_exact_top_c_with_c_at_most_k(d, k):
+  rng = np.random.default_rng(d + k)
+  x = jnp.asarray(rng.standard_t(2.0, size=d), jnp.float32)
+  m = np.asarray(topk_kernels.topk_mask_bisect(x, k, jax.random.PRNGKey(0)))
+  a = np.abs(np.asarray(x))
+  c = int(m.sum())
+  assert c <= k and c >= 0.99 * k
+  assert a[m].min() >= a[~m].max()          # the largest c, nothing else
+  # enough passes reach the exact top-k (distinct values)
+  exact = np.asarray(topk_kernels.topk_mask_exact(x, k))
+  full = np.asarray(jnp.abs(x) >= topk_kernels.kth_largest_threshold(jnp.abs(x), k,
+                                                                     jax.random.PRNGKey(0),
+                                                                     passes=60))
+  np.testing.assert_array_equal(full, exact)
+
+
+def test_bisect_kernel_recovers_when_the_sample_misses():
+  # the large values sit where a 16-value systematic sample of 1,000 (stride 62,
+  # start 0..8) never looks, so the sampled bracket is wrong and must be widened
+  d, k = 1000, 100
+  a = np.linspace(0.0, 0.1, d).astype(np.float32)
+  hidden = np.flatnonzero(np.isin(np.arange(d) % 62, np.arange(20, 31)))
+  a[hidden] = 1.0 + np.arange(hidden.size, dtype=np.float32)
+  t = topk_kernels.kth_largest_threshold(jnp.asarray(a), k, jax.random.PRNGKey(3), sample=16,
+                                         passes=60)
+  want = np.zeros(d, bool)
+  want[np.argsort(-a)[:k]] = True
+  np.testing.assert_array_equal(a >= float(t), want)
+  for passes in (0, 2, 6):   # never more than k, whatever the passes
+    t = topk_kernels.kth_largest_threshold(jnp.asarray(a), k, jax.random.PRNGKey(3), sample=16,
+                                           passes=passes)
+    assert int((a >= float(t)).sum()) <= k
+
+
+def test_bisect_kernel_in_the_stage_and_downlink_conserves_mass():
+  rng = np.random.default_rng(6)
+  stage = pl.topk_with_error_feedback(0.9, kernel="bisect")
+  u = rng.normal(size=D)
+  out, residual = stage.update(upload(u), stage.init(D), ctx())
+  assert 99 <= int(out.sent.sum()) <= 100
+  np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(residual),
+                                np.asarray(u, np.float32))
+  v, r = jnp.asarray(rng.normal(size=D), jnp.float32), jnp.asarray(rng.normal(size=D), jnp.float32)
+  sent, mask, new_r = pl.downlink_topk(v, r, 0.9, jax.random.PRNGKey(1), "bisect")
+  np.testing.assert_array_equal(np.asarray(sent) + np.asarray(new_r), np.asarray(v + r))
+  assert 99 <= int(mask.sum()) <= 100
+
+
+def test_aggregate_noise_variance_against_a_loop():
+  rng = np.random.default_rng(7)
+  w, std = rng.uniform(0.1, 1, size=5), rng.uniform(0.5, 2, size=5)
+  sent = rng.uniform(size=(5, 40)) < 0.3
+  want = [sum(w[i] ** 2 * std[i] ** 2 for i in range(5) if sent[i, c]) for c in range(40)]
+  np.testing.assert_allclose(pl.aggregate_noise_var(jnp.asarray(w), jnp.asarray(std),
+                                                    jnp.asarray(sent)), want, rtol=1e-5)
+  # the deferred stage records the std and leaves the values alone
+  stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0,
+                                                                       draw="aggregate"))
+  u = rng.normal(size=D)
+  out, _ = stage.update(upload(u), stage.init(D), ctx())
+  assert float(out.noise_std) == 2.0
+  np.testing.assert_array_equal(np.asarray(out.values)[np.asarray(out.sent)],
+                                np.asarray(u, np.float32)[np.asarray(out.sent)])
+
+
+@pytest.mark.parametrize("draw", ["client", "aggregate"])
+def test_kept_noise_in_the_round_has_the_closed_form_variance(draw):
+  """Both draws give the aggregate N(0, sigma^2 sum_i w_i^2 sent_ic) per coordinate,
+  with w_i = n_i / n, and nothing where no client sent (masks from numpy top-k)."""
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
+  common = dict(hidden=[64], s_local=0.5, coordinate_clip=1e3, kept_noise_draw=draw)
+  clean = toy_simulation(x, y, parts, **common)
+  noisy = toy_simulation(x, y, parts, kept_noise="multiplier", kept_noise_multiplier=1e-3,
+                         **common)
+  s0 = clean.init_state()
+  deltas = [flat(d) for d in round_zero_deltas(clean, s0)]
+  c1, _ = clean.run_rounds(s0, 1)
+  n1, _ = noisy.run_rounds(noisy.init_state(), 1)
+  noise = flat(n1.params) - flat(c1.params)
+  d = deltas[0].size
+  k = pl.keep_count(d, 0.5)
+  w = np.array([8, 9, 10, 11], float) / 38
+  var = np.zeros(d)
+  for wi, v in zip(w, deltas):
+    m = np.zeros(d, bool)
+    m[np.argsort(-np.abs(v), kind="stable")[:k]] = True
+    var += wi ** 2 * 1.0 ** 2 * m          # sigma = multiplier * clip = 1
+  assert np.all(np.abs(noise[var == 0]) < 1e-5) and (var == 0).sum() > 0
+  z2 = noise[var > 0] ** 2 / var[var > 0]
+  assert abs(z2.mean() - 1.0) < 4.5 * np.sqrt(2.0 / z2.size)
+  assert stats.kstest(noise[var > 0] / np.sqrt(var[var > 0]), "norm").pvalue > 1e-3
+
+
+def test_aggregate_noise_draw_refused_with_dp():
+  with pytest.raises(ConfigError, match="'kept_noise_draw' = 'aggregate' with dp 'local'"):
+    make_config({"algorithm": "topksdp", "kept_noise_draw": "aggregate", "dp": "local",
+                 "noise_multiplier": 1.0, "kept_noise": "multiplier", "coordinate_clip": 0.1})
