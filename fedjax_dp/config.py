@@ -76,6 +76,16 @@ class Config:
   ldp_epsilon: float | None = None
   ldp_delta: float = 1e-5
   shuffle: str = "none"
+  # aggregation and Byzantine clients
+  aggregator: str = "mean"
+  trim_fraction: float = 0.1
+  byzantine_f: int = 0
+  multi_krum_m: int = 0
+  outlier_z: float = 3.5
+  cluster_threshold: float = 0.5
+  byzantine_fraction: float = 0.0
+  byzantine_attack: str = "sign_flip"
+  byzantine_scale: float = 10.0
   server_lr: float = 1.0
   server_momentum: float = 0.9
   server_beta1: float = 0.9
@@ -124,6 +134,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "index_selection": ("topk", "random_k", "public_topk"),
     "topk_kernel": ("exact", "threshold", "bisect"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
+    "aggregator": ("mean", "median", "trimmed_mean", "krum", "multi_krum", "outlier_median",
+                   "cluster"),
+    "byzantine_attack": ("sign_flip", "scaled", "gaussian"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap"),
@@ -135,6 +148,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # key -> (low, high, low_inclusive, high_inclusive); None = unbounded
 RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "synthetic_examples": (10, None, True, True),
+    "trim_fraction": (0, 0.5, True, False),
+    "byzantine_f": (0, None, True, True),
+    "multi_krum_m": (0, None, True, True),
+    "outlier_z": (0, None, False, True),
+    "cluster_threshold": (-1, 1, True, False),
+    "byzantine_fraction": (0, 1, True, False),
+    "byzantine_scale": (0, None, True, True),
     "synthetic_features": (1, None, True, True),
     "synthetic_classes": (2, None, True, True),
     "num_clients": (1, None, True, True),
@@ -316,6 +336,23 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
       raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
                         "client budget of the paper's calibration)")
+  if cfg.aggregator != "mean" and cfg.dp == "central":
+    raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with dp 'central': the "
+                      "server noise is calibrated to a sum of clipped updates, which only "
+                      "'mean' computes (robust rules are post-processing under dp 'local')")
+  if (cfg.aggregator != "mean" or cfg.byzantine_fraction > 0) and \
+      cfg.kept_noise_draw == "aggregate":
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
+                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
+                      "honest uploads under the weighted mean have the aggregate's noise in "
+                      "closed form (use 'client' or 'auto')")
+  if cfg.aggregator != "mean" and cfg.shuffle != "none":
+    raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with shuffle "
+                      f"{cfg.shuffle!r}: the robust rules are not defined on per-layer shuffled "
+                      "tuples; use aggregator 'mean' with the shuffler")
+  if cfg.aggregator in ("krum", "multi_krum") and cfg.byzantine_f + 2 >= cfg.clients_per_round:
+    raise ConfigError(f"config key 'byzantine_f' = {cfg.byzantine_f}: Krum needs "
+                      f"byzantine_f + 2 < clients_per_round ({cfg.clients_per_round})")
   if cfg.kept_noise_draw == "aggregate" and cfg.dp != "none":
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with dp {cfg.dp!r}: the DP "
                       "clip comes after the pipeline, so the noise must be drawn per client "

@@ -232,11 +232,13 @@ def noise_clip(cfg) -> float:
 
 def kept_noise_draw(cfg) -> str:
   """'aggregate' (one draw for the weighted sum, same distribution) where the
-  aggregate is a plain weighted sum of the uploads, i.e. without central or
-  local DP (whose clipping comes after the pipeline); else 'client'."""
+  aggregate is a plain weighted sum of the uploads: the `mean` aggregator, no
+  central or local DP (whose clipping comes after the pipeline) and no
+  Byzantine clients (who send something else); else 'client'."""
   if cfg.kept_noise_draw != "auto":
     return cfg.kept_noise_draw
-  return "aggregate" if cfg.dp == "none" else "client"
+  linear = cfg.dp == "none" and cfg.aggregator == "mean" and cfg.byzantine_fraction == 0
+  return "aggregate" if linear else "client"
 
 
 def make_client_pipeline(cfg, d: int) -> ClientStage | None:

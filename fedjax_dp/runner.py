@@ -117,6 +117,17 @@ def budget_rounds(cfg: Config) -> int:
   return lo
 
 
+def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dict:
+  """metrics.jsonl keys of the robust aggregators, over the rounds since the last
+  evaluation: `flagged` uploads (outliers detected, or left out by Krum) and the
+  mean number of `clusters` per round."""
+  if cfg.aggregator in ("outlier_median", "krum", "multi_krum"):
+    return {"flagged": int(flagged)}
+  if cfg.aggregator == "cluster":
+    return {"clusters": clusters / rounds if rounds else None}
+  return {}
+
+
 def spent_epsilon(sim: Simulation, state) -> dict:
   """Epsilon spent so far by the in-round ledger, for metrics.jsonl: central DP
   gives the run's epsilon; local DP the largest client's, and how many clients
@@ -224,6 +235,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   wall0 = time.perf_counter() - meta["wall_s"]
   loss_sum, examples = meta["loss_sum"], meta["examples"]
   unclipped, clip_seen = meta.get("unclipped", 0.0), meta.get("clip_seen", 0.0)
+  flagged, clusters, agg_rounds = (meta.get("flagged", 0.0), meta.get("clusters", 0.0),
+                                   meta.get("agg_rounds", 0))
   bar = _progress(progress, cfg.rounds, start)
   r = start
   for end in chunk_ends(start, cfg, last):
@@ -233,6 +246,9 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     examples += float(np.sum(stats.examples))
     unclipped += float(np.sum(stats.unclipped))
     clip_seen += float(np.sum(stats.participants))
+    flagged += float(np.sum(stats.flagged))
+    clusters += float(np.sum(stats.clusters))
+    agg_rounds += end - r
     chunk_times.append((end - r, time.perf_counter() - t))
     bar.update(end - r)
     r = end
@@ -254,17 +270,21 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
              **({"clip_norm": float(state.clip_norm),
                  "unclipped_fraction": unclipped / clip_seen if clip_seen else None}
                 if cfg.dp != "none" else {}),
+             **aggregator_metrics(cfg, flagged, clusters, agg_rounds),
              "bytes_up": participations * comm["bytes_per_client_up"],
              "bytes_down": participations * comm["bytes_per_client_down"],
              "wall_s": round(time.perf_counter() - wall0, 4)}
       reporting.append_metrics(metrics_path, row)
       rows.append(row)
-      loss_sum = examples = unclipped = clip_seen = 0.0
+      loss_sum = examples = unclipped = clip_seen = flagged = clusters = 0.0
+      agg_rounds = 0
       bar.set_postfix(acc=f"{acc:.4f}")
     if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last or all_spent):
       ckpt.save(ckpt_dir, end, state, {"wall_s": time.perf_counter() - wall0,
                                        "loss_sum": loss_sum, "examples": examples,
-                                       "unclipped": unclipped, "clip_seen": clip_seen},
+                                       "unclipped": unclipped, "clip_seen": clip_seen,
+                                       "flagged": flagged, "clusters": clusters,
+                                       "agg_rounds": agg_rounds},
                 keep=cfg.keep_checkpoints)
     if all_spent:
       break

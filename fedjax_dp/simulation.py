@@ -32,6 +32,8 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import accounting
+from fedjax_dp import aggregation
+from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
 from fedjax_dp import mechanisms
 from fedjax_dp import objectives
@@ -52,6 +54,7 @@ PIPELINE = 5
 SHUFFLE = 6
 KEPT_NOISE = 7
 DOWNLINK = 8
+BYZANTINE = 9
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
 
 
@@ -76,6 +79,8 @@ class RoundStats(NamedTuple):
   participants: jax.Array  # int32 clients that trained this round
   unclipped: jax.Array     # int32 participants whose update norm was <= the clip norm
   spent: jax.Array         # int32 cohort draws refused because the client's budget is spent
+  flagged: jax.Array       # int32 uploads the aggregator flagged as outliers or left out
+  clusters: jax.Array      # int32 clusters the `cluster` aggregator formed (0 otherwise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +179,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
                   server_state, x, y, client_index, client_count, *, train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
-                  aggregate_noise: bool):
+                  aggregate_noise: bool, robust_aggregator: Callable | None,
+                  malicious: np.ndarray | None, attack: tuple[str, float]):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
@@ -241,6 +247,16 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
                                            privacy.update_noise_multiplier * clip_norm)
+  if malicious is not None:
+    # Byzantine participants send their attack instead of the honest upload
+    bad = jnp.asarray(malicious)[cohort_ids] & cohort_mask
+    byz_key = jax.random.fold_in(round_key, BYZANTINE)
+
+    def maybe_attack(delta, is_bad, cid):
+      flat, unravel = ravel_pytree(delta)
+      hostile = attacks.attack(flat, jax.random.fold_in(byz_key, cid), *attack)
+      return unravel(jnp.where(is_bad, hostile, flat))
+    deltas = jax.vmap(maybe_attack)(deltas, bad, cohort_ids)
   if shuffle:
     # The shuffler hands the server, per layer, the cohort's tuples in random
     # order: the server cannot link sizes to updates, so it weights uniformly.
@@ -252,7 +268,18 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
                                      jax.lax.axis_index("clients"))
     deltas = pipeline_lib.layerwise_shuffle(deltas, shuffle_key)
     weights = jnp.ones_like(mask_f)
-  delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+  flagged = clusters = jnp.zeros((), jnp.int32)
+  if robust_aggregator is not None:
+    # robust rules need every upload: all-gather the cohort and aggregate replicated
+    rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
+    everyone = lambda a: jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
+    agg, flagged, clusters = robust_aggregator(everyone(rows), everyone(cohort_mask),
+                                               everyone(weights * mask_f))
+    unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
+    # the rule's aggregate, as the `mean_delta` the server step expects below
+    delta_sum = unravel(agg)
+  else:
+    delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
   if aggregate_noise:
     # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
     # distribution (pipeline.gaussian_on_kept). The weights pair with their own
@@ -265,6 +292,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
     delta_sum = unravel(flat + noise)
   if privacy.mode == "central":
     mean_delta = delta_sum  # the server noises the sum and divides
+  elif robust_aggregator is not None:
+    mean_delta = delta_sum
   else:
     total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
                                         else mask_f, dtype=jnp.float32), "clients")
@@ -273,7 +302,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
                      unclipped=jax.lax.psum(unclipped, "clients"),
-                     spent=jnp.zeros((), jnp.int32))
+                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters)
   return mean_delta, stats, new_state, contrib_sum
 
 
@@ -319,7 +348,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy,
               client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise",
               aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
-                               and pipeline_lib.kept_noise_draw(cfg) == "aggregate")),
+                               and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
+              robust_aggregator=(None if cfg.aggregator == "mean"
+                                 else aggregation.make_aggregator(cfg)),
+              malicious=(attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction,
+                                                   cfg.seed)
+                         if cfg.byzantine_fraction > 0 else None),
+              attack=(cfg.byzantine_attack, cfg.byzantine_scale)),
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P(), P("clients"), P()))

@@ -1,0 +1,146 @@
+"""Robust aggregation of a cohort's flat updates.
+
+Every aggregator takes the cohort's updates u [m, d], a participation mask
+[m] (padded or refused slots are False and never influence the result) and
+example weights w [m], and returns the aggregate [d]. n is the number of
+participants (a traced value).
+
+  weighted_mean        sum_i w_i u_i / sum_i w_i
+  coordinate_median    per coordinate, the median of the participants' values
+                       (the mean of the two middle ones when n is even)
+  trimmed_mean(beta)   per coordinate, drop the floor(beta n) smallest and the
+                       floor(beta n) largest participant values, average the rest
+  krum(f, m_keep)      Blanchard et al. 2017: score_i = sum of the squared
+                       distances from u_i to its n - f - 2 nearest other
+                       participants; Krum returns the update of least score,
+                       Multi-Krum (m_keep > 1) the plain mean of the m_keep
+                       updates of least score
+  outlier_flags(z)     an update is an outlier when its distance to the
+                       coordinate-wise median has a robust z-score
+                       (x - median) / (1.4826 MAD) above z
+  cosine_clusters(t)   connected components of the graph "cosine similarity
+                       of two participants' updates > t"
+
+Each has a plain numpy reference in tests/test_robust_aggregation.py. Sorting
+along the client axis is what costs: XLA's CPU sort is slow, so these are for
+the robust set-ups, and FedAvg keeps its tensordot (kernels/weighted_mean.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def weighted_mean(u: jax.Array, mask: jax.Array, w: jax.Array) -> jax.Array:
+  w = jnp.where(mask, w, 0.0).astype(u.dtype)
+  return jnp.tensordot(w, u, 1) / jnp.maximum(jnp.sum(w), 1e-30)
+
+
+def _sorted_participants(u: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per coordinate, the participants' values in ascending order, then +inf: ([m, d], n)."""
+  n = jnp.sum(mask, dtype=jnp.int32)
+  return jnp.sort(jnp.where(mask[:, None], u, jnp.inf), axis=0), n
+
+
+def coordinate_median(u: jax.Array, mask: jax.Array, w: jax.Array | None = None) -> jax.Array:
+  s, n = _sorted_participants(u, mask)
+  lo = jnp.maximum((n - 1) // 2, 0)
+  hi = jnp.maximum(n // 2, 0)
+  med = 0.5 * (jnp.take(s, lo, axis=0) + jnp.take(s, hi, axis=0))
+  return jnp.where(n > 0, med, 0.0)
+
+
+def trimmed_mean(u: jax.Array, mask: jax.Array, w: jax.Array | None = None,
+                 beta: float = 0.1) -> jax.Array:
+  s, n = _sorted_participants(u, mask)
+  t = jnp.floor(beta * n).astype(jnp.int32)
+  pos = jnp.arange(u.shape[0])[:, None]
+  keep = (pos >= t) & (pos < n - t)
+  total = jnp.sum(jnp.where(keep, s, 0.0), axis=0)
+  return total / jnp.maximum(n - 2 * t, 1).astype(u.dtype)
+
+
+def pairwise_sq_distances(u: jax.Array) -> jax.Array:
+  """[m, m] squared L2 distances by the Gram matrix (one matmul), clipped at 0."""
+  sq = jnp.sum(u * u, axis=1)
+  return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * (u @ u.T), 0.0)
+
+
+def krum_scores(u: jax.Array, mask: jax.Array, f: int) -> jax.Array:
+  """[m] Krum scores (inf for non-participants): the sum of squared distances
+  to the n - f - 2 nearest other participants (at least 1)."""
+  m = u.shape[0]
+  n = jnp.sum(mask, dtype=jnp.int32)
+  d2 = pairwise_sq_distances(u)
+  others = mask[None, :] & mask[:, None] & ~jnp.eye(m, dtype=bool)
+  nearest = jnp.sort(jnp.where(others, d2, jnp.inf), axis=1)
+  count = jnp.maximum(n - f - 2, 1)
+  score = jnp.sum(jnp.where(jnp.arange(m)[None, :] < count, nearest, 0.0), axis=1)
+  return jnp.where(mask, score, jnp.inf)
+
+
+def krum(u: jax.Array, mask: jax.Array, w: jax.Array | None = None, f: int = 0,
+         m_keep: int = 1) -> jax.Array:
+  """Krum (m_keep = 1) or Multi-Krum: the plain mean of the m_keep best-scored
+  participants (fewer when fewer take part)."""
+  score = krum_scores(u, mask, f)
+  order = jnp.argsort(score)
+  n = jnp.sum(mask, dtype=jnp.int32)
+  chosen = jnp.zeros(u.shape[0], bool).at[order].set(jnp.arange(u.shape[0]) < jnp.minimum(m_keep, n))
+  return weighted_mean(u, chosen, jnp.ones(u.shape[0], u.dtype))
+
+
+def outlier_flags(u: jax.Array, mask: jax.Array, z: float = 3.5) -> jax.Array:
+  """[m] bool: participants whose distance to the coordinate-wise median has a
+  robust z-score above z (median and MAD over the participants; Iglewicz and
+  Hoaglin's 3.5 by default). A MAD of 0 flags any distance above the median."""
+  med = coordinate_median(u, mask)
+  dist = jnp.sqrt(jnp.sum(jnp.square(u - med), axis=1))
+  dist_med = coordinate_median(dist[:, None], mask)[0]
+  mad = coordinate_median(jnp.abs(dist - dist_med)[:, None], mask)[0]
+  score = (dist - dist_med) / jnp.maximum(1.4826 * mad, 1e-30)
+  return mask & (score > z)
+
+
+def median_if_outliers(u: jax.Array, mask: jax.Array, w: jax.Array, z: float = 3.5):
+  """The dynamic-DP paper's rule: the coordinate-wise median when any
+  participant is an outlier (`outlier_flags`), else the weighted mean.
+  Returns (aggregate [d], number of outliers)."""
+  flags = outlier_flags(u, mask, z)
+  any_out = jnp.any(flags)
+  agg = jnp.where(any_out, coordinate_median(u, mask), weighted_mean(u, mask, w))
+  return agg, jnp.sum(flags, dtype=jnp.int32)
+
+
+def cosine_clusters(u: jax.Array, mask: jax.Array, threshold: float) -> jax.Array:
+  """[m] int32 cluster labels: the connected components of the graph joining
+  participants whose updates have cosine similarity > threshold; a label is
+  the smallest slot index in its component, non-participants get m."""
+  m = u.shape[0]
+  norm = jnp.sqrt(jnp.sum(u * u, axis=1))
+  cos = (u @ u.T) / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
+  adj = (cos > threshold) & mask[:, None] & mask[None, :]
+  adj = adj | (jnp.eye(m, dtype=bool) & mask[:, None])
+  labels = jnp.where(mask, jnp.arange(m), m)
+
+  def spread(_, lab):  # each node takes the smallest label among its neighbours
+    return jnp.min(jnp.where(adj, lab[None, :], m), axis=1)
+
+  # m rounds of min-label propagation reach every node of a component
+  return jax.lax.fori_loop(0, m, spread, labels)
+
+
+def clustered_mean(u: jax.Array, mask: jax.Array, w: jax.Array, threshold: float):
+  """Aggregates within clusters (`cosine_clusters`, weighted means), then across
+  them with one vote per cluster: (aggregate [d], number of clusters)."""
+  m = u.shape[0]
+  labels = cosine_clusters(u, mask, threshold)
+  member = (labels[None, :] == jnp.arange(m)[:, None]) & mask[None, :]     # [cluster, client]
+  wm = jnp.where(member, w[None, :], 0.0).astype(u.dtype)
+  size = jnp.sum(wm, axis=1)
+  means = (wm @ u) / jnp.maximum(size, 1e-30)[:, None]                  # [cluster, d]
+  present = jnp.any(member, axis=1)
+  k = jnp.sum(present, dtype=jnp.int32)
+  agg = jnp.sum(jnp.where(present[:, None], means, 0.0), axis=0) / jnp.maximum(k, 1)
+  return agg, k

@@ -1,0 +1,178 @@
+"""Robust aggregators against plain numpy references, Byzantine clients in the
+round, and the aggregator options end to end."""
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.kernels import robust_aggregation as ra
+from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
+
+
+def cohort(m=9, d=13, seed=0, absent=(2, 7)):
+  rng = np.random.default_rng(seed)
+  u = rng.normal(size=(m, d)).astype(np.float32)
+  mask = np.ones(m, bool)
+  mask[list(absent)] = False
+  u[~mask] = 1e6          # absent slots hold garbage that must never matter
+  w = rng.uniform(1, 5, size=m).astype(np.float32)
+  return u, mask, w
+
+
+def np_krum_scores(u, f):
+  n = len(u)
+  out = []
+  for i in range(n):
+    d = sorted(float(np.sum((u[i] - u[j]) ** 2)) for j in range(n) if j != i)
+    out.append(sum(d[:max(n - f - 2, 1)]))
+  return np.array(out)
+
+
+@pytest.mark.parametrize("absent", [(), (2, 7), (0, 1, 2)])
+def test_coordinatewise_rules_against_numpy(absent):
+  u, mask, w = cohort(absent=absent)
+  p = u[mask]
+  np.testing.assert_allclose(ra.weighted_mean(u, mask, w),
+                             (w[mask, None] * p).sum(0) / w[mask].sum(), rtol=1e-5)
+  np.testing.assert_allclose(ra.coordinate_median(u, mask), np.median(p, axis=0), rtol=1e-6)
+  for beta in (0.0, 0.1, 0.25, 0.4):
+    t = int(np.floor(beta * len(p)))
+    want = np.sort(p, axis=0)[t:len(p) - t].mean(0)
+    np.testing.assert_allclose(ra.trimmed_mean(u, mask, beta=beta), want, rtol=1e-5, atol=1e-6)
+
+
+def test_krum_and_multi_krum_against_numpy():
+  u, mask, _ = cohort(m=10, absent=(4,))
+  p, idx = u[mask], np.flatnonzero(mask)
+  for f in (0, 1, 3):
+    want = np_krum_scores(p, f)
+    got = np.asarray(ra.krum_scores(u, mask, f))
+    np.testing.assert_allclose(got[mask], want, rtol=1e-4)
+    assert np.all(np.isinf(got[~mask]))
+    np.testing.assert_allclose(ra.krum(u, mask, f=f), p[np.argmin(want)], rtol=1e-6)
+    best3 = np.argsort(want)[:3]
+    np.testing.assert_allclose(ra.krum(u, mask, f=f, m_keep=3), p[best3].mean(0), rtol=1e-5)
+
+
+def test_outlier_rule_switches_to_the_median():
+  u, mask, w = cohort(m=12, d=20, absent=(5,))
+  agg, flagged = ra.median_if_outliers(u, mask, w)
+  assert int(flagged) == 0     # Gaussian updates: no outlier, the weighted mean
+  np.testing.assert_allclose(agg, ra.weighted_mean(u, mask, w), rtol=1e-6)
+  u2 = u.copy()
+  u2[3] *= 50.0                # one update far from the others
+  flags = np.asarray(ra.outlier_flags(u2, mask))
+  # reference: robust z of the distance to the coordinate-wise median
+  p = u2[mask]
+  dist = np.linalg.norm(p - np.median(p, 0), axis=1)
+  z = (dist - np.median(dist)) / (1.4826 * np.median(np.abs(dist - np.median(dist))))
+  np.testing.assert_array_equal(flags[mask], z > 3.5)
+  assert flags[3] and flags.sum() == 1
+  agg, flagged = ra.median_if_outliers(u2, mask, w)
+  assert int(flagged) == 1
+  np.testing.assert_allclose(agg, np.median(p, axis=0), rtol=1e-6)
+
+
+def np_components(u, threshold):
+  n = len(u)
+  un = u / np.linalg.norm(u, axis=1, keepdims=True)
+  adj = un @ un.T > threshold
+  labels = list(range(n))
+  for _ in range(n):
+    for i, j in itertools.product(range(n), range(n)):
+      if adj[i, j]:
+        labels[i] = labels[j] = min(labels[i], labels[j])
+  return np.array(labels)
+
+
+def test_cosine_clusters_and_clustered_mean_against_numpy():
+  rng = np.random.default_rng(3)
+  centers = rng.normal(size=(3, 30))
+  which = np.array([0, 1, 0, 2, 1, 0, 2, 2])
+  u = (centers[which] + 0.05 * rng.normal(size=(8, 30))).astype(np.float32)
+  mask = np.ones(9, bool)
+  mask[8] = False
+  u = np.concatenate([u, np.full((1, 30), 1e6, np.float32)])
+  w = rng.uniform(1, 3, size=9).astype(np.float32)
+  labels = np.asarray(ra.cosine_clusters(u, mask, 0.9))
+  np.testing.assert_array_equal(labels[:8], np_components(u[:8], 0.9))
+  assert labels[8] == 9 and len(set(labels[:8])) == 3
+  agg, k = ra.clustered_mean(u, mask, w, 0.9)
+  want = np.mean([np.average(u[:8][labels[:8] == c], axis=0, weights=w[:8][labels[:8] == c])
+                  for c in sorted(set(labels[:8]))], axis=0)
+  assert int(k) == 3
+  np.testing.assert_allclose(agg, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
+                                        "outlier_median", "cluster"])
+def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
+  """One round on 2 devices equals the numpy rule applied to the per-client deltas."""
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12))
+  sim = toy_simulation(x, y, parts, hidden=[6], devices=2, aggregator=aggregator,
+                       trim_fraction=0.2, byzantine_f=1, cluster_threshold=0.3)
+  s0 = sim.init_state()
+  deltas = np.stack([flat(d) for d in round_zero_deltas(sim, s0)])
+  p0 = flat(s0.params)
+  s1, stats = sim.run_rounds(s0, 1)
+  n = np.array([len(p) for p in parts], float)
+  if aggregator == "median":
+    want = np.median(deltas, 0)
+  elif aggregator == "trimmed_mean":
+    want = np.sort(deltas, 0)[1:5].mean(0)
+  elif aggregator == "krum":
+    want = deltas[np.argmin(np_krum_scores(deltas, 1))]
+  elif aggregator == "multi_krum":
+    want = deltas[np.argsort(np_krum_scores(deltas, 1))[:5]].mean(0)
+  elif aggregator == "outlier_median":
+    want = (n[:, None] * deltas).sum(0) / n.sum() if int(stats.flagged[0]) == 0 \
+        else np.median(deltas, 0)
+  else:
+    labels = np_components(deltas, 0.3)
+    want = np.mean([np.average(deltas[labels == c], axis=0, weights=n[labels == c])
+                    for c in sorted(set(labels))], axis=0)
+    assert int(stats.clusters[0]) == len(set(labels))
+  np.testing.assert_allclose(flat(s1.params) - p0, want, rtol=1e-4, atol=1e-6)
+
+
+def test_byzantine_clients_send_their_attack_and_robust_rules_resist():
+  from fedjax_dp import attacks
+  bad = attacks.malicious_clients(10, 0.2, seed=0)
+  assert bad.sum() == 2
+  np.testing.assert_array_equal(bad, attacks.malicious_clients(10, 0.2, seed=0))
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
+  common = dict(hidden=[6], byzantine_fraction=0.2, byzantine_attack="sign_flip",
+                byzantine_scale=100.0)
+  mean_sim = toy_simulation(x, y, parts, **common)
+  s0 = mean_sim.init_state()
+  deltas = np.stack([flat(d) for d in round_zero_deltas(mean_sim, s0)])
+  p0 = flat(s0.params)
+  honest = np.where(bad[:, None], -100.0 * deltas, deltas)
+  n = np.array([len(p) for p in parts], float)
+  s1, _ = mean_sim.run_rounds(s0, 1)
+  np.testing.assert_allclose(flat(s1.params) - p0, (n[:, None] * honest).sum(0) / n.sum(),
+                             rtol=1e-4, atol=1e-6)
+  med_sim = toy_simulation(x, y, parts, aggregator="median", **common)
+  s1, _ = med_sim.run_rounds(med_sim.init_state(), 1)
+  got = flat(s1.params) - p0
+  np.testing.assert_allclose(got, np.median(honest, 0), rtol=1e-4, atol=1e-6)
+  # the median stays within the honest updates' range; the mean does not
+  assert np.all(got <= deltas[~bad].max(0) + 1e-6) and np.all(got >= deltas[~bad].min(0) - 1e-6)
+
+
+def test_aggregator_config_errors():
+  with pytest.raises(ConfigError, match="'aggregator' = 'median' with dp 'central'"):
+    make_config({"aggregator": "median", "dp": "central", "noise_multiplier": 1.0})
+  with pytest.raises(ConfigError, match="'aggregator' = 'krum' with shuffle"):
+    make_config({"aggregator": "krum", "shuffle": "layerwise"})
+  with pytest.raises(ConfigError, match="'byzantine_f' = 8: Krum needs"):
+    make_config({"aggregator": "krum", "byzantine_f": 8, "clients_per_round": 10})
+  with pytest.raises(ConfigError, match="'trim_fraction' = 0.5"):
+    make_config({"trim_fraction": 0.5})
+  with pytest.raises(ConfigError, match="'aggregator' = 'mode'"):
+    make_config({"aggregator": "mode"})
+  # with local DP the rules are post-processing of noised uploads: allowed
+  make_config({"aggregator": "median", "dp": "local", "noise_multiplier": 1.0})
