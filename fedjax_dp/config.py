@@ -26,10 +26,12 @@ class Config:
   dataset: str = "digits"
   data_dir: str | None = None
   csv_path: str | None = None
+  tier_map_path: str | None = None
   label_column: str = "label"
   synthetic_examples: int = 10000
   synthetic_features: int = 32
   synthetic_classes: int = 10
+  healthcare_examples: int = 5000
   # federation
   num_clients: int = 20
   clients_per_round: int = 10
@@ -124,7 +126,8 @@ class Config:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic"),
+    "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
+                "breast_cancer"),
     "sampling": ("fixed", "poisson"),
     "partition": ("iid", "dirichlet", "shards", "quantity"),
     "model": ("mlp", "cnn"),
@@ -148,6 +151,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # key -> (low, high, low_inclusive, high_inclusive); None = unbounded
 RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "synthetic_examples": (10, None, True, True),
+    "healthcare_examples": (10, None, True, True),
     "trim_fraction": (0, 0.5, True, False),
     "byzantine_f": (0, None, True, True),
     "multi_krum_m": (0, None, True, True),
@@ -207,7 +211,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_OPTIONAL = {"data_dir": str, "csv_path": str, "max_cohort": int, "noise_multiplier": float,
+_OPTIONAL = {"data_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
              "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
              "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float}
 

@@ -31,13 +31,19 @@ class Dataset:
   y_test: np.ndarray
   num_classes: int
   source: str          # the folder or file it was read from, or how it was made
+  # tabular data: column names, known sensitivity tiers (indices into
+  # tabular.TIERS; None when unknown) and which columns are sensitive attributes
+  feature_names: tuple[str, ...] = ()
+  feature_tiers: np.ndarray | None = None
+  sensitive: np.ndarray | None = None
 
   @property
   def input_shape(self) -> tuple[int, ...]:
     return tuple(self.x_train.shape[1:])
 
 
-DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic")
+DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
+            "breast_cancer")
 
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
@@ -104,6 +110,10 @@ def find_dataset(name: str, data_dir: str | None = None) -> tuple[bool, str]:
     return True, "scikit-learn (shipped)"
   if name == "synthetic":
     return True, "generated on demand (any size)"
+  if name == "healthcare":
+    return True, "generated on demand: 847 features in 4 groups with known tiers"
+  if name == "breast_cancer":
+    return True, "scikit-learn (shipped)"
   if name == "csv":
     return True, "any CSV file: --set dataset=csv --set csv_path=FILE"
   if name in ("mnist", "fmnist"):
@@ -238,7 +248,7 @@ def _load_digits(seed: int) -> Dataset:
 
 
 def _load_csv(path: str | None, label_column: str = "label", test_fraction: float = 0.2,
-              seed: int = 0) -> Dataset:
+              seed: int = 0, tier_map: str | None = None) -> Dataset:
   if not path:
     raise DataError("dataset 'csv' needs csv_path")
   if not os.path.isfile(path):
@@ -277,7 +287,36 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
   y = np.array([lookup[v] for v in labels], np.int32)
   tr, te = _split(len(y), test_fraction, seed)
   xtr, xte = _standardize(x[tr], x[te])
-  return Dataset("csv", xtr, y[tr], xte, y[te], max(len(classes), 2), path)
+  names = tuple(header[i] for i in feats)
+  tiers = None
+  if tier_map:
+    from fedjax_dp.tabular import TierMapError, read_tier_map
+    try:
+      tiers = read_tier_map(tier_map, list(names))
+    except TierMapError as e:
+      raise DataError(str(e))
+  return Dataset("csv", xtr, y[tr], xte, y[te], max(len(classes), 2), path,
+                 feature_names=names, feature_tiers=tiers)
+
+
+def _load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
+  from fedjax_dp.tabular import healthcare_data
+  if num_examples < 10:
+    raise DataError(f"healthcare: num_examples={num_examples}; expected >= 10")
+  x, y, tiers, names, sensitive = healthcare_data(num_examples, seed)
+  tr, te = _split(len(y), 0.2, seed)
+  xtr, xte = _standardize(x[tr], x[te])
+  return Dataset("healthcare", xtr, y[tr], xte, y[te], 3, f"generated (seed {seed})",
+                 feature_names=tuple(names), feature_tiers=tiers, sensitive=sensitive)
+
+
+def _load_breast_cancer(seed: int = 0) -> Dataset:
+  from fedjax_dp.tabular import breast_cancer_data
+  x, y, names = breast_cancer_data()
+  tr, te = _split(len(y), 0.2, seed)
+  xtr, xte = _standardize(x[tr], x[te])
+  return Dataset("breast_cancer", xtr, y[tr], xte, y[te], 2, "scikit-learn load_breast_cancer",
+                 feature_names=tuple(names))
 
 
 def _load_synthetic(num_examples: int = 10000, num_features: int = 32, num_classes: int = 10,
@@ -299,8 +338,8 @@ def _load_synthetic(num_examples: int = 10000, num_features: int = 32, num_class
 
 
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **options) -> Dataset:
-  """Loads a dataset by name; options: csv (path, label_column, test_fraction), synthetic
-  (num_examples, num_features, num_classes)."""
+  """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
+  synthetic (num_examples, num_features, num_classes), healthcare (num_examples)."""
   if name == "digits":
     return _load_digits(seed)
   if name in ("mnist", "fmnist"):
@@ -311,4 +350,8 @@ def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **opt
     return _load_csv(seed=seed, **options)
   if name == "synthetic":
     return _load_synthetic(seed=seed, **options)
+  if name == "healthcare":
+    return _load_healthcare(seed=seed, **options)
+  if name == "breast_cancer":
+    return _load_breast_cancer(seed)
   raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")

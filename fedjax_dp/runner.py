@@ -47,10 +47,12 @@ RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
 def load_data(cfg: Config) -> Dataset:
   options: dict[str, Any] = {}
   if cfg.dataset == "csv":
-    options = dict(path=cfg.csv_path, label_column=cfg.label_column)
+    options = dict(path=cfg.csv_path, label_column=cfg.label_column, tier_map=cfg.tier_map_path)
   elif cfg.dataset == "synthetic":
     options = dict(num_examples=cfg.synthetic_examples, num_features=cfg.synthetic_features,
                    num_classes=cfg.synthetic_classes)
+  elif cfg.dataset == "healthcare":
+    options = dict(num_examples=cfg.healthcare_examples)
   return load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, **options)
 
 

@@ -1,0 +1,128 @@
+"""Tabular data with sensitivity tiers (the dynamic-DP paper's setting).
+
+Tiers, most to least sensitive: high, medium, low, public, metadata (TIERS;
+a feature's tier is its index in TIERS). Three sources:
+
+* `healthcare_data`: a synthetic healthcare cohort with the paper's feature
+  groups and known tiers (the paper's ADNI/EHR data cannot be had):
+    genotype      305 features, minor-allele counts in {0, 1, 2}     high
+    clinical      178 clinical scores (bounded, rounded test scores)  medium
+    demographics   42 features of mixed tiers: 10 high (e.g. ethnicity),
+                   12 medium, 10 low, 6 public, 4 metadata (site, visit)
+    imaging       322 continuous imaging measures (log-normal volumes) low
+  847 features, 3 classes (e.g. healthy / mild / severe) whose logits depend
+  on 20 risk alleles, 30 clinical scores, 40 imaging measures and age, so
+  every group carries signal. `sensitive` marks the demographic columns that
+  are sensitive attributes (the analyzer correlates features with them).
+* `breast_cancer_data`: scikit-learn's shipped breast-cancer set (569 x 30, 2
+  classes); its tiers are not known (None).
+* `read_tier_map`: a tier map for CSV input, either a CSV file with columns
+  `feature,tier` or a JSON object {feature: tier}; every feature must be
+  mapped, and unknown names or tiers are one-line errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+
+TIERS = ("high", "medium", "low", "public", "metadata")
+HIGH, MEDIUM, LOW, PUBLIC, METADATA = range(5)
+
+DEMOGRAPHIC_TIERS = [HIGH] * 10 + [MEDIUM] * 12 + [LOW] * 10 + [PUBLIC] * 6 + [METADATA] * 4
+GROUPS = (("genotype", 305), ("clinical", 178), ("demographics", 42), ("imaging", 322))
+
+
+class TierMapError(ValueError):
+  """A missing or bad tier map; one line."""
+
+
+def healthcare_data(num_examples: int = 5000, seed: int = 0):
+  """(x float32 [n, 847] raw (unstandardized), y int32 [n], tiers int32 [847],
+  names list[str], sensitive bool [847])."""
+  rng = np.random.default_rng([seed, 847])
+  n = num_examples
+  maf = rng.uniform(0.05, 0.5, size=305)                       # minor-allele frequencies
+  geno = rng.binomial(2, maf, size=(n, 305)).astype(np.float64)
+  latent = rng.normal(size=(n, 4))                              # shared disease factors
+  load = rng.normal(size=(4, 178)) * 0.6
+  clinical = np.clip(np.round(20 + 5 * (latent @ load + rng.normal(size=(n, 178)))), 0, 40)
+  age = rng.uniform(50, 90, size=n)
+  demo = rng.normal(size=(n, 42))
+  demo[:, 0] = rng.integers(0, 5, size=n)                      # ethnicity (categorical code)
+  demo[:, 1] = rng.integers(0, 2, size=n)                      # sex
+  demo[:, 10] = age
+  demo[:, 38:42] = rng.integers(0, 12, size=(n, 4))            # site, visit, ...: metadata
+  img_load = rng.normal(size=(4, 322)) * 0.3
+  imaging = np.exp(0.5 * (latent @ img_load) + 0.3 * rng.normal(size=(n, 322)) - 0.01 * (age[:, None] - 70))
+  # class logits from several groups: risk alleles, clinical scores, imaging, age
+  w_geno = np.zeros((305, 3))
+  w_geno[rng.choice(305, 20, replace=False)] = rng.normal(size=(20, 3)) * 1.5
+  w_clin = np.zeros((178, 3))
+  w_clin[rng.choice(178, 30, replace=False)] = rng.normal(size=(30, 3)) * 0.08
+  w_img = np.zeros((322, 3))
+  w_img[rng.choice(322, 40, replace=False)] = rng.normal(size=(40, 3)) * 0.8
+  logits = ((geno - 2 * maf) @ w_geno + (clinical - 20) @ w_clin + np.log(imaging) @ w_img
+            + np.outer((age - 70) / 10, [-0.5, 0.0, 0.5]))
+  logits += rng.gumbel(size=logits.shape) * 0.5
+  y = np.argmax(logits, axis=1).astype(np.int32)
+  x = np.concatenate([geno, clinical, demo, imaging], axis=1).astype(np.float32)
+  tiers = np.array([HIGH] * 305 + [MEDIUM] * 178 + DEMOGRAPHIC_TIERS + [LOW] * 322, np.int32)
+  demo_names = [f"demo_{j}" for j in range(42)]
+  demo_names[0], demo_names[1], demo_names[10] = "demo_ethnicity", "demo_sex", "demo_age"
+  demo_names[38:42] = ["meta_site", "meta_visit", "meta_scanner", "meta_batch"]
+  names = ([f"snp_{i}" for i in range(305)] + [f"clinical_{i}" for i in range(178)]
+           + demo_names + [f"imaging_{i}" for i in range(322)])
+  sensitive = np.zeros(847, bool)
+  sensitive[[483, 484, 493]] = True
+  return x, y, tiers, names, sensitive
+
+
+def breast_cancer_data():
+  """(x float32 [569, 30], y int32 [569], feature names): scikit-learn, shipped."""
+  from sklearn.datasets import load_breast_cancer
+  d = load_breast_cancer()
+  return d.data.astype(np.float32), d.target.astype(np.int32), list(d.feature_names)
+
+
+def read_tier_map(path: str, features: list[str]) -> np.ndarray:
+  """int32 [len(features)] tiers from a `feature,tier` CSV or a JSON object."""
+  if not os.path.isfile(path):
+    raise TierMapError(f"{path}: no such tier map file")
+  with open(path) as f:
+    text = f.read()
+  if path.endswith(".json"):
+    try:
+      mapping = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise TierMapError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})")
+    if not isinstance(mapping, dict):
+      raise TierMapError(f"{path}: expected a JSON object {{feature: tier}}")
+  else:
+    rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
+    if rows and [c.strip().lower() for c in rows[0]] == ["feature", "tier"]:
+      rows = rows[1:]
+    mapping = {}
+    for i, r in enumerate(rows):
+      if len(r) != 2:
+        raise TierMapError(f"{path}: row {i + 1} has {len(r)} fields, expected feature,tier")
+      mapping[r[0].strip()] = r[1].strip()
+  unknown = [k for k in mapping if k not in features]
+  if unknown:
+    raise TierMapError(f"{path}: feature {unknown[0]!r} is not a column of the data "
+                       f"(columns: {', '.join(features[:8])}{', ...' if len(features) > 8 else ''})")
+  missing = [f for f in features if f not in mapping]
+  if missing:
+    raise TierMapError(f"{path}: feature {missing[0]!r} has no tier ({len(missing)} unmapped); "
+                       f"map every feature to one of {', '.join(TIERS)}")
+  out = np.empty(len(features), np.int32)
+  for i, f in enumerate(features):
+    tier = str(mapping[f]).strip().lower()
+    if tier not in TIERS:
+      raise TierMapError(f"{path}: feature {f!r} has tier {mapping[f]!r}; allowed are "
+                         f"{', '.join(TIERS)}")
+    out[i] = TIERS.index(tier)
+  return out

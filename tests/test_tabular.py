@@ -1,0 +1,79 @@
+"""Tabular data with sensitivity tiers: the synthetic healthcare cohort, the shipped
+breast-cancer set, and CSV input with a tier map."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_dp import tabular
+from fedjax_dp.data import DataError, load_dataset
+
+
+def test_healthcare_groups_tiers_and_signal():
+  x, y, tiers, names, sensitive = tabular.healthcare_data(3000, seed=1)
+  assert x.shape == (3000, 847) and len(names) == 847 and len(set(names)) == 847
+  # the groups of SPEC B.7 and the demographic mix, counted by hand
+  assert np.bincount(tiers, minlength=5).tolist() == [305 + 10, 178 + 12, 322 + 10, 6, 4]
+  assert set(np.unique(x[:, :305])) <= {0.0, 1.0, 2.0}            # genotypes
+  assert x[:, 305:483].min() >= 0 and x[:, 305:483].max() <= 40   # bounded scores
+  assert np.all(x[:, 525:] > 0)                                    # log-normal imaging
+  assert [names[i] for i in np.flatnonzero(sensitive)] == ["demo_ethnicity", "demo_sex",
+                                                            "demo_age"]
+  assert np.all(np.bincount(y) > 600)
+  # labels depend on several groups: each group alone predicts well above the
+  # majority class
+  from sklearn.linear_model import LogisticRegression
+  majority = np.bincount(y[2000:]).max() / 1000
+  for lo, hi in [(0, 305), (305, 483), (525, 847)]:
+    xs = (x[:, lo:hi] - x[:2000, lo:hi].mean(0)) / (x[:2000, lo:hi].std(0) + 1e-9)
+    model = LogisticRegression(C=0.05, max_iter=500).fit(xs[:2000], y[:2000])
+    assert model.score(xs[2000:], y[2000:]) > majority + 0.05, lo
+  np.testing.assert_array_equal(tabular.healthcare_data(50, seed=1)[0],
+                                tabular.healthcare_data(50, seed=1)[0])
+
+
+def test_loaders_carry_tiers():
+  ds = load_dataset("healthcare", seed=0, num_examples=500)
+  assert ds.x_train.shape == (400, 847) and ds.num_classes == 3
+  assert ds.feature_tiers.shape == (847,) and ds.sensitive.sum() == 3
+  bc = load_dataset("breast_cancer")
+  assert bc.x_train.shape[1] == 30 and bc.num_classes == 2 and bc.feature_tiers is None
+  assert len(bc.feature_names) == 30
+
+
+def write_csv(path, header, rows):
+  path.write_text("\n".join([",".join(header)] + [",".join(map(str, r)) for r in rows]) + "\n")
+
+
+def test_csv_with_a_tier_map(tmp_path):
+  data = tmp_path / "d.csv"
+  write_csv(data, ["age", "snp", "site", "label"], [[60 + i, i % 3, i % 2, i % 2] for i in range(20)])
+  tmap = tmp_path / "tiers.csv"
+  tmap.write_text("feature,tier\nage,medium\nsnp,HIGH\nsite,metadata\n")
+  ds = load_dataset("csv", path=str(data), tier_map=str(tmap))
+  assert ds.feature_names == ("age", "snp", "site")
+  np.testing.assert_array_equal(ds.feature_tiers, [tabular.MEDIUM, tabular.HIGH, tabular.METADATA])
+  jmap = tmp_path / "tiers.json"
+  jmap.write_text(json.dumps({"age": "low", "snp": "high", "site": "public"}))
+  ds = load_dataset("csv", path=str(data), tier_map=str(jmap))
+  np.testing.assert_array_equal(ds.feature_tiers, [tabular.LOW, tabular.HIGH, tabular.PUBLIC])
+
+
+@pytest.mark.parametrize("text,name,message", [
+    ("age,medium\nsnp,high\n", "t.csv", "feature 'site' has no tier"),
+    ("age,medium\nsnp,high\nsite,secret\n", "t.csv", "tier 'secret'; allowed are high"),
+    ("age,medium\nsnp,high\nsite,low\nweight,low\n", "t.csv", "'weight' is not a column"),
+    ("age,medium,x\n", "t.csv", "row 1 has 3 fields"),
+    ("{not json", "t.json", "not valid JSON"),
+])
+def test_bad_tier_maps_are_one_line_errors(tmp_path, text, name, message):
+  data = tmp_path / "d.csv"
+  write_csv(data, ["age", "snp", "site", "label"], [[1, 2, 3, 0], [2, 1, 0, 1]])
+  tmap = tmp_path / name
+  tmap.write_text(text)
+  with pytest.raises(DataError, match=message) as e:
+    load_dataset("csv", path=str(data), tier_map=str(tmap))
+  assert "\n" not in str(e.value)
+  with pytest.raises(DataError, match="no such tier map"):
+    load_dataset("csv", path=str(data), tier_map=str(tmp_path / "missing.csv"))
