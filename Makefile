@@ -39,10 +39,10 @@ demo: $(VENV)/.installed-base
 	$(VENV)/bin/fedjax-dp run --config experiments/demo.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(VENV)/.installed-dev fmnist-data
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-slow: $(VENV)/.installed-dev fmnist-data
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -n 2 -m slow
 
 bench: $(VENV)/.installed-bench fmnist-data
 	$(PY) benchmarks/fedavg_round.py

@@ -101,6 +101,8 @@ class Config:
   delta: float = 1e-5
   accountant: str = "rdp"
   clip_parts: str = "flat"
+  rest_tier: str = "medium"
+  tier_noise_multipliers: tuple[float, ...] = (2.0, 1.0, 0.5, 0.25, 0.1)
   adaptive_clipping: bool = False
   target_quantile: float = 0.5
   clip_lr: float = 0.2
@@ -119,6 +121,7 @@ class Config:
   def to_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d["hidden"] = list(self.hidden)
+    d["tier_noise_multipliers"] = list(self.tier_noise_multipliers)
     return d
 
   def to_json(self) -> str:
@@ -144,7 +147,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap"),
     "dp": ("none", "central", "local"),
-    "clip_parts": ("flat", "per_layer"),
+    "clip_parts": ("flat", "per_layer", "tiers"),
+    "rest_tier": ("high", "medium", "low", "public", "metadata"),
     "accountant": ("rdp", "pld"),
 }
 
@@ -246,6 +250,17 @@ def _coerce(key: str, value: Any) -> Any:
       raise ConfigError(
           f"config key 'hidden' = {value!r}: expected a non-empty list of sizes >= 1")
     return sizes
+  if key == "tier_noise_multipliers":
+    if isinstance(value, str):
+      value = [v for v in value.strip("[]").replace(",", " ").split() if v]
+    try:
+      mults = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+      mults = ()
+    if len(mults) != 5 or any(not (m > 0 and math.isfinite(m)) for m in mults):
+      raise ConfigError(f"config key 'tier_noise_multipliers' = {value!r}: expected 5 positive "
+                        "numbers, for the tiers high, medium, low, public, metadata")
+    return mults
   if value is None:
     if key in _OPTIONAL:
       return None
@@ -319,6 +334,9 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.dp == "local" and cfg.noise_multiplier is None:
     raise ConfigError("dp 'local' needs noise_multiplier (target_epsilon, if given, caps each "
                       "client's own ledger)")
+  if cfg.clip_parts == "tiers" and cfg.dp != "none" and cfg.noise_multiplier is None:
+    raise ConfigError("config key 'clip_parts' = 'tiers': needs noise_multiplier (the base z; "
+                      "calibrating it to target_epsilon is not supported with tiers yet)")
   if cfg.adaptive_clipping and cfg.dp != "central":
     raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
                       f"{cfg.dp!r})")
@@ -384,6 +402,7 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
           f"unknown config key '{key}' (allowed: {', '.join(sorted(_FIELDS))})")
     values[key] = _coerce(key, value)
   values["hidden"] = tuple(values["hidden"])
+  values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   cfg = Config(**values)
   _check(cfg, raw)
   return cfg

@@ -30,10 +30,13 @@ from fedjax_dp.kernels import clipping, gaussian_noise
 
 
 class ClipLayout(NamedTuple):
-  """How an update is split for clipping; static (hashable)."""
-  part_of_leaf: tuple[int, ...]  # part index of each leaf, in jax.tree.leaves order
+  """How an update is split for clipping and noise; static (hashable)."""
+  part_of_leaf: tuple            # part of each leaf, in jax.tree.leaves order: an int,
+                                 # or a tuple with a part per row (first axis)
   fractions: tuple[float, ...]   # C_p / C per part; their squares sum to 1
   names: tuple[str, ...]         # a name per part, for reports
+  noise_scales: tuple[float, ...] | None = None  # part p's noise std is z C scale_p
+                                                 # (None: isotropic, all 1)
 
 
 def clip_layout(params, scheme: str) -> ClipLayout:
@@ -59,6 +62,55 @@ def clip_layout(params, scheme: str) -> ClipLayout:
   return ClipLayout(tuple(part_of_leaf), fractions, tuple(names))
 
 
+def tier_layout(params, feature_tiers, rest_tier: int, multipliers) -> ClipLayout:
+  """Sensitivity tiers as clip parts: row f of the first layer's kernel (the
+  weights of input feature f) takes feature f's tier, every other parameter
+  `rest_tier`. Part t (one per tier present) is clipped to C_t = C sqrt(d_t / d)
+  and noised with std z C multipliers[t]: as a Gaussian it has multiplier
+  z_t = z multipliers[t] / sqrt(d_t / d), and the tiers compose (RDP adds; one
+  Gaussian of multiplier (sum_t z_t^-2)^(-1/2), `part_noise_multipliers`)."""
+  from fedjax_dp.tabular import TIERS
+  paths_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  feature_tiers = np.asarray(feature_tiers, np.int32)
+  first = [i for i, (path, leaf) in enumerate(paths_leaves)
+           if len(leaf.shape) == 2 and leaf.shape[0] == feature_tiers.shape[0]]
+  if not first:
+    raise ValueError(f"no parameter has {feature_tiers.shape[0]} rows (one per feature): "
+                     "sensitivity tiers need an MLP on tabular data")
+  first_kernel = first[0]
+  present = sorted(set(feature_tiers.tolist()) | {rest_tier})
+  index = {t: j for j, t in enumerate(present)}
+  part_of_leaf, sizes = [], [0] * len(present)
+  for i, (path, leaf) in enumerate(paths_leaves):
+    if i == first_kernel:
+      rows = tuple(index[int(t)] for t in feature_tiers)
+      part_of_leaf.append(rows)
+      for r in rows:
+        sizes[r] += int(np.prod(leaf.shape[1:]))
+    else:
+      part_of_leaf.append(index[rest_tier])
+      sizes[index[rest_tier]] += int(np.prod(leaf.shape))
+  total = sum(sizes)
+  return ClipLayout(tuple(part_of_leaf), tuple(math.sqrt(n / total) for n in sizes),
+                    tuple(TIERS[t] for t in present),
+                    tuple(float(multipliers[t]) for t in present))
+
+
+def noise_std_per_leaf(layout: ClipLayout, std) -> list:
+  """The noise std of every leaf, for kernels/gaussian_noise: `std` times the
+  part's noise scale (a scalar, or [rows, 1, ...] for a leaf split by rows)."""
+  if layout.noise_scales is None:
+    return [std] * len(layout.part_of_leaf)
+  scales = jnp.asarray(layout.noise_scales, jnp.float32)
+  out = []
+  for p in layout.part_of_leaf:
+    if isinstance(p, tuple):
+      out.append(std * scales[jnp.asarray(p, jnp.int32)][:, None])
+    else:
+      out.append(std * scales[p])
+  return out
+
+
 def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
   """(clipped update, L2 norm before clipping) for one client's update."""
   if len(layout.fractions) == 1:
@@ -68,18 +120,23 @@ def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
   return clipped, jnp.sqrt(jnp.sum(jnp.square(norms)))
 
 
-def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std):
-  """Local DP: adds N(0, std^2 I) to each client's update, from the client's own
-  stream fold_in(noise_key, client id). updates: pytree of [clients, ...];
+def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std,
+                     layout: ClipLayout | None = None):
+  """Local DP: adds N(0, std^2 I) to each client's update (std scaled per part
+  under a layout with noise scales), from the client's own stream
+  fold_in(noise_key, client id). updates: pytree of [clients, ...];
   client_ids: [clients]. `noise_key` is the round's local-noise key, so no
   stream repeats across clients or rounds."""
-  return jax.vmap(lambda u, c: gaussian_noise.add_gaussian_noise(
-      u, jax.random.fold_in(noise_key, c), std))(updates, client_ids)
+  def one(u, c):
+    stds = std if layout is None else noise_std_per_leaf(layout, std)
+    return gaussian_noise.add_gaussian_noise(u, jax.random.fold_in(noise_key, c), stds)
+  return jax.vmap(one)(updates, client_ids)
 
 
 def part_noise_multipliers(layout: ClipLayout, noise_multiplier: float) -> list[float]:
-  """Each part's noise multiplier (isotropic std z C over its bound C_p)."""
-  return [noise_multiplier / f for f in layout.fractions]
+  """Each part's noise multiplier: its std z C scale_p over its bound C_p."""
+  scales = layout.noise_scales or (1.0,) * len(layout.fractions)
+  return [noise_multiplier * s / f for f, s in zip(layout.fractions, scales)]
 
 
 def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_dp import accounting
 from fedjax_dp import checkpoint as ckpt
 from fedjax_dp import reporting
-from fedjax_dp.config import Config, make_config
+from fedjax_dp.config import Config, ConfigError, make_config
 from fedjax_dp.data import Dataset, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.objectives import parse_algorithm
@@ -65,10 +65,14 @@ def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
 def setup(cfg: Config, ds: Dataset | None = None, mesh=None):
   """Builds (dataset, partition, simulation) for a config; the Python API's entry point."""
   ds = ds if ds is not None else load_data(cfg)
+  if cfg.clip_parts == "tiers" and cfg.dp != "none" and ds.feature_tiers is None:
+    raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
+                      "data has no sensitivity tiers (use dataset healthcare, or csv with "
+                      "tier_map_path)")
   parts = client_partition(cfg, ds)
   model = make_model(cfg.model, ds.input_shape, ds.num_classes, cfg.hidden)
   store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size)
-  return ds, parts, build_simulation(cfg, model, store, mesh)
+  return ds, parts, build_simulation(cfg, model, store, mesh, ds.feature_tiers)
 
 
 def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
@@ -336,6 +340,21 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
     report["clip_parts_note"] = (
         "each layer clipped to clip_norm * sqrt(size / total), isotropic noise: the parts "
         "compose to one Gaussian with the same noise multiplier")
+  if cfg.clip_parts == "tiers":
+    layout = sim.privacy.layout
+    z = sim.noise_multiplier
+    report["tiers"] = {
+        name: {"clip_norm": f * cfg.clip_norm, "noise_std": z * cfg.clip_norm * m,
+               "noise_multiplier": z * m / f}
+        for name, f, m in zip(layout.names, layout.fractions, layout.noise_scales)}
+    report["effective_noise_multiplier"] = accounting.effective_noise_multiplier(
+        mechanisms.part_noise_multipliers(layout, z))
+    report["clip_parts_note"] = (
+        "each tier clipped on its own to clip_norm * sqrt(size / total) and noised with std "
+        "noise_multiplier * clip_norm * its tier multiplier; the tiers are Gaussians on the "
+        "same record, so their RDP adds (one Gaussian with the effective noise multiplier), "
+        f"it does not take the maximum. First-layer rows take their feature's tier; every "
+        f"other parameter takes rest_tier {cfg.rest_tier!r}")
   if cfg.dp == "central":
     report.update({
         "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "

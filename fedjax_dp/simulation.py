@@ -246,7 +246,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
     if privacy.mode == "local":
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
-                                           privacy.update_noise_multiplier * clip_norm)
+                                           privacy.update_noise_multiplier * clip_norm,
+                                           privacy.layout)
   if malicious is not None:
     # Byzantine participants send their attack instead of the honest upload
     bad = jnp.asarray(malicious)[cohort_ids] & cohort_mask
@@ -324,7 +325,8 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
 
 
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
-                     mesh: Mesh | None = None) -> Simulation:
+                     mesh: Mesh | None = None, feature_tiers=None) -> Simulation:
+  """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers'."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   if cfg.sampling == "fixed":
@@ -336,7 +338,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if parallelism == "auto":
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
 
-  privacy = make_privacy(cfg, model)
+  privacy = make_privacy(cfg, model, feature_tiers)
   objective = objectives.make_objective(cfg)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
@@ -394,7 +396,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mean_delta = jax.tree.map(
           lambda d: d / cfg.clients_per_round,
           gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
-                                            std))
+                                            mechanisms.noise_std_per_leaf(privacy.layout, std)))
       ledger = accounting.compose(ledger, event_rdp)
       if privacy.adaptive:
         clip_norm = mechanisms.adaptive_clip_norm(
@@ -451,12 +453,20 @@ def budget_limit(target_epsilon: float) -> float:
   return target_epsilon * (1 - 1e-5)
 
 
-def make_privacy(cfg: Config, model: Model) -> Privacy:
+def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
   """Resolves the config's DP keys: clip layout, noise multipliers, the accounted event."""
   if cfg.dp == "none":
     return Privacy()
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  layout = mechanisms.clip_layout(shapes, cfg.clip_parts)
+  if cfg.clip_parts == "tiers":
+    from fedjax_dp.tabular import TIERS
+    if feature_tiers is None:
+      raise ValueError("clip_parts 'tiers' needs data with sensitivity tiers (dataset "
+                       "healthcare, or csv with tier_map_path)")
+    layout = mechanisms.tier_layout(shapes, feature_tiers, TIERS.index(cfg.rest_tier),
+                                    cfg.tier_noise_multipliers)
+  else:
+    layout = mechanisms.clip_layout(shapes, cfg.clip_parts)
   z = noise_multiplier_for(cfg)
   count_stddev = 0.0
   z_update = z

@@ -143,5 +143,5 @@ def test_datasets_lists_every_dataset(capsys):
   assert main(["datasets"]) == 0
   lines = capsys.readouterr().out.splitlines()
   assert [line.split()[0] for line in lines] == ["digits", "mnist", "fmnist", "cifar10", "csv",
-                                                 "synthetic"]
+                                                 "synthetic", "healthcare", "breast_cancer"]
   assert lines[0].split()[1] == "available"
