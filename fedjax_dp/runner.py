@@ -170,8 +170,10 @@ def client_label_distribution(ds: Dataset, parts) -> np.ndarray:
   return out
 
 
-def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool) -> Config:
-  """Checks the output folder; never loses an existing run's results."""
+def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
+                 check_only: bool = False) -> Config:
+  """Checks the output folder, then (unless check_only) clears or creates it; never
+  loses an existing run's results."""
   cfg_path = os.path.join(out, "config.json")
   exists = os.path.isdir(out) and bool(os.listdir(out))
   if resume:
@@ -185,10 +187,12 @@ def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool) -> Config
       raise RunError(f"--resume: config differs from the run in {out} in {', '.join(diff)} "
                      f"(only {', '.join(RESUMABLE_CHANGES)} may change)")
     return cfg
+  if exists and not overwrite:
+    raise RunError(f"output folder {out} is not empty: pass --overwrite to replace it or "
+                   "--resume to continue it")
+  if check_only:
+    return cfg
   if exists:
-    if not overwrite:
-      raise RunError(f"output folder {out} is not empty: pass --overwrite to replace it or "
-                     "--resume to continue it")
     shutil.rmtree(out)
   os.makedirs(out, exist_ok=True)
   return cfg
@@ -203,14 +207,16 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   """
   log = log or (lambda msg: print(msg, file=sys.stderr))
   last = budget_rounds(cfg)  # fails before anything is written
-  cfg = _prepare_out(out, cfg, resume, overwrite)
-  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
+  _prepare_out(out, cfg, resume, overwrite, check_only=True)
   metrics_path = os.path.join(out, "metrics.jsonl")
   ckpt_dir = os.path.join(out, "checkpoints")
 
   t_setup = time.perf_counter()
+  # data and config errors surface here, before anything is written or replaced
   ds, parts, sim = setup(cfg, mesh=mesh)
   setup_s = time.perf_counter() - t_setup
+  cfg = _prepare_out(out, cfg, resume, overwrite)
+  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
   eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
   d = num_params(jax.tree.leaves(sim.init_state().params))
   comm = pipeline.communication(cfg, d)  # per participant and round, each way

@@ -145,3 +145,17 @@ def test_datasets_lists_every_dataset(capsys):
   assert [line.split()[0] for line in lines] == ["digits", "mnist", "fmnist", "cifar10", "csv",
                                                  "synthetic", "healthcare", "breast_cancer"]
   assert lines[0].split()[1] == "available"
+
+
+def test_a_failed_setup_never_replaces_an_existing_run(tmp_path, capsys):
+  out = tmp_path / "old"
+  out.mkdir()
+  (out / "metrics.jsonl").write_text("{}\n")
+  code = main(["run", "--no-progress", "--overwrite", "--out", str(out), "--set", "dp=local",
+               "--set", "noise_multiplier=1", "--set", "clip_parts=tiers"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1 and "has no sensitivity tiers" in err[0]
+  assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+  code = main(["run", "--no-progress", "--out", str(tmp_path / "new"), "--set", "dataset=csv",
+               "--set", f"csv_path={tmp_path / 'missing.csv'}"])
+  assert code == 2 and not (tmp_path / "new" / "config.json").exists()
