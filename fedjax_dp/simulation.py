@@ -185,15 +185,18 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
   leaves [num_clients, ...], replicated: each client reads its own row where it
-  trains (a gather of the cohort's rows beforehand would copy them all once more). Returns (aggregate, stats, the cohort's new
-  state, the psum of the objective's server contributions); all but the new
-  state are identical on all devices.
+  trains (a gather of the cohort's rows beforehand would copy them all once
+  more). Returns (aggregate, stats, the cohort's new state, the psum of the
+  objective's server contributions); all but the new state are identical on
+  all devices.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
       unbounded influence).
     dp local: the mean over participants of the deltas, each clipped and
       noised by its client with N(0, (z clip_norm)^2) from the client's own key.
+    aggregator other than mean: the rule applied to the cohort's uploads,
+      all-gathered over the device axis (see aggregation.py).
   """
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
@@ -276,29 +279,25 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
     everyone = lambda a: jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
     agg, flagged, clusters = robust_aggregator(everyone(rows), everyone(cohort_mask),
                                                everyone(weights * mask_f))
-    unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
-    # the rule's aggregate, as the `mean_delta` the server step expects below
-    delta_sum = unravel(agg)
+    mean_delta = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1](agg)
   else:
     delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
-  if aggregate_noise:
-    # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
-    # distribution (pipeline.gaussian_on_kept). The weights pair with their own
-    # client's mask and std: shuffling is per layer but its weights are uniform.
-    sent, noise_std = owed
-    std = jnp.sqrt(jax.lax.psum(pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std,
-                                                                  sent), "clients"))
-    flat, unravel = ravel_pytree(delta_sum)
-    noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
-    delta_sum = unravel(flat + noise)
-  if privacy.mode == "central":
-    mean_delta = delta_sum  # the server noises the sum and divides
-  elif robust_aggregator is not None:
-    mean_delta = delta_sum
-  else:
-    total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
-                                        else mask_f, dtype=jnp.float32), "clients")
-    mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+    if aggregate_noise:
+      # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
+      # distribution (pipeline.gaussian_on_kept). The weights pair with their own
+      # client's mask and std: shuffling is per layer but its weights are uniform.
+      sent, noise_std = owed
+      std = jnp.sqrt(jax.lax.psum(pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std,
+                                                                    sent), "clients"))
+      flat, unravel = ravel_pytree(delta_sum)
+      noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
+      delta_sum = unravel(flat + noise)
+    if privacy.mode == "central":
+      mean_delta = delta_sum  # the server noises the sum and divides
+    else:
+      total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
+                                          else mask_f, dtype=jnp.float32), "clients")
+      mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
   stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
