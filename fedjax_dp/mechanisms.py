@@ -96,19 +96,15 @@ def tier_layout(params, feature_tiers, rest_tier: int, multipliers) -> ClipLayou
                     tuple(float(multipliers[t]) for t in present))
 
 
-def noise_std_per_leaf(layout: ClipLayout, std) -> list:
-  """The noise std of every leaf, for kernels/gaussian_noise: `std` times the
-  part's noise scale (a scalar, or [rows, 1, ...] for a leaf split by rows)."""
+def noise_std_per_leaf(layout: ClipLayout, std, tree) -> list:
+  """The noise std of every leaf of `tree`, for kernels/gaussian_noise: `std`
+  times the part's noise scale (a scalar, or [rows, 1, ...] for a leaf split by
+  rows)."""
+  leaves = jax.tree.leaves(tree)
   if layout.noise_scales is None:
-    return [std] * len(layout.part_of_leaf)
+    return [std] * len(leaves)
   scales = jnp.asarray(layout.noise_scales, jnp.float32)
-  out = []
-  for p in layout.part_of_leaf:
-    if isinstance(p, tuple):
-      out.append(std * scales[jnp.asarray(p, jnp.int32)][:, None])
-    else:
-      out.append(std * scales[p])
-  return out
+  return [std * clipping.part_values(scales, p, x) for p, x in zip(layout.part_of_leaf, leaves)]
 
 
 def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
@@ -128,7 +124,7 @@ def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std,
   client_ids: [clients]. `noise_key` is the round's local-noise key, so no
   stream repeats across clients or rounds."""
   def one(u, c):
-    stds = std if layout is None else noise_std_per_leaf(layout, std)
+    stds = std if layout is None else noise_std_per_leaf(layout, std, u)
     return gaussian_noise.add_gaussian_noise(u, jax.random.fold_in(noise_key, c), stds)
   return jax.vmap(one)(updates, client_ids)
 

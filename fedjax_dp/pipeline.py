@@ -120,9 +120,6 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
   if selection not in ("topk", "random_k", "public_topk"):
     raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
 
-  def largest(v, k, key):
-    return topk_mask(v, k, key, kernel)
-
   def init(d):
     return jnp.zeros((d,), jnp.float32) if error_feedback else ()
 
@@ -131,11 +128,11 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
     k = keep_count(d, sparsity)
     v = u.values + residual if error_feedback else u.values
     if selection == "topk":
-      mask = largest(v, k, ctx.key)
+      mask = topk_mask(v, k, ctx.key, kernel)
     elif selection == "random_k":
       mask = topk_kernels.random_k_mask(ctx.key, d, k)
     else:
-      mask = largest(ctx.public_update, k, ctx.key)
+      mask = topk_mask(ctx.public_update, k, ctx.key, kernel)
     sent = jnp.where(mask, v, 0.0)
     if final_clip is not None:
       sent = sent * jnp.minimum(1.0, final_clip / jnp.maximum(jnp.linalg.norm(sent), 1e-30))

@@ -395,7 +395,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mean_delta = jax.tree.map(
           lambda d: d / cfg.clients_per_round,
           gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
-                                            mechanisms.noise_std_per_leaf(privacy.layout, std)))
+                                            mechanisms.noise_std_per_leaf(privacy.layout, std,
+                                                                          mean_delta)))
       ledger = accounting.compose(ledger, event_rdp)
       if privacy.adaptive:
         clip_norm = mechanisms.adaptive_clip_norm(
