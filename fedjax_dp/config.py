@@ -103,6 +103,9 @@ class Config:
   clip_parts: str = "flat"
   rest_tier: str = "medium"
   tier_noise_multipliers: tuple[float, ...] = (2.0, 1.0, 0.5, 0.25, 0.1)
+  tier_source: str = "given"
+  analyzer_rule: str = "fused"
+  analyzer_steps: int = 1500
   adaptive_clipping: bool = False
   target_quantile: float = 0.5
   clip_lr: float = 0.2
@@ -132,7 +135,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
                 "breast_cancer"),
     "sampling": ("fixed", "poisson"),
-    "partition": ("iid", "dirichlet", "shards", "quantity"),
+    "partition": ("iid", "dirichlet", "shards", "quantity", "dirichlet_client"),
     "model": ("mlp", "cnn"),
     "lr_schedule": ("constant", "cosine"),
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
@@ -149,6 +152,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dp": ("none", "central", "local"),
     "clip_parts": ("flat", "per_layer", "tiers"),
     "rest_tier": ("high", "medium", "low", "public", "metadata"),
+    "tier_source": ("given", "analyzer"),
+    "analyzer_rule": ("fused", "semantic", "statistical"),
     "accountant": ("rdp", "pld"),
 }
 
@@ -205,6 +210,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "clip_lr": (0, None, False, True),
     "clip_count_stddev": (0, None, False, True),
     "rounds": (1, None, True, True),
+    "analyzer_steps": (10, None, True, True),
     "eval_every": (1, None, True, True),
     "seed": (0, 2**31 - 1, True, True),
     "checkpoint_every": (0, None, True, True),

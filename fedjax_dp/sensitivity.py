@@ -35,86 +35,116 @@ import jax.numpy as jnp
 _EPS = 1e-12
 
 
+def _mask(x: jax.Array, mask: jax.Array | None) -> jax.Array:
+  return jnp.ones(x.shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32)
+
+
+def _masked_min_max(x, m):
+  return jnp.min(jnp.where(m > 0, x, jnp.inf)), jnp.max(jnp.where(m > 0, x, -jnp.inf))
+
+
 def _bin_index(x: jax.Array, lo: jax.Array, hi: jax.Array, bins: int) -> jax.Array:
   width = jnp.maximum(hi - lo, _EPS) / bins
   return jnp.clip(jnp.floor((x - lo) / width), 0, bins - 1).astype(jnp.int32)
 
 
-def histogram(x: jax.Array, lo: jax.Array, hi: jax.Array, bins: int) -> jax.Array:
-  """Counts [bins] of x [n] in equal bins of [lo, hi] (outside values go to the ends)."""
+def histogram(x: jax.Array, lo: jax.Array, hi: jax.Array, bins: int,
+              mask: jax.Array | None = None) -> jax.Array:
+  """Counts [bins] of x [n] (rows with mask 0 left out) in equal bins of [lo, hi]
+  (outside values go to the ends)."""
   idx = _bin_index(x, lo, hi, bins)
-  return jnp.sum(idx[:, None] == jnp.arange(bins)[None, :], axis=0).astype(jnp.float32)
+  onehot = (idx[:, None] == jnp.arange(bins)[None, :]).astype(jnp.float32)
+  return _mask(x, mask) @ onehot
 
 
-def shannon_entropy(x: jax.Array, bins: int = 16) -> jax.Array:
+def shannon_entropy(x: jax.Array, bins: int = 16, mask: jax.Array | None = None) -> jax.Array:
   """Plug-in entropy (nats) of one feature x [n]."""
-  c = histogram(x, jnp.min(x), jnp.max(x), bins)
+  m = _mask(x, mask)
+  lo, hi = _masked_min_max(x, m)
+  c = histogram(x, lo, hi, bins, m)
   p = c / jnp.maximum(jnp.sum(c), 1.0)
   return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
 
 
-def distinct_values(x: jax.Array) -> jax.Array:
+def distinct_values(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """Number of distinct values of x [n] (values closer than 1e-6 of the range merge)."""
-  s = jnp.sort(x)
-  tol = 1e-6 * jnp.maximum(s[-1] - s[0], _EPS)
-  return 1 + jnp.sum(jnp.diff(s) > tol, dtype=jnp.int32)
+  m = _mask(x, mask)
+  k = jnp.sum(m > 0)
+  s = jnp.sort(jnp.where(m > 0, x, jnp.inf))       # the k real values first
+  lo, hi = s[0], s[jnp.maximum(k - 1, 0)]
+  tol = 1e-6 * jnp.maximum(hi - lo, _EPS)
+  steps = (jnp.diff(s) > tol) & (jnp.arange(1, x.shape[0]) < k)
+  return jnp.minimum(k, 1) + jnp.sum(steps, dtype=jnp.int32)
 
 
-def kde_entropy(x: jax.Array) -> jax.Array:
+def kde_entropy(x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
   """Leave-one-out Gaussian-KDE differential entropy (nats) of x [n], n >= 2."""
-  n = x.shape[0]
-  sd = jnp.maximum(jnp.std(x), _EPS)
+  m = _mask(x, mask)
+  n = jnp.maximum(jnp.sum(m), 2.0)
+  mean = jnp.sum(m * x) / n
+  sd = jnp.maximum(jnp.sqrt(jnp.sum(m * (x - mean) ** 2) / n), _EPS)
   h = 1.06 * sd * n ** (-0.2)
   z = (x[:, None] - x[None, :]) / h
   k = jnp.exp(-0.5 * z * z) / (h * math.sqrt(2 * math.pi))
-  k = k * (1.0 - jnp.eye(n, dtype=k.dtype))
+  k = k * (1.0 - jnp.eye(x.shape[0], dtype=k.dtype)) * m[None, :]
   f = jnp.sum(k, axis=1) / (n - 1)
-  return -jnp.mean(jnp.log(jnp.maximum(f, 1e-30)))
+  return -jnp.sum(m * jnp.log(jnp.maximum(f, 1e-30))) / n
 
 
-def max_abs_correlation(x: jax.Array, s: jax.Array) -> jax.Array:
-  """[F]: max over sensitive columns s [n, S] of |Pearson r(x_f, s_k)| (0 for a constant)."""
-  xc = x - jnp.mean(x, axis=0)
-  sc = s - jnp.mean(s, axis=0)
+def max_abs_correlation(x: jax.Array, s: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """[F]: max over sensitive columns s [n, S] of |Pearson r(x_f, s_k)| (0 for a
+  constant, and for S = 0)."""
+  if s.shape[1] == 0:
+    return jnp.zeros(x.shape[1], jnp.float32)
+  m = _mask(x, mask)[:, None]
+  n = jnp.maximum(jnp.sum(m), 1.0)
+  xc = (x - jnp.sum(m * x, axis=0) / n) * m
+  sc = (s - jnp.sum(m * s, axis=0) / n) * m
   cov = xc.T @ sc                                                    # [F, S]
   norm = jnp.sqrt(jnp.sum(xc * xc, axis=0))[:, None] * jnp.sqrt(jnp.sum(sc * sc, axis=0))[None, :]
   r = jnp.where(norm > _EPS, cov / jnp.maximum(norm, _EPS), 0.0)
   return jnp.max(jnp.abs(r), axis=1)
 
 
-def kl_to_reference(x: jax.Array, ref: jax.Array, bins: int = 32) -> jax.Array:
+def kl_to_reference(x: jax.Array, ref: jax.Array, bins: int = 32,
+                    mask: jax.Array | None = None) -> jax.Array:
   """KL(p_x || p_ref) (nats) of one feature, histograms over the reference's range,
   each bin's count + 1/2."""
   lo, hi = jnp.min(ref), jnp.max(ref)
-  p = histogram(x, lo, hi, bins) + 0.5
+  p = histogram(x, lo, hi, bins, mask) + 0.5
   q = histogram(ref, lo, hi, bins) + 0.5
   p, q = p / jnp.sum(p), q / jnp.sum(q)
   return jnp.sum(p * jnp.log(p / q))
 
 
 def statistical_scores(x: jax.Array, sensitive: jax.Array, reference: jax.Array,
-                       bins: int = 16) -> dict:
+                       bins: int = 16, mask: jax.Array | None = None) -> dict:
   """Per-feature statistics of one client's x [n, F] and their [0, 1] scores.
 
   sensitive [n, S]: the client's sensitive attributes; reference [m, F]: the
-  reference distribution (e.g. public or pooled data). Returns a dict of [F]
-  arrays: entropy (nats; Shannon for discrete features, KDE for continuous),
-  discrete, correlation, kl, and entropy_score, correlation_score, kl_score,
-  score (their mean)."""
+  reference distribution (e.g. public data, or a standard normal for
+  standardized features); mask [n]: which rows are real (padding has 0).
+  Returns a dict of [F] arrays: entropy (nats; Shannon for discrete features,
+  KDE for continuous), discrete, correlation, kl, and entropy_score,
+  correlation_score, kl_score, score (their mean)."""
+  m = _mask(x, mask)
+
   def per_feature(col, ref_col):
-    distinct = distinct_values(col)
+    distinct = distinct_values(col, m)
     discrete = distinct <= bins
-    h_disc = shannon_entropy(col, bins)
-    h_cont = kde_entropy(col)
-    var = jnp.maximum(jnp.var(col), _EPS)
+    h_disc = shannon_entropy(col, bins, m)
+    h_cont = kde_entropy(col, m)
+    n = jnp.maximum(jnp.sum(m), 1.0)
+    mean = jnp.sum(m * col) / n
+    var = jnp.maximum(jnp.sum(m * (col - mean) ** 2) / n, _EPS)
     power = jnp.exp(2.0 * h_cont) / (2 * math.pi * math.e * var)
     e_score = jnp.where(discrete, h_disc / jnp.log(jnp.maximum(distinct, 2)),
                         jnp.clip(power, 0.0, 1.0))
     return (jnp.where(discrete, h_disc, h_cont), discrete, e_score,
-            kl_to_reference(col, ref_col))
+            kl_to_reference(col, ref_col, mask=m))
 
   entropy, discrete, e_score, kl = jax.vmap(per_feature, in_axes=(1, 1))(x, reference)
-  corr = max_abs_correlation(x, sensitive)
+  corr = max_abs_correlation(x, sensitive, m)
   kl_score = 1.0 - jnp.exp(-kl)
   return {"entropy": entropy, "discrete": discrete, "correlation": corr, "kl": kl,
           "entropy_score": e_score, "correlation_score": corr, "kl_score": kl_score,

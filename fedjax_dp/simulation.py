@@ -126,6 +126,7 @@ class Simulation:
   run_chunk: Callable         # (state, store, length) -> (state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
   privacy: Privacy = Privacy()
+  analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
 
   @property
   def noise_multiplier(self) -> float:
