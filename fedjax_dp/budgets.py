@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dp.tabular import TIERS
 
@@ -101,3 +102,23 @@ def allocate_closed_form(gamma: jax.Array, total: float, lo: jax.Array, hi: jax.
     return jnp.where(over, mid, a), jnp.where(over, c, mid)
   _, c = jax.lax.fori_loop(0, iters, step, (a, c))
   return jnp.where(jnp.sum(hi) <= total, hi, at(c))
+
+
+def client_budgets(target_epsilon: float, sizes, client_tiers, steps: int = 5000) -> np.ndarray:
+  """Per-client budgets [N] for a run, by the paper's PGA allocator.
+
+  Client i's range is its sensitivity tier's range of Table 1 relative to the
+  tier's epsilon, times target_epsilon (high [0.5, 1.5], medium [0.6, 1.4],
+  low [0.8, 1.5] x target); gamma_i = (n_i / mean n) / target_epsilon (more data,
+  more use of budget; scale-free in epsilon); the total is N x target_epsilon,
+  so the mean budget is at most the target. Table 1's absolute epsilons have
+  no stated unit of time, hence the relative ranges (our reading)."""
+  sizes = np.asarray(sizes, np.float64)
+  tiers = [TIERS[int(t)] for t in client_tiers]
+  lo = np.array([TIER_BUDGETS[t].low / TIER_BUDGETS[t].epsilon for t in tiers]) * target_epsilon
+  hi = np.array([TIER_BUDGETS[t].high / TIER_BUDGETS[t].epsilon for t in tiers]) * target_epsilon
+  gamma = sizes / max(sizes.mean(), 1e-12) / target_epsilon
+  gamma = np.maximum(gamma, 1e-6)
+  total = len(sizes) * target_epsilon
+  eps = allocate_pga(jnp.asarray(gamma), total, jnp.asarray(lo), jnp.asarray(hi), steps=steps)
+  return np.asarray(eps, np.float64)

@@ -104,6 +104,13 @@ class Config:
   rest_tier: str = "medium"
   tier_noise_multipliers: tuple[float, ...] = (2.0, 1.0, 0.5, 0.25, 0.1)
   tier_source: str = "given"
+  noise_schedule: str = "static"
+  convergence_measure: str = "update_diff"
+  convergence_lambda: float = 0.1
+  convergence_window: int = 10
+  convergence_beta: float = 0.3
+  noise_ema: float = 0.9
+  client_budgets: str = "uniform"
   analyzer_rule: str = "fused"
   analyzer_steps: int = 1500
   adaptive_clipping: bool = False
@@ -153,6 +160,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "clip_parts": ("flat", "per_layer", "tiers"),
     "rest_tier": ("high", "medium", "low", "public", "metadata"),
     "tier_source": ("given", "analyzer"),
+    "noise_schedule": ("static", "convergence", "weighted"),
+    "convergence_measure": ("update_diff", "norm_diff"),
+    "client_budgets": ("uniform", "allocated"),
     "analyzer_rule": ("fused", "semantic", "statistical"),
     "accountant": ("rdp", "pld"),
 }
@@ -211,6 +221,10 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "clip_count_stddev": (0, None, False, True),
     "rounds": (1, None, True, True),
     "analyzer_steps": (10, None, True, True),
+    "convergence_lambda": (0, None, True, True),
+    "convergence_window": (1, None, True, True),
+    "convergence_beta": (0, 1, True, False),
+    "noise_ema": (0, 1, True, False),
     "eval_every": (1, None, True, True),
     "seed": (0, 2**31 - 1, True, True),
     "checkpoint_every": (0, None, True, True),
@@ -340,9 +354,21 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.dp == "local" and cfg.noise_multiplier is None:
     raise ConfigError("dp 'local' needs noise_multiplier (target_epsilon, if given, caps each "
                       "client's own ledger)")
-  if cfg.clip_parts == "tiers" and cfg.dp != "none" and cfg.noise_multiplier is None:
-    raise ConfigError("config key 'clip_parts' = 'tiers': needs noise_multiplier (the base z; "
-                      "calibrating it to target_epsilon is not supported with tiers yet)")
+  if cfg.noise_schedule != "static" and cfg.dp == "none":
+    raise ConfigError(f"config key 'noise_schedule' = {cfg.noise_schedule!r} with dp 'none': "
+                      "adaptive noise needs dp 'local' or 'central'")
+  if cfg.noise_schedule != "static" and cfg.adaptive_clipping:
+    raise ConfigError(f"config key 'noise_schedule' = {cfg.noise_schedule!r} with "
+                      "adaptive_clipping: use one or the other")
+  if cfg.noise_schedule == "weighted" and cfg.clip_parts != "tiers":
+    raise ConfigError("config key 'noise_schedule' = 'weighted': the sensitivity weights are per "
+                      f"tier (needs clip_parts 'tiers'; clip_parts is {cfg.clip_parts!r})")
+  if cfg.noise_schedule != "static" and cfg.accountant == "pld":
+    raise ConfigError(f"config key 'accountant' = 'pld' with noise_schedule "
+                      f"{cfg.noise_schedule!r}: the noise changes each round; use 'rdp'")
+  if cfg.client_budgets == "allocated" and (cfg.dp != "local" or cfg.target_epsilon is None):
+    raise ConfigError("config key 'client_budgets' = 'allocated': per-client budgets need dp "
+                      "'local' and target_epsilon (the mean budget)")
   if cfg.adaptive_clipping and cfg.dp != "central":
     raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
                       f"{cfg.dp!r})")

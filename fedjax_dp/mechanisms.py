@@ -96,14 +96,16 @@ def tier_layout(params, feature_tiers, rest_tier: int, multipliers) -> ClipLayou
                     tuple(float(multipliers[t]) for t in present))
 
 
-def noise_std_per_leaf(layout: ClipLayout, std, tree) -> list:
+def noise_std_per_leaf(layout: ClipLayout, std, tree, scales=None) -> list:
   """The noise std of every leaf of `tree`, for kernels/gaussian_noise: `std`
   times the part's noise scale (a scalar, or [rows, 1, ...] for a leaf split by
-  rows)."""
+  rows). `scales` [parts] overrides the layout's (adaptive noise)."""
   leaves = jax.tree.leaves(tree)
-  if layout.noise_scales is None:
+  if scales is None and layout.noise_scales is None:
     return [std] * len(leaves)
-  scales = jnp.asarray(layout.noise_scales, jnp.float32)
+  scales = jnp.asarray(layout.noise_scales if scales is None else scales, jnp.float32)
+  if scales.shape == ():
+    return [std * scales] * len(leaves)
   return [std * clipping.part_values(scales, p, x) for p, x in zip(layout.part_of_leaf, leaves)]
 
 
@@ -117,14 +119,14 @@ def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
 
 
 def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std,
-                     layout: ClipLayout | None = None):
+                     layout: ClipLayout | None = None, scales=None):
   """Local DP: adds N(0, std^2 I) to each client's update (std scaled per part
   under a layout with noise scales), from the client's own stream
   fold_in(noise_key, client id). updates: pytree of [clients, ...];
   client_ids: [clients]. `noise_key` is the round's local-noise key, so no
   stream repeats across clients or rounds."""
   def one(u, c):
-    stds = std if layout is None else noise_std_per_leaf(layout, std, u)
+    stds = std if layout is None else noise_std_per_leaf(layout, std, u, scales)
     return gaussian_noise.add_gaussian_noise(u, jax.random.fold_in(noise_key, c), stds)
   return jax.vmap(one)(updates, client_ids)
 

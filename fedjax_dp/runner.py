@@ -77,13 +77,25 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None):
   parts = client_partition(cfg, ds)
   model = make_model(cfg.model, ds.input_shape, ds.num_classes, cfg.hidden)
   store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size)
-  tiers, analysis = ds.feature_tiers, None
+  tiers, analysis, budgets = ds.feature_tiers, None, None
+  client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
   if cfg.tier_source == "analyzer":
-    from fedjax_dp.analyzer import analyze_clients
+    from fedjax_dp.analyzer import analyze_clients, thresholds
     out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=cfg.seed,
                           semantic_steps=cfg.analyzer_steps, rule=cfg.analyzer_rule)
     tiers, analysis = out["tiers"], out["report"]
-  sim = build_simulation(cfg, model, store, mesh, tiers)
+    # a client's own tier: its mean fused score over the scored features
+    scored = tiers <= 2
+    mean = np.nanmean(np.where(np.isnan(out["client_fused"]), np.nan,
+                               out["client_fused"])[:, scored], axis=1)
+    client_tiers = np.where(np.isnan(mean), 1, thresholds(np.nan_to_num(mean)))
+  if cfg.client_budgets == "allocated":
+    from fedjax_dp.budgets import client_budgets
+    budgets = client_budgets(cfg.target_epsilon, [len(p) for p in parts], client_tiers)
+    if analysis is not None:
+      analysis["client_tier_counts"] = {t: int(np.sum(client_tiers == i))
+                                        for i, t in enumerate(("high", "medium", "low"))}
+  sim = build_simulation(cfg, model, store, mesh, tiers, budgets)
   return ds, parts, dataclasses.replace(sim, analysis=analysis)
 
 
@@ -113,6 +125,10 @@ def budget_rounds(cfg: Config) -> int:
   except ValueError as e:  # target epsilon out of reach; count noise too small
     raise RunError(str(e))
   if cfg.target_epsilon is None:
+    return cfg.rounds
+  if cfg.clip_parts == "tiers" or cfg.noise_schedule != "static":
+    # the event depends on the tier layout and the controller: local DP checks one
+    # participation after setup; central DP skips the round that would pass the target
     return cfg.rounds
   event = local_event_rdp(cfg, z) if cfg.dp == "local" else round_event_rdp(cfg, z)
   # the in-round float32 ledger rounds up, by at most ~2 ulp (2.4e-7) per round:
@@ -164,8 +180,8 @@ def clients_spent(sim: Simulation, state) -> np.ndarray:
   cfg = sim.cfg
   if cfg.dp != "local" or cfg.target_epsilon is None:
     return np.zeros(cfg.num_clients, bool)
-  after = np.asarray(state.ledger, np.float64) + sim.privacy.event_rdp
-  return accounting.epsilons_np(after, cfg.delta)[0] > budget_limit(cfg.target_epsilon)
+  after = np.asarray(state.ledger, np.float64) + sim.next_event_rdp(state)
+  return accounting.epsilons_np(after, cfg.delta)[0] > budget_limit(sim.client_budgets())
 
 
 def _finite(x) -> float | None:
@@ -227,6 +243,13 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   # data and config errors surface here, before anything is written or replaced
   ds, parts, sim = setup(cfg, mesh=mesh)
   setup_s = time.perf_counter() - t_setup
+  if cfg.dp == "local" and cfg.target_epsilon is not None:
+    first = accounting.epsilon_np(sim.next_event_rdp(sim.init_state()), cfg.delta)[0]
+    if first > np.max(sim.client_budgets()):
+      raise RunError(f"target_epsilon {cfg.target_epsilon:g}: one participation costs epsilon "
+                     f"{first:.4g}, more than any client's budget (largest "
+                     f"{np.max(sim.client_budgets()):.4g}): raise noise_multiplier or "
+                     "target_epsilon")
   cfg = _prepare_out(out, cfg, resume, overwrite)
   reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
   eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
@@ -281,6 +304,11 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     if all_spent:
       log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
           f"the run stops after round {end}")
+    if sim.privacy.stop_in_round and int(np.sum(stats.spent)) > 0:
+      all_spent = True
+      log(f"privacy budget: one more round would pass target_epsilon {cfg.target_epsilon:g}; "
+          f"the run stops at round {int(state.round) - int(np.sum(stats.spent))} "
+          f"(rounds after it were skipped)")
     if end % cfg.eval_every == 0 or end == last or all_spent:
       if solo_eval is not None:
         acc, test_loss = (float(v) for v in solo_eval(state.client_state["model"], *eval_data,
@@ -338,7 +366,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
-  rounds = int(state.round)
+  skipped = int(state.server_state["noise_control"]["skipped"])
+  rounds = int(state.round) - skipped   # rounds that ran (skipped ones released nothing)
   z = sim.noise_multiplier
   eps, order = sim.epsilons(state)
   report = {
@@ -384,6 +413,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
         "epsilon": _finite(eps), "order": float(order) if _finite(eps) is not None else None,
         "ledger": np.asarray(state.ledger, np.float64).tolist(),
         "stopped_by_budget": rounds < cfg.rounds,
+        "rounds_skipped_by_budget": skipped,
     })
     if cfg.adaptive_clipping:
       report["adaptive_clipping"] = {
@@ -405,10 +435,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
           f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
           "analysis assumes every draw takes part: raise max_cohort")
   else:
-    event = sim.privacy.event_rdp
-    ledgers = np.asarray(state.ledger, np.float64)
-    # every participation composes the same event, so the ledger counts them
-    counts = np.rint(ledgers[:, 0] / event[0]).astype(int) if np.isfinite(event[0]) else None
+    nc = state.server_state["noise_control"]
+    counts = np.asarray(nc["participations"]) if z > 0 else None
     spent = clients_spent(sim, state)
     report.update({
         "mechanism": ("local DP: each client clips its update to L2 norm clip_norm and adds "
@@ -428,9 +456,44 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
                                  "would pass target_epsilon" if cfg.target_epsilon else None},
         "client_epsilons": [_finite(e) for e in eps],
     })
+    budgets = sim.client_budgets()
+    if cfg.client_budgets == "allocated":
+      report["client_budgets"] = {
+          "method": "projected gradient ascent with momentum (eta 0.01, mu 0.9) on "
+                    "sum_i 1 - exp(-gamma_i eps_i), gamma_i = n_i / mean n, sum eps_i <= "
+                    "num_clients * target_epsilon, each eps_i in its sensitivity tier's range",
+          "min": float(budgets.min()), "median": float(np.median(budgets)),
+          "max": float(budgets.max()), "sum": float(budgets.sum()),
+          "budgets": budgets.tolist()}
+      report["clients"]["stopped_by_budget"] = ("clients stop taking part when their next "
+                                                "participation would pass their own budget")
+    if z > 0:
+      paper = np.asarray(nc["paper_epsilon"], np.float64)
+      report["paper_formula_epsilon"] = {
+          "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
+                "sqrt(2 ln(1.25/delta)) / z_round, summed over each client's participations "
+                "(its calibration needs epsilon < 1 per round, and the sum ignores delta)",
+          "max": float(paper.max()), "median": float(np.median(paper))}
+  nc = state.server_state["noise_control"]
+  if cfg.dp == "central" and z > 0:
+    report["paper_formula_epsilon"] = {
+        "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
+              "sqrt(2 ln(1.25/delta)) / z_round summed over the rounds run (no sampling, "
+              "needs epsilon < 1 per round, ignores delta)",
+        "total": float(nc["paper_epsilon_rounds"])}
+  if cfg.noise_schedule != "static":
+    report["noise_schedule"] = {
+        "schedule": cfg.noise_schedule, "measure": cfg.convergence_measure,
+        "lambda": cfg.convergence_lambda, "window": cfg.convergence_window,
+        "beta": cfg.convergence_beta, "ema": cfg.noise_ema,
+        "final_score": float(nc["score"]),
+        "note": "each round's noise is set before the round from earlier released global "
+                "updates (public), and the ledgers compose every round at its actual noise"}
     if cfg.accountant == "pld" and z > 0 and counts is not None and counts.max() > 0:
       from fedjax_dp.account import pld_epsilon
-      report["pld_epsilon"] = pld_epsilon(1.0, z / 2, int(counts.max()), cfg.delta)
+      z_acc = accounting.effective_noise_multiplier(
+          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
+      report["pld_epsilon"] = pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta)
       report["accountant"] = "rdp ledgers in the round; largest client's figure by PLD"
       report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
   if cfg.tier_source == "analyzer" and cfg.clip_parts == "tiers":

@@ -36,6 +36,7 @@ from fedjax_dp import aggregation
 from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
 from fedjax_dp import mechanisms
+from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
 from fedjax_dp import server as server_lib
@@ -56,6 +57,7 @@ KEPT_NOISE = 7
 DOWNLINK = 8
 BYZANTINE = 9
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
+SCORE_GRID = 17     # controller outputs at which central DP's adaptive-noise RDP is tabulated
 
 
 class SimState(NamedTuple):
@@ -95,6 +97,15 @@ class Privacy:
   delta: float = 1e-5
   adaptive: bool = False
   count_stddev: float = 0.0
+  schedule: str = "static"         # noise_control.SCHEDULES (local DP)
+  client_budgets: Any = None       # np [num_clients] per-client target epsilons (None: target_epsilon)
+  event_table: Any = None          # np [SCORE_GRID, orders]: central DP's round RDP at controller
+                                   # outputs k / (SCORE_GRID - 1) (adaptive noise)
+  stop_in_round: bool = False      # central DP: a round that would pass target_epsilon is skipped
+
+  def tier_scales(self) -> tuple[float, ...]:
+    """The static per-part noise multipliers (all 1 without tiers)."""
+    return self.layout.noise_scales or (1.0,) * len(self.layout.fractions)
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -146,6 +157,24 @@ class Simulation:
     scalars for central DP, [num_clients] arrays for local DP."""
     return accounting.epsilons_np(np.asarray(state.ledger, np.float64), self.cfg.delta)
 
+  def next_event_rdp(self, state: SimState) -> np.ndarray:
+    """float64 [orders]: the RDP one participation in the next round costs (local DP)."""
+    p = self.privacy
+    if p.schedule == "static":
+      return np.asarray(p.event_rdp, np.float64)
+    score = float(state.server_state["noise_control"]["score"])
+    scales = np.asarray(noise_control.noise_scales(p.schedule, score, p.tier_scales(),
+                                                   self.cfg.convergence_beta), np.float64)
+    return noise_control.local_event_rdp_np(p.update_noise_multiplier, p.layout.fractions, scales)
+
+  def client_budgets(self) -> np.ndarray | None:
+    """float64 [num_clients]: each client's target epsilon (None without a target)."""
+    if self.privacy.client_budgets is not None:
+      return self.privacy.client_budgets
+    if self.cfg.target_epsilon is None:
+      return None
+    return np.full(self.cfg.num_clients, self.cfg.target_epsilon)
+
   def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
     return self.run_chunk(state, self.store, num_rounds)
 
@@ -166,6 +195,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
     server_state["public_update"] = jnp.zeros((d,), jnp.float32)
   if cfg.s_global > 0:
     server_state["downlink_residual"] = jnp.zeros((d,), jnp.float32)
+  if cfg.dp != "none":
+    server_state["noise_control"] = noise_control.init_state(d, cfg.convergence_window,
+                                                             cfg.num_clients)
   client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
                               one_client)
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
@@ -176,8 +208,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
                   clip_norm=jnp.float32(cfg.clip_norm))
 
 
-def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, client_state,
-                  server_state, x, y, client_index, client_count, *, train_one: Callable,
+def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noise_scales,
+                  client_state, server_state, x, y, client_index, client_count, *,
+                  train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
                   aggregate_noise: bool, robust_aggregator: Callable | None,
@@ -189,7 +222,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
   trains (a gather of the cohort's rows beforehand would copy them all once
   more). Returns (aggregate, stats, the cohort's new state, the psum of the
   objective's server contributions); all but the new state are identical on
-  all devices.
+  all devices. noise_scales [parts]: this round's local noise std per part, over
+  noise_multiplier * clip_norm.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -251,7 +285,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, cli
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
                                            privacy.update_noise_multiplier * clip_norm,
-                                           privacy.layout)
+                                           privacy.layout, noise_scales)
   if malicious is not None:
     # Byzantine participants send their attack instead of the honest upload
     bad = jnp.asarray(malicious)[cohort_ids] & cohort_mask
@@ -325,8 +359,10 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
 
 
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
-                     mesh: Mesh | None = None, feature_tiers=None) -> Simulation:
-  """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers'."""
+                     mesh: Mesh | None = None, feature_tiers=None,
+                     client_budgets=None) -> Simulation:
+  """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
+  `client_budgets` [num_clients]: per-client target epsilons (local DP)."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   if cfg.sampling == "fixed":
@@ -339,6 +375,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
 
   privacy = make_privacy(cfg, model, feature_tiers)
+  if client_budgets is not None:
+    privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   objective = objectives.make_objective(cfg)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
@@ -358,7 +396,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                          if cfg.byzantine_fraction > 0 else None),
               attack=(cfg.byzantine_attack, cfg.byzantine_scale)),
       mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P()),
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P(),
+                P()),
       out_specs=(P(), P(), P("clients"), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
@@ -371,22 +410,47 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
                              padded_capacity)
     ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
+    round_event = event_rdp
+    scales = jnp.ones((1,), jnp.float32)
+    if privacy.mode != "none":
+      # this round's noise, set by the controller from earlier released updates
+      nc = state.server_state["noise_control"]
+      scales = noise_control.noise_scales(privacy.schedule, nc["score"], privacy.tier_scales(),
+                                          cfg.convergence_beta)
+      if privacy.schedule != "static" and privacy.mode == "local":
+        round_event = noise_control.local_event_rdp(privacy.update_noise_multiplier,
+                                                    privacy.layout.fractions, scales)
+      elif privacy.schedule != "static":
+        # tabulated at grid scores; noise falls as the score grows, so rounding the
+        # score up charges at most the noise actually used
+        k = jnp.ceil(nc["score"] * (SCORE_GRID - 1) - 1e-6).astype(jnp.int32)
+        round_event = jnp.asarray(privacy.event_table, jnp.float32)[jnp.clip(k, 0, SCORE_GRID - 1)]
+        round_event = round_event * (1.0 + 1e-6)
+    skip = jnp.zeros((), bool)
+    if privacy.stop_in_round:
+      # central DP: a round that would pass the target is not run (nothing released)
+      skip = accounting.epsilon(accounting.compose(ledger, round_event),
+                                privacy.delta)[0] > budget_limit(privacy.target_epsilon)
+      mask = mask & ~skip
     if privacy.mode == "local" and privacy.target_epsilon is not None:
-      # a client takes part only if its own ledger stays within the target after it
-      after = accounting.compose(ledger[ids], event_rdp)
-      within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(privacy.target_epsilon)
+      # a client takes part only if its own ledger stays within its budget after it
+      after = accounting.compose(ledger[ids], round_event)
+      budget = (jnp.asarray(privacy.client_budgets, jnp.float32)[ids]
+                if privacy.client_budgets is not None else privacy.target_epsilon)
+      within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(budget)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
     mean_delta, stats, cohort_state, contrib_sum = client_phase(
-        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, state.client_state,
-        state.server_state, store.x, store.y, store.client_index, store.client_count)
+        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales,
+        state.client_state, state.server_state, store.x, store.y, store.client_index,
+        store.client_count)
     # scatter back only real participants: padded and refused slots go out of bounds
     # and are dropped (a padded slot may repeat a real id)
     scatter_ids = jnp.where(mask, ids, cfg.num_clients)
     client_state = jax.tree.map(lambda a, new: a.at[scatter_ids].set(new, mode="drop"),
                                 state.client_state, cohort_state)
     server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
-    stats = stats._replace(spent=spent)
+    stats = stats._replace(spent=spent + skip.astype(jnp.int32))
     clip_norm = state.clip_norm
     if privacy.mode == "central":
       # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
@@ -397,15 +461,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
           lambda d: d / cfg.clients_per_round,
           gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
                                             mechanisms.noise_std_per_leaf(privacy.layout, std,
-                                                                          mean_delta)))
-      ledger = accounting.compose(ledger, event_rdp)
+                                                                          mean_delta, scales)))
+      ledger = jnp.where(skip, ledger, accounting.compose(ledger, round_event))
       if privacy.adaptive:
         clip_norm = mechanisms.adaptive_clip_norm(
             clip_norm, stats.unclipped - 0.5 * stats.participants,
             jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
             cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
     elif privacy.mode == "local":
-      ledger = ledger.at[ids].set(accounting.compose(ledger[ids], event_rdp, mask))
+      ledger = ledger.at[ids].set(accounting.compose(ledger[ids], round_event, mask))
     if cfg.s_global > 0:
       # downlink top-k: the server keeps what it does not broadcast (error feedback)
       flat, unravel = ravel_pytree(mean_delta)
@@ -416,14 +480,32 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mean_delta = unravel(sent)
     if cfg.index_selection == "public_topk":
       server_state = {**server_state, "public_update": ravel_pytree(mean_delta)[0]}
+    if privacy.mode != "none":
+      nc = server_state["noise_control"]
+      z_round = privacy.update_noise_multiplier * noise_control.base_factor(
+          privacy.schedule, nc["score"], cfg.convergence_beta)
+      paper_eps = (noise_control.paper_round_epsilon(z_round, cfg.delta)
+                   if privacy.update_noise_multiplier > 0 else jnp.inf)
+      scatter = jnp.where(mask, ids, cfg.num_clients)
+      observed = noise_control.observe(nc, ravel_pytree(mean_delta)[0], cfg.convergence_lambda,
+                                       cfg.noise_ema, cfg.convergence_measure)
+      # a round nobody took part in released nothing: the controller sees nothing
+      observed = jax.tree.map(lambda new, old: jnp.where((stats.participants == 0) | skip, old,
+                                                         new), observed, nc)
+      observed["paper_epsilon"] = nc["paper_epsilon"].at[scatter].add(paper_eps, mode="drop")
+      observed["participations"] = nc["participations"].at[scatter].add(1, mode="drop")
+      observed["skipped"] = nc["skipped"] + skip.astype(jnp.int32)
+      observed["paper_epsilon_rounds"] = nc["paper_epsilon_rounds"] + jnp.where(skip, 0.0,
+                                                                                paper_eps)
+      server_state = {**server_state, "noise_control": observed}
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if objective.solo:  # no aggregation: the server model never moves
       params, opt_state = state.params, state.server_opt_state
-    if privacy.mode == "local":
-      # nobody took part (all spent): the server has nothing to apply, momentum included
-      keep = stats.participants == 0
+    if privacy.mode != "none":
+      # nobody took part (all spent, or the round skipped): nothing to apply, momentum included
+      keep = (stats.participants == 0) if privacy.mode == "local" else skip
       params, opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
                                        (state.params, state.server_opt_state),
                                        (params, opt_state))
@@ -468,7 +550,18 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
                                     cfg.tier_noise_multipliers)
   else:
     layout = mechanisms.clip_layout(shapes, cfg.clip_parts)
-  z = noise_multiplier_for(cfg)
+  tier_scales = layout.noise_scales or (1.0,) * len(layout.fractions)
+  # z_accounted = z * ratio(score): the composed parts' multiplier at controller output
+  # `score`; the noise is least, the ratio smallest, at score 1
+  ratio = lambda score: accounting.effective_noise_multiplier(mechanisms.part_noise_multipliers(
+      layout._replace(noise_scales=tuple(np.asarray(noise_control.noise_scales(
+          cfg.noise_schedule, score, tier_scales, cfg.convergence_beta), np.float64))), 1.0))
+  if cfg.noise_multiplier is None and cfg.dp == "central":
+    # calibrate the accounted multiplier to target_epsilon, then the base z so that
+    # even the least-noise rounds (score 1) stay within it
+    z = noise_multiplier_for(cfg) / ratio(1.0)
+  else:
+    z = noise_multiplier_for(cfg)
   count_stddev = 0.0
   z_update = z
   if cfg.adaptive_clipping:
@@ -479,9 +572,16 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
       mechanisms.part_noise_multipliers(layout, z)) if z > 0 else 0.0
   event = (local_event_rdp(cfg, z_accounted) if cfg.dp == "local"
            else round_event_rdp(cfg, z_accounted))
+  table = None
+  if cfg.dp == "central" and cfg.noise_schedule != "static" and z > 0:
+    table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, z * ratio(k / (SCORE_GRID - 1))))
+                      for k in range(SCORE_GRID)])
   return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,
                  noise_multiplier=z, event_rdp=event, target_epsilon=cfg.target_epsilon,
-                 delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev)
+                 delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev,
+                 schedule=cfg.noise_schedule, event_table=table,
+                 stop_in_round=(cfg.dp == "central" and cfg.target_epsilon is not None
+                                and (cfg.clip_parts == "tiers" or cfg.noise_schedule != "static")))
 
 
 def clip_count_stddev(cfg: Config) -> float:
