@@ -85,6 +85,7 @@ class Config:
   multi_krum_m: int = 0
   outlier_z: float = 3.5
   cluster_threshold: float = 0.5
+  cluster_noise: str = "uniform"
   byzantine_fraction: float = 0.0
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
@@ -163,6 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "noise_schedule": ("static", "convergence", "weighted"),
     "convergence_measure": ("update_diff", "norm_diff"),
     "client_budgets": ("uniform", "allocated"),
+    "cluster_noise": ("uniform", "equalize"),
     "analyzer_rule": ("fused", "semantic", "statistical"),
     "accountant": ("rdp", "pld"),
 }
@@ -369,6 +371,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.client_budgets == "allocated" and (cfg.dp != "local" or cfg.target_epsilon is None):
     raise ConfigError("config key 'client_budgets' = 'allocated': per-client budgets need dp "
                       "'local' and target_epsilon (the mean budget)")
+  if cfg.cluster_noise != "uniform" and (cfg.aggregator != "cluster" or cfg.dp != "local"):
+    raise ConfigError(f"config key 'cluster_noise' = {cfg.cluster_noise!r}: per-cluster noise "
+                      f"needs aggregator 'cluster' and dp 'local' (aggregator is "
+                      f"{cfg.aggregator!r}, dp {cfg.dp!r})")
   if cfg.adaptive_clipping and cfg.dp != "central":
     raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
                       f"{cfg.dp!r})")

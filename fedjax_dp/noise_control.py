@@ -116,6 +116,19 @@ def local_event_rdp_np(z: float, fractions, scales, orders=accounting.DEFAULT_OR
   return np.asarray(orders, np.float64) * 2.0 * np.sum(1.0 / zp ** 2)
 
 
+def cluster_noise_factors(cluster_size: jax.Array, median_size: jax.Array) -> jax.Array:
+  """Per-client noise multiplier factors [N] for `cluster_noise: equalize`.
+
+  A client last seen in a cluster of s members noises with z sqrt(s / s_med),
+  s_med the median cluster size of that round, and never less than z: every
+  cluster's within-cluster mean of s noised updates then has the noise of a
+  median-sized cluster's (std z C / sqrt(s_med)), and every client keeps at
+  least the base guarantee (big clusters buy extra privacy with their size).
+  Clients not yet clustered (size 0) use z."""
+  ratio = cluster_size / jnp.maximum(median_size, 1.0)
+  return jnp.where(cluster_size > 0, jnp.sqrt(jnp.maximum(ratio, 1.0)), 1.0)
+
+
 def paper_round_epsilon(z_round, delta: float):
   """The paper's per-round charge C sqrt(2 ln(1.25/delta)) / sigma with sigma = z C."""
   return math.sqrt(2.0 * math.log(1.25 / delta)) / z_round

@@ -41,7 +41,7 @@ from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config
-from fedjax_dp.kernels import gaussian_noise, weighted_mean
+from fedjax_dp.kernels import gaussian_noise, robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
 
@@ -158,14 +158,22 @@ class Simulation:
     return accounting.epsilons_np(np.asarray(state.ledger, np.float64), self.cfg.delta)
 
   def next_event_rdp(self, state: SimState) -> np.ndarray:
-    """float64 [orders]: the RDP one participation in the next round costs (local DP)."""
+    """float64 [orders] (or [num_clients, orders] with per-cluster noise): the RDP
+    one participation in the next round costs (local DP)."""
     p = self.privacy
     if p.schedule == "static":
-      return np.asarray(p.event_rdp, np.float64)
-    score = float(state.server_state["noise_control"]["score"])
-    scales = np.asarray(noise_control.noise_scales(p.schedule, score, p.tier_scales(),
-                                                   self.cfg.convergence_beta), np.float64)
-    return noise_control.local_event_rdp_np(p.update_noise_multiplier, p.layout.fractions, scales)
+      event = np.asarray(p.event_rdp, np.float64)
+    else:
+      score = float(state.server_state["noise_control"]["score"])
+      scales = np.asarray(noise_control.noise_scales(p.schedule, score, p.tier_scales(),
+                                                     self.cfg.convergence_beta), np.float64)
+      event = noise_control.local_event_rdp_np(p.update_noise_multiplier, p.layout.fractions,
+                                               scales)
+    if self.cfg.cluster_noise == "equalize":
+      cn = state.server_state["cluster_noise"]
+      f = np.asarray(noise_control.cluster_noise_factors(cn["size"], cn["median"]), np.float64)
+      event = event[None, :] / f[:, None] ** 2
+    return event
 
   def client_budgets(self) -> np.ndarray | None:
     """float64 [num_clients]: each client's target epsilon (None without a target)."""
@@ -195,6 +203,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
     server_state["public_update"] = jnp.zeros((d,), jnp.float32)
   if cfg.s_global > 0:
     server_state["downlink_residual"] = jnp.zeros((d,), jnp.float32)
+  if cfg.cluster_noise == "equalize":
+    server_state["cluster_noise"] = {"size": jnp.zeros((cfg.num_clients,), jnp.float32),
+                                     "median": jnp.float32(0.0)}
   if cfg.dp != "none":
     server_state["noise_control"] = noise_control.init_state(d, cfg.convergence_window,
                                                              cfg.num_clients)
@@ -209,12 +220,13 @@ def init_state(cfg: Config, model: Model) -> SimState:
 
 
 def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noise_scales,
-                  client_state, server_state, x, y, client_index, client_count, *,
-                  train_one: Callable,
+                  client_noise_factor, client_state, server_state, x, y, client_index,
+                  client_count, *, train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
                   aggregate_noise: bool, robust_aggregator: Callable | None,
-                  malicious: np.ndarray | None, attack: tuple[str, float]):
+                  malicious: np.ndarray | None, attack: tuple[str, float],
+                  cluster_threshold: float | None = None):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
@@ -223,7 +235,10 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   more). Returns (aggregate, stats, the cohort's new state, the psum of the
   objective's server contributions); all but the new state are identical on
   all devices. noise_scales [parts]: this round's local noise std per part, over
-  noise_multiplier * clip_norm.
+  noise_multiplier * clip_norm; client_noise_factor [num_clients]: each client's
+  own multiplier on top (per-cluster noise, else ones). With `cluster_threshold`
+  (per-cluster noise) a fifth output holds the cohort's clusters (ids, mask and
+  cluster size per upload, the median cluster size), else ().
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -285,7 +300,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
                                            privacy.update_noise_multiplier * clip_norm,
-                                           privacy.layout, noise_scales)
+                                           privacy.layout, noise_scales,
+                                           client_noise_factor[cohort_ids])
   if malicious is not None:
     # Byzantine participants send their attack instead of the honest upload
     bad = jnp.asarray(malicious)[cohort_ids] & cohort_mask
@@ -308,12 +324,20 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     deltas = pipeline_lib.layerwise_shuffle(deltas, shuffle_key)
     weights = jnp.ones_like(mask_f)
   flagged = clusters = jnp.zeros((), jnp.int32)
+  cluster_info = ()
   if robust_aggregator is not None:
     # robust rules need every upload: all-gather the cohort and aggregate replicated
     rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
     everyone = lambda a: jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
-    agg, flagged, clusters = robust_aggregator(everyone(rows), everyone(cohort_mask),
-                                               everyone(weights * mask_f))
+    all_rows, all_mask = everyone(rows), everyone(cohort_mask)
+    agg, flagged, clusters = robust_aggregator(all_rows, all_mask, everyone(weights * mask_f))
+    if cluster_threshold is not None:
+      labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
+      same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
+      size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
+      heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
+      median = robust_aggregation.coordinate_median(size[:, None], heads)[0]
+      cluster_info = (everyone(cohort_ids), all_mask, size, median)
     mean_delta = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1](agg)
   else:
     delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
@@ -338,7 +362,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
                      unclipped=jax.lax.psum(unclipped, "clients"),
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters)
-  return mean_delta, stats, new_state, contrib_sum
+  return mean_delta, stats, new_state, contrib_sum, cluster_info
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
@@ -394,11 +418,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               malicious=(attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction,
                                                    cfg.seed)
                          if cfg.byzantine_fraction > 0 else None),
-              attack=(cfg.byzantine_attack, cfg.byzantine_scale)),
+              attack=(cfg.byzantine_attack, cfg.byzantine_scale),
+              cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize"
+                                 else None)),
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P(),
-                P()),
-      out_specs=(P(), P(), P("clients"), P()))
+                P(), P()),
+      out_specs=(P(), P(), P("clients"), P(), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
   event_rdp = privacy.event_rdp
@@ -432,16 +458,26 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       skip = accounting.epsilon(accounting.compose(ledger, round_event),
                                 privacy.delta)[0] > budget_limit(privacy.target_epsilon)
       mask = mask & ~skip
+    factor = jnp.ones((cfg.num_clients,), jnp.float32)
+    client_event = round_event   # what one participation costs: [orders] or [slots, orders]
+    if cfg.cluster_noise == "equalize":
+      cn = state.server_state["cluster_noise"]
+      factor = noise_control.cluster_noise_factors(cn["size"], cn["median"])
+      # RDP of a Gaussian goes as 1 / z^2; nudged up past the float32 rounding
+      event32 = (accounting.event_to_float32(round_event) if isinstance(round_event, np.ndarray)
+                 else round_event)
+      client_event = (jnp.asarray(event32, jnp.float32)[None, :]
+                      / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
     if privacy.mode == "local" and privacy.target_epsilon is not None:
       # a client takes part only if its own ledger stays within its budget after it
-      after = accounting.compose(ledger[ids], round_event)
+      after = accounting.compose(ledger[ids], client_event)
       budget = (jnp.asarray(privacy.client_budgets, jnp.float32)[ids]
                 if privacy.client_budgets is not None else privacy.target_epsilon)
       within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(budget)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
-    mean_delta, stats, cohort_state, contrib_sum = client_phase(
-        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales,
+    mean_delta, stats, cohort_state, contrib_sum, cluster_info = client_phase(
+        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales, factor,
         state.client_state, state.server_state, store.x, store.y, store.client_index,
         store.client_count)
     # scatter back only real participants: padded and refused slots go out of bounds
@@ -469,7 +505,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
             jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
             cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
     elif privacy.mode == "local":
-      ledger = ledger.at[ids].set(accounting.compose(ledger[ids], round_event, mask))
+      ledger = ledger.at[ids].set(accounting.compose(ledger[ids], client_event, mask))
     if cfg.s_global > 0:
       # downlink top-k: the server keeps what it does not broadcast (error feedback)
       flat, unravel = ravel_pytree(mean_delta)
@@ -480,6 +516,14 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mean_delta = unravel(sent)
     if cfg.index_selection == "public_topk":
       server_state = {**server_state, "public_update": ravel_pytree(mean_delta)[0]}
+    if cluster_info:
+      # the clusters this round's uploads formed set each member's next noise
+      all_ids, all_mask, size, median = cluster_info
+      cn = server_state["cluster_noise"]
+      where = jnp.where(all_mask, all_ids, cfg.num_clients)
+      server_state = {**server_state, "cluster_noise": {
+          "size": cn["size"].at[where].set(size, mode="drop"),
+          "median": jnp.where(jnp.any(all_mask), median, cn["median"])}}
     if privacy.mode != "none":
       nc = server_state["noise_control"]
       z_round = privacy.update_noise_multiplier * noise_control.base_factor(

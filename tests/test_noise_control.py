@@ -163,3 +163,38 @@ def test_per_client_budgets_stop_each_client_at_its_own():
 def test_config_errors(over, match):
   with pytest.raises(ConfigError, match=match):
     make_config(over)
+
+
+def test_cluster_noise_factors_by_hand():
+  got = nc.cluster_noise_factors(jnp.array([0.0, 2.0, 4.0, 8.0, 16.0]), jnp.float32(4.0))
+  np.testing.assert_allclose(np.asarray(got), [1.0, 1.0, 1.0, math.sqrt(2), 2.0], rtol=1e-6)
+
+
+def test_per_cluster_noise_ledgers_follow_each_clients_factor():
+  # two groups of clients with opposite labels' data: updates cluster apart
+  rng = np.random.default_rng(5)
+  x, y, parts = toy_problem(sizes=(8, 8, 8, 8, 8, 8), features=4, seed=5)
+  x[parts[3]] += 3.0
+  sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=0.05, clip_norm=1.0,
+                       aggregator="cluster", cluster_threshold=0.2, cluster_noise="equalize",
+                       clients_per_round=6)
+  state = sim.init_state()
+  want = np.zeros((6, len(accounting.DEFAULT_ORDERS)))
+  seen_factor = []
+  for _ in range(4):
+    cn = state.server_state["cluster_noise"]
+    f = np.asarray(nc.cluster_noise_factors(cn["size"], cn["median"]), np.float64)
+    seen_factor.append(f)
+    np.testing.assert_allclose(sim.next_event_rdp(state),
+                               sim.privacy.event_rdp[None, :] / f[:, None] ** 2)
+    state, stats = sim.run_rounds(state, 1)
+    want += sim.privacy.event_rdp[None, :] / f[:, None] ** 2   # everyone takes part
+  assert int(stats.clusters[0]) >= 2
+  assert np.all(seen_factor[0] == 1.0) and np.any(np.concatenate(seen_factor[1:]) > 1.0)
+  got = np.asarray(state.ledger, np.float64)
+  assert np.all(got >= want * (1 - 1e-9)) and np.allclose(got, want, rtol=1e-5)
+
+
+def test_cluster_noise_needs_the_cluster_rule_and_local_dp():
+  with pytest.raises(ConfigError, match="cluster_noise"):
+    make_config(dict(cluster_noise="equalize", dp="local", noise_multiplier=1.0))
