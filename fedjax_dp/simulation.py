@@ -670,11 +670,16 @@ def neighbouring_relation(cfg: Config) -> str:
 
 @functools.lru_cache(maxsize=16)
 def noise_multiplier_for(cfg: Config) -> float:
-  """The configured noise multiplier, or the one that reaches target_epsilon in `rounds`."""
+  """The configured noise multiplier, or the one that reaches target_epsilon in `rounds`.
+
+  It aims a hair below the target (1e-5 relative, plus the in-round float32
+  ledger's worst-case upward drift of 3e-7 per round), so that the budget check,
+  which sees the rounded-up ledger, lets all `rounds` rounds run."""
   if cfg.noise_multiplier is not None:
     return cfg.noise_multiplier
+  aim = cfg.target_epsilon * (1.0 - 1e-5 - 3e-7 * cfg.rounds)
   return accounting.calibrate_noise_multiplier(
-      cfg.target_epsilon, sampling_rate(cfg), cfg.rounds, cfg.delta,
+      aim, sampling_rate(cfg), cfg.rounds, cfg.delta,
       epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * round_event_rdp(cfg, z),
                                                  cfg.delta)[0])
 

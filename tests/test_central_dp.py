@@ -163,3 +163,12 @@ def test_bad_dp_settings(tmp_path, capsys, sets, fragment):
   assert not (tmp_path / "e").exists()   # nothing written
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err.startswith("error: ") and fragment in err
+
+
+def test_calibrated_long_run_takes_every_round():
+  # 1,350 rounds: the float32 ledger's upward drift must not cost the last round
+  from fedjax_dp.config import make_config
+  from fedjax_dp.runner import budget_rounds
+  cfg = make_config({"dp": "central", "target_epsilon": 1.9, "rounds": 1350,
+                     "num_clients": 120, "clients_per_round": 12, "sampling": "poisson"})
+  assert budget_rounds(cfg) == 1350
