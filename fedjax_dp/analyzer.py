@@ -52,18 +52,22 @@ DESCRIPTOR_NAMES = ("entropy_score", "correlation_score", "kl_score", "discrete"
 REFERENCE_SIZE = 512
 
 
-def reference_sample(features: int, seed: int = 0) -> jax.Array:
-  """[REFERENCE_SIZE, F]: a standard-normal reference, public and data-free (the
-  features are standardized, so it is the distribution of an unremarkable one)."""
+def reference_sample(features: int, seed: int = 0):
+  """The per-feature histograms (lo [F], hi [F], q [F, 32]) of a standard-normal
+  reference sample [REFERENCE_SIZE, F]: public and data-free (the features are
+  standardized, so it is the distribution of an unremarkable one). Computed once
+  and shared by every client's pass."""
   rng = np.random.default_rng([seed, 1723])
-  return jnp.asarray(rng.normal(size=(REFERENCE_SIZE, features)), jnp.float32)
+  ref = jnp.asarray(rng.normal(size=(REFERENCE_SIZE, features)), jnp.float32)
+  return jax.jit(jax.vmap(sensitivity.reference_histogram, in_axes=1))(ref)
 
 
 @jax.jit
 def feature_descriptors(x: jax.Array, mask: jax.Array, sensitive: jax.Array,
-                        reference: jax.Array) -> tuple[jax.Array, jax.Array]:
+                        reference) -> tuple[jax.Array, jax.Array]:
   """(descriptors [F, len(DESCRIPTOR_NAMES)], statistical score [F]) of one
-  client's x [n, F] (rows with mask 0 are padding); sensitive [n, S]."""
+  client's x [n, F] (rows with mask 0 are padding); sensitive [n, S];
+  reference: `reference_sample`'s histograms."""
   m = mask.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(m), 2.0)
   stats = sensitivity.statistical_scores(x, sensitive, reference, mask=m)

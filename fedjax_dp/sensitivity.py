@@ -106,30 +106,46 @@ def max_abs_correlation(x: jax.Array, s: jax.Array, mask: jax.Array | None = Non
   return jnp.max(jnp.abs(r), axis=1)
 
 
+def reference_histogram(ref: jax.Array, bins: int = 32):
+  """(lo, hi, q [bins]) of one reference feature: its range and smoothed bin
+  frequencies (each count + 1/2), for `kl_to_histogram`."""
+  lo, hi = jnp.min(ref), jnp.max(ref)
+  q = histogram(ref, lo, hi, bins) + 0.5
+  return lo, hi, q / jnp.sum(q)
+
+
+def kl_to_histogram(x: jax.Array, lo, hi, q: jax.Array, mask: jax.Array | None = None):
+  """KL(p_x || q) with p_x binned like `reference_histogram`'s q."""
+  p = histogram(x, lo, hi, q.shape[0], mask) + 0.5
+  p = p / jnp.sum(p)
+  return jnp.sum(p * jnp.log(p / q))
+
+
 def kl_to_reference(x: jax.Array, ref: jax.Array, bins: int = 32,
                     mask: jax.Array | None = None) -> jax.Array:
   """KL(p_x || p_ref) (nats) of one feature, histograms over the reference's range,
   each bin's count + 1/2."""
-  lo, hi = jnp.min(ref), jnp.max(ref)
-  p = histogram(x, lo, hi, bins, mask) + 0.5
-  q = histogram(ref, lo, hi, bins) + 0.5
-  p, q = p / jnp.sum(p), q / jnp.sum(q)
-  return jnp.sum(p * jnp.log(p / q))
+  return kl_to_histogram(x, *reference_histogram(ref, bins), mask)
 
 
-def statistical_scores(x: jax.Array, sensitive: jax.Array, reference: jax.Array,
+def statistical_scores(x: jax.Array, sensitive: jax.Array, reference,
                        bins: int = 16, mask: jax.Array | None = None) -> dict:
   """Per-feature statistics of one client's x [n, F] and their [0, 1] scores.
 
   sensitive [n, S]: the client's sensitive attributes; reference [m, F]: the
   reference distribution (e.g. public data, or a standard normal for
-  standardized features); mask [n]: which rows are real (padding has 0).
+  standardized features), or its per-feature `reference_histogram`s (lo [F],
+  hi [F], q [F, bins]) computed once for many clients; mask [n]: which rows are
+  real (padding has 0).
   Returns a dict of [F] arrays: entropy (nats; Shannon for discrete features,
   KDE for continuous), discrete, correlation, kl, and entropy_score,
   correlation_score, kl_score, score (their mean)."""
   m = _mask(x, mask)
 
-  def per_feature(col, ref_col):
+  if not isinstance(reference, tuple):
+    reference = jax.vmap(reference_histogram, in_axes=1)(reference)
+
+  def per_feature(col, lo, hi, q):
     distinct = distinct_values(col, m)
     discrete = distinct <= bins
     h_disc = shannon_entropy(col, bins, m)
@@ -141,9 +157,9 @@ def statistical_scores(x: jax.Array, sensitive: jax.Array, reference: jax.Array,
     e_score = jnp.where(discrete, h_disc / jnp.log(jnp.maximum(distinct, 2)),
                         jnp.clip(power, 0.0, 1.0))
     return (jnp.where(discrete, h_disc, h_cont), discrete, e_score,
-            kl_to_reference(col, ref_col, mask=m))
+            kl_to_histogram(col, lo, hi, q, m))
 
-  entropy, discrete, e_score, kl = jax.vmap(per_feature, in_axes=(1, 1))(x, reference)
+  entropy, discrete, e_score, kl = jax.vmap(per_feature, in_axes=(1, 0, 0, 0))(x, *reference)
   corr = max_abs_correlation(x, sensitive, m)
   kl_score = 1.0 - jnp.exp(-kl)
   return {"entropy": entropy, "discrete": discrete, "correlation": corr, "kl": kl,

@@ -159,6 +159,14 @@ def budget(args) -> list[dict]:
   return rows
 
 
+def majority_share(args) -> float:
+  from fedjax_dp.runner import load_data
+  cfg = load_config(os.path.join(HERE, "base.yaml"),
+                    [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
+  y = load_data(cfg).y_test
+  return max((y == k).mean() for k in set(y.tolist()))
+
+
 def _fmt(v) -> str:
   if v is None:
     return "n/a"
@@ -184,7 +192,9 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
            "Ours: synthetic healthcare cohort (base.yaml, protocol above). epsilon = the "
            "accountant's (the guarantee); 'paper formula' = the paper's per-round "
            "sqrt(2 ln(1.25/delta)) / z summed over rounds, NOT a guarantee. The paper's "
-           "figures are its own, on ADNI data we cannot get.", ""]
+           "figures are its own, on ADNI data we cannot get.", "",
+           f"Majority class of the test set: {100 * majority_share(args):.1f} % (what a "
+           "constant prediction scores).", ""]
   if kind == "table4":
     lines += ["| method | accuracy % (ours) | epsilon (accountant) | epsilon (paper formula) | "
               "rounds | wall s | paper: accuracy % / epsilon / rounds |",
