@@ -330,9 +330,14 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
     everyone = lambda a: jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
     all_rows, all_mask = everyone(rows), everyone(cohort_mask)
-    agg, flagged, clusters = robust_aggregator(all_rows, all_mask, everyone(weights * mask_f))
-    if cluster_threshold is not None:
+    all_weights = everyone(weights * mask_f)
+    if cluster_threshold is None:
+      agg, flagged, clusters = robust_aggregator(all_rows, all_mask, all_weights)
+    else:
+      # the cluster rule whose clusters also set next round's noise: cluster once
       labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
+      agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
+                                                        cluster_threshold, labels)
       same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
       size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
       heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
@@ -531,8 +536,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       paper_eps = (noise_control.paper_round_epsilon(z_round, cfg.delta)
                    if privacy.update_noise_multiplier > 0 else jnp.inf)
       scatter = jnp.where(mask, ids, cfg.num_clients)
-      observed = noise_control.observe(nc, ravel_pytree(mean_delta)[0], cfg.convergence_lambda,
-                                       cfg.noise_ema, cfg.convergence_measure)
+      observed = nc
+      if privacy.schedule != "static":  # a static schedule never reads the controller
+        observed = noise_control.observe(nc, ravel_pytree(mean_delta)[0],
+                                         cfg.convergence_lambda, cfg.noise_ema,
+                                         cfg.convergence_measure)
       # a round nobody took part in released nothing: the controller sees nothing
       observed = jax.tree.map(lambda new, old: jnp.where((stats.participants == 0) | skip, old,
                                                          new), observed, nc)

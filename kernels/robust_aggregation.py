@@ -131,11 +131,14 @@ def cosine_clusters(u: jax.Array, mask: jax.Array, threshold: float) -> jax.Arra
   return jax.lax.fori_loop(0, m, spread, labels)
 
 
-def clustered_mean(u: jax.Array, mask: jax.Array, w: jax.Array, threshold: float):
+def clustered_mean(u: jax.Array, mask: jax.Array, w: jax.Array, threshold: float,
+                   labels: jax.Array | None = None):
   """Aggregates within clusters (`cosine_clusters`, weighted means), then across
-  them with one vote per cluster: (aggregate [d], number of clusters)."""
+  them with one vote per cluster: (aggregate [d], number of clusters). `labels`
+  [m]: clusters already computed by `cosine_clusters(u, mask, threshold)`."""
   m = u.shape[0]
-  labels = cosine_clusters(u, mask, threshold)
+  if labels is None:
+    labels = cosine_clusters(u, mask, threshold)
   member = (labels[None, :] == jnp.arange(m)[:, None]) & mask[None, :]     # [cluster, client]
   wm = jnp.where(member, w[None, :], 0.0).astype(u.dtype)
   size = jnp.sum(wm, axis=1)
