@@ -232,9 +232,9 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
   leaves [num_clients, ...], replicated: each client reads its own row where it
   trains (a gather of the cohort's rows beforehand would copy them all once
-  more). Returns (aggregate, stats, the cohort's new state, the psum of the
-  objective's server contributions); all but the new state are identical on
-  all devices. noise_scales [parts]: this round's local noise std per part, over
+  more) and its new row is written back batch by batch (map_clients_with_state).
+  Returns (aggregate, stats, every client's state, the psum of the objective's
+  server contributions), all identical on all devices. noise_scales [parts]: this round's local noise std per part, over
   noise_multiplier * clip_norm; client_noise_factor [num_clients]: each client's
   own multiplier on top (per-cluster noise, else ones). With `cluster_threshold`
   (per-cluster noise) a fifth output holds the cohort's clusters (ids, mask and
@@ -258,9 +258,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
 
   pipeline_key = jax.random.fold_in(round_key, PIPELINE)
 
-  def one(args):
+  def one(args, cstate):
     row, count, key, took_part, cid = args
-    cstate = jax.tree.map(lambda a: a[cid], client_state)
     start = cstate["model"] if objective.solo else params
     ctx = objectives.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
@@ -277,15 +276,16 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                                         cstate["pipeline"])
       upload = unravel(sent.values)
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
-        return (res._replace(delta=upload), cstate, contrib,
-                (sent.sent, jnp.asarray(sent.noise_std, jnp.float32)))
-    return res._replace(delta=upload), cstate, contrib, ()
+        return (res._replace(delta=upload), contrib,
+                (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))), cstate
+    return (res._replace(delta=upload), contrib, ()), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
-  if parallelism == "vmap":
-    res, new_state, contribs, owed = jax.vmap(one)(args)
-  else:
-    res, new_state, contribs, owed = jax.lax.map(one, args, batch_size=client_batch)
+  # refused and padded slots write nothing back (a padded slot may repeat a real id)
+  write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
+  batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
+  (res, contribs, owed), client_state = map_clients_with_state(one, args, client_state,
+                                                               write_ids, batch)
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
@@ -367,7 +367,43 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
                      unclipped=jax.lax.psum(unclipped, "clients"),
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters)
-  return mean_delta, stats, new_state, contrib_sum, cluster_info
+  return mean_delta, stats, client_state, contrib_sum, cluster_info
+
+
+def map_clients_with_state(fn: Callable, args, client_state, write_ids: jax.Array, batch: int):
+  """lax.map(fn, args, batch_size=batch) for clients that read and write their row
+  of the replicated per-client state; runs inside shard_map over "clients".
+
+  fn(args_i, state_row_i) -> (outputs_i, new_state_row_i); args [local, ...];
+  client_state leaves [num_clients, ...], the same on every device; write_ids
+  [local]: the row each slot writes (num_clients: none). Returns (outputs stacked
+  [local, ...], client_state with every device's new rows written, identical on
+  all devices). The new rows are all-gathered over the devices after each batch:
+  on CPU that moved 100 clients' 199,210-float rows 4x faster than one all-gather
+  of the whole cohort after the loop, and the copy overlaps the training."""
+  local = write_ids.shape[0]
+  batch = max(1, min(batch, local))
+  everyone = lambda a: jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
+
+  def step(table, chunk):
+    chunk_args, ids = chunk
+    rows = jax.tree.map(lambda a: a[chunk_args[-1]], table)
+    out, new_rows = jax.vmap(fn)(chunk_args, rows)
+    if jax.tree.leaves(table):
+      where = everyone(ids)
+      table = jax.tree.map(lambda a, r: a.at[where].set(everyone(r), mode="drop"),
+                           table, new_rows)
+    return table, out
+
+  full = local // batch * batch
+  head = jax.tree.map(lambda a: a[:full].reshape((full // batch, batch) + a.shape[1:]),
+                      (args, write_ids))
+  client_state, out = jax.lax.scan(step, client_state, head)
+  out = jax.tree.map(lambda a: a.reshape((full,) + a.shape[2:]), out)
+  if full < local:  # the remainder, as one smaller batch
+    client_state, tail = step(client_state, jax.tree.map(lambda a: a[full:], (args, write_ids)))
+    out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+  return out, client_state
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
@@ -429,7 +465,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P(),
                 P(), P()),
-      out_specs=(P(), P(), P("clients"), P(), P()))
+      out_specs=(P(), P(), P(), P(), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
   event_rdp = privacy.event_rdp
@@ -481,15 +517,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(budget)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
-    mean_delta, stats, cohort_state, contrib_sum, cluster_info = client_phase(
+    mean_delta, stats, client_state, contrib_sum, cluster_info = client_phase(
         state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales, factor,
         state.client_state, state.server_state, store.x, store.y, store.client_index,
         store.client_count)
-    # scatter back only real participants: padded and refused slots go out of bounds
-    # and are dropped (a padded slot may repeat a real id)
-    scatter_ids = jnp.where(mask, ids, cfg.num_clients)
-    client_state = jax.tree.map(lambda a, new: a.at[scatter_ids].set(new, mode="drop"),
-                                state.client_state, cohort_state)
     server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
     stats = stats._replace(spent=spent + skip.astype(jnp.int32))
     clip_norm = state.clip_norm

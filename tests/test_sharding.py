@@ -1,9 +1,12 @@
 """The cohort sharded over 8 simulated CPU devices gives the single-device result."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
+from fedjax_dp.simulation import make_mesh, map_clients_with_state
 from tests.helpers import toy_problem, toy_simulation
 
 
@@ -34,3 +37,51 @@ def test_params_stay_replicated_and_cohort_is_sharded():
   leaf = jax.tree.leaves(state.params)[0]
   assert leaf.sharding.is_fully_replicated
   assert sim.cohort_capacity == 16
+
+
+def test_clients_with_state_write_their_rows_like_a_plain_loop():
+  """24 slots over 8 devices in batches of 2 (a remainder of 1 per device);
+  dropped slots (id 30) write nothing, a padded slot repeats a real id."""
+  n, d = 30, 5
+  rng = np.random.default_rng(0)
+  ids = rng.permutation(n)[:24].astype(np.int32)
+  write = ids.copy()
+  write[[3, 10, 17]] = n                       # refused or padded slots
+  ids[10] = ids[11]                            # a padded slot repeating a real id
+  table = {"a": rng.normal(size=(n, d)).astype(np.float32),
+           "b": rng.integers(0, 9, size=(n,)).astype(np.int32)}
+  arg = rng.normal(size=(24,)).astype(np.float32)
+
+  def fn(args, row):
+    x, cid = args
+    return (2 * x, row["b"]), {"a": row["a"] + x, "b": row["b"] + cid}
+
+  def phase(table, x, ids, write):
+    return map_clients_with_state(fn, (x, ids), table, write, batch=2)
+  mesh = make_mesh(8)
+  run = jax.jit(jax.shard_map(phase, mesh=mesh, in_specs=(P(), P("clients"), P("clients"),
+                                                            P("clients")),
+                              out_specs=((P("clients"), P("clients")), P())))
+  (out_x, out_b), got = run(table, jnp.asarray(arg), jnp.asarray(ids), jnp.asarray(write))
+  want = {k: v.copy() for k, v in table.items()}
+  for j in range(24):   # every slot reads the round's starting rows (ids distinct among writers)
+    if write[j] < n:
+      want["a"][ids[j]] = table["a"][ids[j]] + arg[j]
+      want["b"][ids[j]] = table["b"][ids[j]] + ids[j]
+  np.testing.assert_allclose(np.asarray(out_x), 2 * arg)
+  np.testing.assert_array_equal(np.asarray(out_b), table["b"][ids])
+  np.testing.assert_allclose(np.asarray(got["a"]), want["a"], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(got["b"]), want["b"])
+
+
+def test_eight_devices_equal_one_with_per_client_state():
+  x, y, parts = toy_problem(sizes=tuple(range(3, 23)))
+  out = []
+  for devices in (1, 8):
+    sim = toy_simulation(x, y, parts, devices=devices, clients_per_round=10, sampling="fixed",
+                         algorithm="scaffold", s_local=0.5)
+    state, _ = sim.run_rounds(sim.init_state(), 4)
+    out.append(state)
+  for a, b in zip(jax.tree.leaves((out[0].params, out[0].client_state)),
+                  jax.tree.leaves((out[1].params, out[1].client_state))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
