@@ -57,7 +57,7 @@ def test_clients_with_state_write_their_rows_like_a_plain_loop():
     return (2 * x, row["b"]), {"a": row["a"] + x, "b": row["b"] + cid}
 
   def phase(table, x, ids, write):
-    return map_clients_with_state(fn, (x, ids), table, write, batch=2)
+    return map_clients_with_state(fn, (x, ids), table, ids, write, batch=2)
   mesh = make_mesh(8)
   run = jax.jit(jax.shard_map(phase, mesh=mesh, in_specs=(P(), P("clients"), P("clients"),
                                                             P("clients")),
