@@ -24,8 +24,9 @@ The client minimises CE(w; D_i) plus the terms of the configured `algorithm`
 
 w_prev is the client's local model from its previous participation; a client
 seen for the first time uses w^t. Per-client state lives in
-`SimState.client_state` with a leading [num_clients] axis and is gathered for
-the cohort and scattered back inside the compiled round. Memory per client:
+`SimState.client_state` with a leading [num_clients] axis; each client reads and
+writes its row inside the compiled round (simulation.map_clients_with_state, or
+map_clients_with_resident_state when every client takes part in every round). Memory per client:
 one parameter vector each for `prev_model` (contrastive, moon), `control`
 (scaffold), `dual` (fedadmm) and `model` (solo: each client's own model,
 trained from its last one, never aggregated): 4 d bytes each (0.8 MB for the 199,210-

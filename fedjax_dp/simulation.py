@@ -226,15 +226,18 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
                   aggregate_noise: bool, robust_aggregator: Callable | None,
                   malicious: np.ndarray | None, attack: tuple[str, float],
-                  cluster_threshold: float | None = None):
+                  cluster_threshold: float | None = None, resident: bool = False):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
   leaves [num_clients, ...], replicated: each client reads its own row where it
   trains (a gather of the cohort's rows beforehand would copy them all once
   more) and its new row is written back batch by batch (map_clients_with_state).
-  Returns (aggregate, stats, every client's state, the psum of the objective's
-  server contributions), all identical on all devices. noise_scales [parts]:
+  With `resident`, client_state is instead this device's rows in the resident
+  layout, [local_cohort, ...], row i that of slot i (map_clients_with_resident_state),
+  and comes back the same way.
+  Returns (aggregate, stats, client state, the psum of the objective's
+  server contributions), all but the resident client state identical on all devices. noise_scales [parts]:
   this round's local noise std per part, over noise_multiplier * clip_norm;
   client_noise_factor [num_clients]: each client's own multiplier on top
   (per-cluster noise, else ones). With `cluster_threshold`
@@ -285,8 +288,12 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   # refused and padded slots write nothing back (a padded slot may repeat a real id)
   write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
-  (res, contribs, owed), client_state = map_clients_with_state(one, args, client_state,
-                                                               cohort_ids, write_ids, batch)
+  if resident:
+    (res, contribs, owed), client_state = map_clients_with_resident_state(one, args,
+                                                                          client_state, batch)
+  else:
+    (res, contribs, owed), client_state = map_clients_with_state(one, args, client_state,
+                                                                 cohort_ids, write_ids, batch)
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
@@ -373,6 +380,21 @@ def gather_over_devices(a: jax.Array) -> jax.Array:
   return jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
 
 
+def _map_in_batches(step: Callable, carry, slots, batch: int):
+  """lax.scan of step(carry, chunk) over `slots` (leaves [local, ...]) in chunks of
+  `batch`, the remainder as one smaller chunk; outputs stacked [local, ...]."""
+  local = jax.tree.leaves(slots)[0].shape[0]
+  batch = max(1, min(batch, local))
+  full = local // batch * batch
+  head = jax.tree.map(lambda a: a[:full].reshape((full // batch, batch) + a.shape[1:]), slots)
+  carry, out = jax.lax.scan(step, carry, head)
+  out = jax.tree.map(lambda a: a.reshape((full,) + a.shape[2:]), out)
+  if full < local:
+    carry, tail = step(carry, jax.tree.map(lambda a: a[full:], slots))
+    out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
+  return out, carry
+
+
 def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array,
                            write_ids: jax.Array, batch: int):
   """lax.map(fn, args, batch_size=batch) for clients that read and write their row
@@ -386,9 +408,6 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
   all devices). The new rows are all-gathered over the devices after each batch:
   on CPU that moved 100 clients' 199,210-float rows 4x faster than one all-gather
   of the whole cohort after the loop, and the copy overlaps the training."""
-  local = write_ids.shape[0]
-  batch = max(1, min(batch, local))
-
   def step(table, chunk):
     chunk_args, reads, writes = chunk
     rows = jax.tree.map(lambda a: a[reads], table)
@@ -399,15 +418,20 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
                            table, new_rows)
     return table, out
 
-  slots = (args, read_ids, write_ids)
-  full = local // batch * batch
-  head = jax.tree.map(lambda a: a[:full].reshape((full // batch, batch) + a.shape[1:]), slots)
-  client_state, out = jax.lax.scan(step, client_state, head)
-  out = jax.tree.map(lambda a: a.reshape((full,) + a.shape[2:]), out)
-  if full < local:  # the remainder, as one smaller batch
-    client_state, tail = step(client_state, jax.tree.map(lambda a: a[full:], slots))
-    out = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, tail)
-  return out, client_state
+  return _map_in_batches(step, client_state, (args, read_ids, write_ids), batch)
+
+
+def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int):
+  """lax.map(fn, (args, local_state), batch_size=batch) -> (outputs, new local_state):
+  every slot's state row lives on the device that trains it (resident layout,
+  leaves [local, ...] aligned with args), so rows are read and written in place
+  of the slot, with nothing gathered or exchanged between devices."""
+  def step(_, chunk):
+    out, new_rows = jax.vmap(fn)(*chunk)
+    return (), (out, new_rows)
+
+  (out, new_state), _ = _map_in_batches(step, (), (args, local_state), batch)
+  return out, new_state
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
@@ -423,15 +447,24 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
   pad = slots - ids.shape[0]
   ids, mask = jnp.pad(ids, (0, pad)), jnp.pad(mask, (0, pad))
   size = jnp.where(mask, client_count[ids], -1)
-  order = jnp.argsort(size).reshape(slots // n_dev, n_dev).T.reshape(-1)
+  # ties by id: the same cohort is dealt the same way whatever order it was drawn in
+  order = jnp.lexsort((ids, size)).reshape(slots // n_dev, n_dev).T.reshape(-1)
   return ids[order], mask[order]
 
 
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                      mesh: Mesh | None = None, feature_tiers=None,
-                     client_budgets=None) -> Simulation:
+                     client_budgets=None, resident_state: bool | None = None) -> Simulation:
   """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
-  `client_budgets` [num_clients]: per-client target epsilons (local DP)."""
+  `client_budgets` [num_clients]: per-client target epsilons (local DP).
+
+  `resident_state` (default: whenever every client takes part in every round and
+  there is per-client state): the cohort is then the same every round and so is
+  its dealing to the devices, so inside a compiled chunk each device keeps the
+  state rows of the clients it trains (sharded over "clients", in dealing
+  order) and no row crosses devices; the chunk puts the state back in client
+  order, replicated, at its end. Same numbers either way; False forces the
+  replicated table (map_clients_with_state)."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   if cfg.sampling == "fixed":
@@ -442,6 +475,23 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   parallelism = cfg.client_parallelism
   if parallelism == "auto":
     parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
+
+  has_client_state = bool(jax.tree.leaves(
+      jax.eval_shape(lambda: init_state(cfg, model).client_state)))
+  full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
+  if resident_state is None:
+    resident_state = full_participation and has_client_state
+  if resident_state and not full_participation:
+    raise ValueError("resident_state needs every client in every round (sampling fixed, "
+                     f"clients_per_round = num_clients = {cfg.num_clients})")
+  if resident_state:
+    # the dealing every round draws: deal_by_size breaks ties by id, so the draw's
+    # order does not matter
+    every = jnp.arange(cfg.num_clients, dtype=jnp.int32)
+    home_ids, home_mask = (np.asarray(a) for a in deal_by_size(
+        every, jnp.ones_like(every, bool), store.client_count, n_dev, padded_capacity))
+    home_pos = np.zeros(cfg.num_clients, np.int32)   # client -> its slot
+    home_pos[home_ids[home_mask]] = np.flatnonzero(home_mask)
 
   privacy = make_privacy(cfg, model, feature_tiers)
   if client_budgets is not None:
@@ -465,21 +515,26 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                          if cfg.byzantine_fraction > 0 else None),
               attack=(cfg.byzantine_attack, cfg.byzantine_scale),
               cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize"
-                                 else None)),
+                                 else None),
+              resident=resident_state),
       mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), P(), P(), P(), P(),
-                P(), P()),
-      out_specs=(P(), P(), P(), P(), P()))
+      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(),
+                P("clients") if resident_state else P(), P(), P(), P(), P(), P()),
+      out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
   event_rdp = privacy.event_rdp
 
   def round_fn(state: SimState, store: FederatedStore) -> tuple[SimState, RoundStats]:
     round_key = jax.random.fold_in(state.key, state.round)
-    cohort = sample_cohort(jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients,
-                           cfg.clients_per_round, cfg.sampling, capacity)
-    ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
-                             padded_capacity)
+    if resident_state:  # everyone, each on the device that holds its state
+      ids, mask, overflow = jnp.asarray(home_ids), jnp.asarray(home_mask), jnp.int32(0)
+    else:
+      cohort = sample_cohort(jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients,
+                             cfg.clients_per_round, cfg.sampling, capacity)
+      ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
+                               padded_capacity)
+      overflow = cohort.overflow
     ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
     round_event = event_rdp
     scales = jnp.ones((1,), jnp.float32)
@@ -598,14 +653,23 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                        (params, opt_state))
     new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                                participations=state.participations + stats.participants,
-                               cohort_overflow=state.cohort_overflow + cohort.overflow,
+                               cohort_overflow=state.cohort_overflow + overflow,
                                ledger=ledger, clip_norm=clip_norm,
                                client_state=client_state, server_state=server_state)
     return new_state, stats
 
   @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, length: int):
-    return jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
+    if resident_state:
+      state = state._replace(client_state=jax.tree.map(
+          lambda a: jax.lax.with_sharding_constraint(a[home_ids], NamedSharding(mesh, P("clients"))),
+          state.client_state))
+    state, stats = jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
+    if resident_state:
+      state = state._replace(client_state=jax.tree.map(
+          lambda a: jax.lax.with_sharding_constraint(a[home_pos], NamedSharding(mesh, P())),
+          state.client_state))
+    return state, stats
 
   store = jax.device_put(store, NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,

@@ -22,14 +22,16 @@ def toy_problem(sizes=(7, 12, 3), features=6, classes=3, seed=0):
   return x, y, parts
 
 
-def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, **overrides):
+def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, resident_state=None,
+                   **overrides):
   values = dict(num_clients=len(parts), clients_per_round=len(parts), hidden=[5],
                 batch_size=4, local_epochs=2, lr=0.1, momentum=0.5, devices=devices)
   values.update(overrides)
   cfg = make_config(values)
   model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
-  return build_simulation(cfg, model, store, make_mesh(devices), feature_tiers)
+  return build_simulation(cfg, model, store, make_mesh(devices), feature_tiers,
+                          resident_state=resident_state)
 
 
 def round_zero_deltas(sim, state):

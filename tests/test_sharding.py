@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fedjax_dp.simulation import make_mesh, map_clients_with_state
+from fedjax_dp.simulation import (make_mesh, map_clients_with_resident_state,
+                                  map_clients_with_state)
 from tests.helpers import toy_problem, toy_simulation
 
 
@@ -85,3 +86,56 @@ def test_eight_devices_equal_one_with_per_client_state():
   for a, b in zip(jax.tree.leaves((out[0].params, out[0].client_state)),
                   jax.tree.leaves((out[1].params, out[1].client_state))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+def test_resident_state_rows_follow_their_slots_like_a_plain_loop():
+  """11 slots per device over 8 devices in batches of 4 (a remainder of 3)."""
+  rng = np.random.default_rng(1)
+  slots, d = 88, 3
+  table = {"a": rng.normal(size=(slots, d)).astype(np.float32),
+           "b": rng.integers(0, 9, size=(slots,)).astype(np.int32)}
+  arg = rng.normal(size=(slots,)).astype(np.float32)
+
+  def fn(x, row):
+    return (x * row["b"], row["a"][0]), {"a": row["a"] * x, "b": row["b"] + 1}
+
+  run = jax.jit(jax.shard_map(lambda x, t: map_clients_with_resident_state(fn, x, t, batch=4),
+                              mesh=make_mesh(8), in_specs=(P("clients"), P("clients")),
+                              out_specs=((P("clients"), P("clients")), P("clients"))))
+  (out_x, out_a0), got = run(jnp.asarray(arg), table)
+  np.testing.assert_allclose(np.asarray(out_x), arg * table["b"], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(out_a0), table["a"][:, 0])
+  np.testing.assert_allclose(np.asarray(got["a"]), table["a"] * arg[:, None], rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(got["b"]), table["b"] + 1)
+
+
+def test_resident_state_equals_the_replicated_table():
+  """Full participation keeps each client's state on its device inside a chunk;
+  it must give the replicated table's numbers, rows in client order after every
+  chunk, and 8 devices must give 1 device's."""
+  x, y, parts = toy_problem(sizes=tuple(range(3, 23)))   # 20 clients over 8 devices: padded
+  out = {}
+  for devices, resident in ((8, True), (8, False), (1, True)):
+    sim = toy_simulation(x, y, parts, devices=devices, resident_state=resident,
+                         algorithm="scaffold+contrastive", s_local=0.5)
+    state, _ = sim.run_rounds(sim.init_state(), 2)   # two chunks: the layout goes back and forth
+    state, _ = sim.run_rounds(state, 1)
+    assert all(a.sharding.is_fully_replicated for a in jax.tree.leaves(state.client_state))
+    out[devices, resident] = state
+  ref = out[8, False]
+  assert np.asarray(ref.client_state["seen"]).all()
+  rows = np.asarray(jax.tree.leaves(ref.client_state["prev_model"])[0])
+  assert len({r.tobytes() for r in rows}) == 20         # distinct rows: a mix-up would show
+  for key in ((8, True), (1, True)):
+    for a, b in zip(jax.tree.leaves((ref.params, ref.client_state)),
+                    jax.tree.leaves((out[key].params, out[key].client_state))):
+      if key == (8, True):   # the same dealing and summation order: the same bits
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      else:
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+def test_resident_state_needs_full_participation():
+  x, y, parts = toy_problem(sizes=tuple(range(3, 23)))
+  with pytest.raises(ValueError, match="resident_state needs every client"):
+    toy_simulation(x, y, parts, clients_per_round=10, algorithm="scaffold", resident_state=True)
