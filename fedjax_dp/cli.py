@@ -37,7 +37,7 @@ def _run(args) -> int:
           f"test loss {final['test_loss']:.4f}")
   print(f"results: {out}/metrics.jsonl, {out}/summary.json")
   if summary.get("plots"):
-    print("plots:   " + ", ".join(summary["plots"]))
+    print("plots:   " + ", ".join(os.path.abspath(p) for p in summary["plots"]))
   return 0
 
 

@@ -35,9 +35,15 @@ def read_rows(out):
     return [json.loads(line) for line in f]
 
 
-def test_run_writes_every_output(tmp_path):
-  out = str(tmp_path / "run")
+def test_run_writes_every_output(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  out = "run"   # relative: the printed paths must still be absolute ones that exist
   assert cli(["--out", out] + sets()) == 0
+  printed = capsys.readouterr().out
+  for prefix in ("results: ", "plots:   "):
+    line = next(l for l in printed.splitlines() if l.startswith(prefix))
+    paths = line[len(prefix):].split(", ")
+    assert paths and all(os.path.isabs(p) and os.path.isfile(p) for p in paths), line
   rows = read_rows(out)
   assert [r["round"] for r in rows] == [2, 4, 6]
   for r in rows:
