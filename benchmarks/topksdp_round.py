@@ -10,15 +10,16 @@ per client (the literal algorithm), 'threshold', and 'bisect' with the noise
 of the aggregate drawn once (same distribution; pipeline.gaussian_on_kept).
 Compiled chunks of 5 rounds (the CLI's default chunk: it ends one at each
 evaluation) are timed alternately, A B C D A B C D ..., and the medians of the
-seconds per round are compared. Target: TopkSDP at most 25 % slower. Ablations (`--ablations`) time
-each part alone against FedAvg in the same way.
+seconds per round are compared. Target: TopkSDP at most 25 % slower.
+Ablations (`--ablations`) time each part alone against FedAvg in the same way.
 
 Part 2: top-k masks of d = 1e5, 2e5, 1e6, 1e7 Gaussian values at k = d / 10:
 lax.top_k, lax.approx_max_k, the sampled-quantile threshold and the bisecting
 threshold. Reports the median time of 5, the count kept and the recall
 against the exact top-k.
 
-  python benchmarks/topksdp_round.py [--chunks 7] [--chunk-rounds 5] [--dataset fmnist] [--ablations] [--json OUT]
+  python benchmarks/topksdp_round.py [--chunks 7] [--chunk-rounds 5] [--dataset fmnist]
+      [--ablations] [--no-kernels] [--json OUT]
 """
 
 from __future__ import annotations

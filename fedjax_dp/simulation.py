@@ -234,15 +234,16 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   trains (a gather of the cohort's rows beforehand would copy them all once
   more) and its new row is written back batch by batch (map_clients_with_state).
   With `resident`, client_state is instead this device's rows in the resident
-  layout, [local_cohort, ...], row i that of slot i (map_clients_with_resident_state),
-  and comes back the same way.
-  Returns (aggregate, stats, client state, the psum of the objective's
-  server contributions), all but the resident client state identical on all devices. noise_scales [parts]:
-  this round's local noise std per part, over noise_multiplier * clip_norm;
-  client_noise_factor [num_clients]: each client's own multiplier on top
-  (per-cluster noise, else ones). With `cluster_threshold`
-  (per-cluster noise) a fifth output holds the cohort's clusters (ids, mask and
-  cluster size per upload, the median cluster size), else ().
+  layout, [local_cohort, ...], row i that of slot i
+  (map_clients_with_resident_state), and comes back the same way.
+  Returns (aggregate, stats, client state, the psum of the objective's server
+  contributions), all but a resident client state identical on all devices.
+  noise_scales [parts]: this round's local noise std per part, over
+  noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
+  client's own multiplier on top (per-cluster noise, else ones). With
+  `cluster_threshold` (per-cluster noise) a fifth output holds the cohort's
+  clusters (ids, mask and cluster size per upload, the median cluster size),
+  else ().
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -285,13 +286,13 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     return (res._replace(delta=upload), contrib, ()), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
-  # refused and padded slots write nothing back (a padded slot may repeat a real id)
-  write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
   if resident:
     (res, contribs, owed), client_state = map_clients_with_resident_state(one, args,
                                                                           client_state, batch)
   else:
+    # refused and padded slots write nothing back (a padded slot may repeat a real id)
+    write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
     (res, contribs, owed), client_state = map_clients_with_state(one, args, client_state,
                                                                  cohort_ids, write_ids, batch)
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
