@@ -63,7 +63,7 @@ def main(argv=None):
   ap.add_argument("--torch-rounds", type=int, default=6, help="PyTorch loop rounds (first is warm-up)")
   ap.add_argument("--accuracy-rounds", type=int, default=0, help="also train N rounds and report accuracy")
   ap.add_argument("--parallelism", default="auto", choices=["auto", "map", "vmap"])
-  ap.add_argument("--client-batch", type=int, default=2)
+  ap.add_argument("--client-batch", type=int, default=1)
   ap.add_argument("--devices", type=int, default=0, help="mesh size (0 = all devices)")
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--json", default=None, help="write the results here too")

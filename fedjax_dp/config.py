@@ -126,7 +126,7 @@ class Config:
   keep_checkpoints: int = 3
   devices: int = 0
   client_parallelism: str = "auto"
-  client_batch: int = 2
+  client_batch: int = 1
   eval_batch_size: int = 1000
 
   def to_dict(self) -> dict[str, Any]:

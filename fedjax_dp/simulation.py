@@ -381,6 +381,19 @@ def gather_over_devices(a: jax.Array) -> jax.Array:
   return jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
 
 
+def _vmap_clients(fn: Callable) -> Callable:
+  """jax.vmap(fn) over a group of clients, except that a group of one calls fn on
+  the client itself: vmapped, a training loop whose trip count is per client
+  becomes a while loop that selects its whole carry at every step, traffic a
+  single client does not need."""
+  def call(*args):
+    if jax.tree.leaves(args)[0].shape[0] == 1:
+      out = fn(*jax.tree.map(lambda a: a[0], args))
+      return jax.tree.map(lambda a: a[None], out)
+    return jax.vmap(fn)(*args)
+  return call
+
+
 def _map_in_batches(step: Callable, carry, slots, batch: int):
   """lax.scan of step(carry, chunk) over `slots` (leaves [local, ...]) in chunks of
   `batch`, the remainder as one smaller chunk; outputs stacked [local, ...]."""
@@ -412,7 +425,7 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
   def step(table, chunk):
     chunk_args, reads, writes = chunk
     rows = jax.tree.map(lambda a: a[reads], table)
-    out, new_rows = jax.vmap(fn)(chunk_args, rows)
+    out, new_rows = _vmap_clients(fn)(chunk_args, rows)
     if jax.tree.leaves(table):
       where = gather_over_devices(writes)
       table = jax.tree.map(lambda a, r: a.at[where].set(gather_over_devices(r), mode="drop"),
@@ -428,7 +441,7 @@ def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int)
   leaves [local, ...] aligned with args), so rows are read and written in place
   of the slot, with nothing gathered or exchanged between devices."""
   def step(_, chunk):
-    out, new_rows = jax.vmap(fn)(*chunk)
+    out, new_rows = _vmap_clients(fn)(*chunk)
     return (), (out, new_rows)
 
   (out, new_state), _ = _map_in_batches(step, (), (args, local_state), batch)
