@@ -57,6 +57,17 @@ def topk_mask_threshold(x: jax.Array, k: int, key: jax.Array, sample: int = 4096
   return keep | (below & (rank_below <= short))
 
 
+def count_at_least(a: jax.Array, t: jax.Array, axis=None) -> jax.Array:
+  """int32 count of a >= t (along `axis`). Summed in float32 where that is exact
+  (every partial sum below 2^24): XLA:CPU reduces float32 about twice as fast as
+  int32 (28 vs 55 us for 199,210 values), and the threshold search is passes of
+  this count."""
+  n = a.size if axis is None else a.shape[axis]
+  if n < 2 ** 24:
+    return jnp.sum((a >= t).astype(jnp.float32), axis=axis).astype(jnp.int32)
+  return jnp.sum(a >= t, axis=axis, dtype=jnp.int32)
+
+
 def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 4096,
                           passes: int = 6) -> jax.Array:
   """A threshold t with count(a >= t) <= k, and as close to k as `passes` allow.
@@ -74,7 +85,7 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   d = a.shape[0]
   if k >= d:
     return jnp.float32(0.0)
-  count = lambda t: jnp.sum(a >= t, dtype=jnp.int32)
+  count = lambda t: count_at_least(a, t)
   # a systematic sample from a random start: one random number, not `sample`
   stride = max(1, d // sample)
   n = d // stride
@@ -92,7 +103,7 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   def sample_step(_, b):
     lo_b, hi_b = b
     mid = lo_b + (hi_b - lo_b + 1) // 2
-    ok = jnp.sum(s_bits[None, :] >= mid[:, None], axis=1) >= ranks
+    ok = count_at_least(s_bits[None, :], mid[:, None], axis=1) >= ranks
     return jnp.where(ok, mid, lo_b), jnp.where(ok, hi_b, mid - 1)
 
   hi_b = jnp.broadcast_to(jnp.max(s_bits), (2,))  # derived from the data, so that inside

@@ -222,6 +222,21 @@ def test_bisect_kernel_keeps_an_exact_top_c_with_c_at_most_k(d, k):
   np.testing.assert_array_equal(full, exact)
 
 
+def test_count_at_least_matches_numpy_on_both_sides_of_float32_exactness():
+  """Summed in float32 below 2^24 values, in int32 from there: exact either way."""
+  rng = np.random.default_rng(11)
+  for n in (199_210, 2 ** 24 + 3):
+    a = rng.random(n, dtype=np.float32)
+    for t in (0.0, 0.3, 0.9999, 1.0):
+      got = topk_kernels.count_at_least(jnp.asarray(a), jnp.float32(t))
+      assert got.dtype == jnp.int32 and int(got) == int((a >= np.float32(t)).sum())
+  rows = rng.random((3, 1000), dtype=np.float32)
+  ts = np.array([[0.1], [0.5], [0.99]], np.float32)
+  np.testing.assert_array_equal(
+      np.asarray(topk_kernels.count_at_least(jnp.asarray(rows), jnp.asarray(ts), axis=1)),
+      (rows >= ts).sum(axis=1))
+
+
 def test_bisect_kernel_recovers_when_the_sample_misses():
   # the large values sit where a 16-value systematic sample of 1,000 (stride 62,
   # start 0..8) never looks, so the sampled bracket is wrong and must be widened
