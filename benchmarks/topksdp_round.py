@@ -10,7 +10,8 @@ per client (the literal algorithm), 'threshold', and 'bisect' with the noise
 of the aggregate drawn once (same distribution; pipeline.gaussian_on_kept).
 Compiled chunks of 5 rounds (the CLI's default chunk: it ends one at each
 evaluation) are timed alternately, A B C D A B C D ..., and the medians of the
-seconds per round are compared. Target: TopkSDP at most 25 % slower.
+seconds per round are compared. The per-client state stays in the rounds'
+working layout between chunks, as in `fedjax-dp run`. Target: TopkSDP at most 25 % slower.
 Ablations (`--ablations`) time each part alone against FedAvg in the same way.
 
 Part 2: top-k masks of d = 1e5, 2e5, 1e6, 1e7 Gaussian values at k = d / 10:
@@ -69,14 +70,15 @@ def round_times(dataset: str, chunks: int, chunk_rounds: int, variants=VARIANTS)
   sims = {}
   for name, extra in variants:
     _, _, sim = setup(make_config(dict(PROTOCOL, dataset=dataset, **extra)))
-    state, _ = sim.run_rounds(sim.init_state(), chunk_rounds)   # compile
+    # in the rounds' own layout from chunk to chunk, as `fedjax-dp run` keeps it
+    state, _ = sim.run_working(sim.to_working(sim.init_state()), chunk_rounds)   # compile
     jax.block_until_ready(state)
     sims[name] = [sim, state]
   times = {name: [] for name in sims}
   for _ in range(chunks):
     for name, entry in sims.items():
       t = time.perf_counter()
-      entry[1], _ = entry[0].run_rounds(entry[1], chunk_rounds)
+      entry[1], _ = entry[0].run_working(entry[1], chunk_rounds)
       jax.block_until_ready(entry[1])
       times[name].append((time.perf_counter() - t) / chunk_rounds)
   med = {name: statistics.median(ts) for name, ts in times.items()}

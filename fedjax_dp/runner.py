@@ -286,9 +286,12 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
                                    meta.get("agg_rounds", 0))
   bar = _progress(progress, cfg.rounds, start)
   r = start
+  # the rounds keep the per-client state in their own layout from chunk to
+  # chunk; it is put in client order only where it is read (SOLO, checkpoints)
+  state = sim.to_working(state)
   for end in chunk_ends(start, cfg, last):
     t = time.perf_counter()
-    state, stats = sim.run_rounds(state, end - r)
+    state, stats = sim.run_working(state, end - r)
     loss_sum += float(np.sum(stats.loss_sum))  # one host transfer per chunk
     examples += float(np.sum(stats.examples))
     unclipped += float(np.sum(stats.unclipped))
@@ -311,8 +314,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
           f"(rounds after it were skipped)")
     if end % cfg.eval_every == 0 or end == last or all_spent:
       if solo_eval is not None:
-        acc, test_loss = (float(v) for v in solo_eval(state.client_state["model"], *eval_data,
-                                                     label_dist))
+        models = sim.to_client_order(state).client_state["model"]
+        acc, test_loss = (float(v) for v in solo_eval(models, *eval_data, label_dist))
       else:
         acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
       participations = int(state.participations)
@@ -332,15 +335,15 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       agg_rounds = 0
       bar.set_postfix(acc=f"{acc:.4f}")
     if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last or all_spent):
-      ckpt.save(ckpt_dir, end, state, {"wall_s": time.perf_counter() - wall0,
-                                       "loss_sum": loss_sum, "examples": examples,
-                                       "unclipped": unclipped, "clip_seen": clip_seen,
-                                       "flagged": flagged, "clusters": clusters,
-                                       "agg_rounds": agg_rounds},
+      ckpt.save(ckpt_dir, end, sim.to_client_order(state),
+                {"wall_s": time.perf_counter() - wall0, "loss_sum": loss_sum,
+                 "examples": examples, "unclipped": unclipped, "clip_seen": clip_seen,
+                 "flagged": flagged, "clusters": clusters, "agg_rounds": agg_rounds},
                 keep=cfg.keep_checkpoints)
     if all_spent:
       break
   bar.close()
+  state = sim.to_client_order(state)
 
   summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm)
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)

@@ -134,10 +134,14 @@ class Simulation:
   mesh: Mesh
   cohort_capacity: int        # cohort slots per round, padded to a multiple of the mesh size
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
-  run_chunk: Callable         # (state, store, length) -> (state, RoundStats [length])
+  run_chunk: Callable         # (working state, store, length) -> (working state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
   privacy: Privacy = Privacy()
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
+  # client order <-> the layout the compiled rounds keep the per-client state in
+  # (identity but with resident state; see build_simulation)
+  to_working: Callable = lambda state: state
+  to_client_order: Callable = lambda state: state
 
   @property
   def noise_multiplier(self) -> float:
@@ -184,6 +188,16 @@ class Simulation:
     return np.full(self.cfg.num_clients, self.cfg.target_epsilon)
 
   def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
+    """num_rounds rounds in one compiled chunk; `state` (donated) and the result
+    hold the per-client state in client order."""
+    state, stats = self.run_working(self.to_working(state), num_rounds)
+    return self.to_client_order(state), stats
+
+  def run_working(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
+    """run_rounds on a state in the working layout (`to_working`), returned in it.
+    A loop over many chunks converts once at each end (and where it reads the
+    per-client state: `to_client_order` copies): with resident state, each
+    conversion moves the whole per-client table between devices."""
     return self.run_chunk(state, self.store, num_rounds)
 
 
@@ -476,9 +490,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   there is per-client state): the cohort is then the same every round and so is
   its dealing to the devices, so inside a compiled chunk each device keeps the
   state rows of the clients it trains (sharded over "clients", in dealing
-  order) and no row crosses devices; the chunk puts the state back in client
-  order, replicated, at its end. Same numbers either way; False forces the
-  replicated table (map_clients_with_state)."""
+  order) and no row crosses devices. That is the simulation's working layout:
+  `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
+  client order (replicated) at the ends of its chunk. Same numbers either
+  way; False forces the replicated table (map_clients_with_state)."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   if cfg.sampling == "fixed":
@@ -674,21 +689,27 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
 
   @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, length: int):
-    if resident_state:
-      state = state._replace(client_state=jax.tree.map(
-          lambda a: jax.lax.with_sharding_constraint(a[home_ids], NamedSharding(mesh, P("clients"))),
-          state.client_state))
-    state, stats = jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
-    if resident_state:
-      state = state._replace(client_state=jax.tree.map(
-          lambda a: jax.lax.with_sharding_constraint(a[home_pos], NamedSharding(mesh, P())),
-          state.client_state))
-    return state, stats
+    return jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
+
+  layouts = {}
+  if resident_state:
+    # client order, replicated <-> dealing order, each device its own slots' rows
+    to_slots = jax.jit(lambda table: jax.tree.map(
+        lambda a: jax.lax.with_sharding_constraint(a[home_ids], NamedSharding(mesh, P("clients"))),
+        table), donate_argnums=(0,))
+    to_clients = jax.jit(lambda table: jax.tree.map(
+        lambda a: jax.lax.with_sharding_constraint(a[home_pos], NamedSharding(mesh, P())),
+        table))
+    layouts = dict(
+        to_working=lambda state: state._replace(client_state=to_slots(state.client_state)),
+        to_client_order=lambda state: state._replace(
+            client_state=to_clients(state.client_state)))
 
   store = jax.device_put(store, NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
-                    run_chunk=run_chunk, evaluate=make_evaluate(model), privacy=privacy)
+                    run_chunk=run_chunk, evaluate=make_evaluate(model), privacy=privacy,
+                    **layouts)
 
 
 def sampling_rate(cfg: Config) -> float:

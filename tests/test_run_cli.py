@@ -165,3 +165,37 @@ def test_a_failed_setup_never_replaces_an_existing_run(tmp_path, capsys):
   code = main(["run", "--no-progress", "--out", str(tmp_path / "new"), "--set", "dataset=csv",
                "--set", f"csv_path={tmp_path / 'missing.csv'}"])
   assert code == 2 and not (tmp_path / "new" / "config.json").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold+contrastive", "solo"])
+def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_path, algorithm):
+  """Full participation with per-client state: the run keeps the state in the
+  rounds' dealing layout between chunks (2 devices) and must still checkpoint it
+  in client order and evaluate SOLO's per-client models as a plain
+  run_rounds loop gives them."""
+  import jax
+  import numpy as np
+  from fedjax_dp import runner
+  from fedjax_dp.config import make_config
+  from fedjax_dp.simulation import make_solo_evaluate
+  values = dict(dataset="digits", num_clients=6, clients_per_round=6, sampling="fixed",
+                hidden=[16], batch_size=16, lr=0.05, rounds=4, eval_every=2,
+                checkpoint_every=2, devices=2, algorithm=algorithm,
+                s_local=0.5 if algorithm != "solo" else 0.0)
+  cfg = make_config(values)
+  out = str(tmp_path / "run")
+  runner.run_experiment(cfg, out, progress=False, log=lambda msg: None)
+  ds, parts, sim = runner.setup(cfg)
+  working = sim.to_working(sim.init_state())     # the resident layout is in use
+  assert not jax.tree.leaves(working.client_state)[0].sharding.is_fully_replicated
+  state, _ = sim.run_rounds(sim.init_state(), 2)
+  state, _ = sim.run_rounds(state, 2)
+  step, saved, _ = checkpoint.restore_latest(os.path.join(out, "checkpoints"), state)
+  assert step == 4
+  for a, b in zip(jax.tree.leaves(state.client_state), jax.tree.leaves(saved.client_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  if algorithm == "solo":
+    eval_data = runner.batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
+    acc, _ = make_solo_evaluate(sim.model)(state.client_state["model"], *eval_data,
+                                           runner.client_label_distribution(ds, parts))
+    assert read_rows(out)[-1]["test_accuracy"] == pytest.approx(float(acc), abs=1e-6)

@@ -135,6 +135,30 @@ def test_resident_state_equals_the_replicated_table():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
 
 
+def test_working_layout_kept_between_chunks_equals_run_rounds():
+  """fedjax-dp run keeps resident state in the dealing layout from chunk to chunk
+  (run_working) and converts only where it reads it: the same bits as
+  run_rounds, which converts at every chunk's ends; one compilation per chunk
+  length, the first chunk's input laid out like the later ones'."""
+  x, y, parts = toy_problem(sizes=tuple(range(3, 23)))
+  sim = toy_simulation(x, y, parts, devices=8, algorithm="scaffold+contrastive", s_local=0.5)
+  s0 = sim.init_state()
+  rows = {len(jax.tree.leaves(s0.client_state)[0])}
+  ref, _ = sim.run_rounds(sim.init_state(), 2)
+  ref, ref_stats = sim.run_rounds(ref, 2)
+  w = sim.to_working(s0)
+  rows.add(len(jax.tree.leaves(w.client_state)[0]))
+  assert rows == {20, 24}          # 20 clients in client order, 24 slots in dealing order
+  w, _ = sim.run_working(w, 2)
+  w, stats = sim.run_working(w, 2)
+  assert sim.run_chunk._cache_size() == 1
+  got = sim.to_client_order(w)
+  for a, b in zip(jax.tree.leaves((ref.params, ref.client_state, ref_stats)),
+                  jax.tree.leaves((got.params, got.client_state, stats))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert all(a.sharding.is_fully_replicated for a in jax.tree.leaves(got.client_state))
+
+
 def test_resident_state_needs_full_participation():
   x, y, parts = toy_problem(sizes=tuple(range(3, 23)))
   with pytest.raises(ValueError, match="resident_state needs every client"):
