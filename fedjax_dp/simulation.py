@@ -454,12 +454,19 @@ def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int)
   every slot's state row lives on the device that trains it (resident layout,
   leaves [local, ...] aligned with args), so rows are read and written in place
   of the slot, with nothing gathered or exchanged between devices."""
-  def step(_, chunk):
-    out, new_rows = _vmap_clients(fn)(*chunk)
-    return (), (out, new_rows)
+  # The table is the loop's carry, each group's rows updated in place: as scanned
+  # inputs and stacked outputs it cost a fresh zeroed table and a copy per round.
+  def step(table, chunk):
+    chunk_args, slot = chunk
+    size = slot.shape[0]
+    rows = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, slot[0], size), table)
+    out, new_rows = _vmap_clients(fn)(chunk_args, rows)
+    table = jax.tree.map(lambda a, r: jax.lax.dynamic_update_slice_in_dim(a, r, slot[0], 0),
+                         table, new_rows)
+    return table, out
 
-  (out, new_state), _ = _map_in_batches(step, (), (args, local_state), batch)
-  return out, new_state
+  local = jax.tree.leaves(args)[0].shape[0]
+  return _map_in_batches(step, local_state, (args, jnp.arange(local)), batch)
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
