@@ -276,6 +276,15 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
 
   pipeline_key = jax.random.fold_in(round_key, PIPELINE)
+  # The plain (example- or uniformly-) weighted mean of the uploads is summed
+  # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
+  # a write and a read of it per round. DP, attacks and robust rules need the
+  # uploads one by one and stack them.
+  sum_in_loop = privacy.mode == "none" and malicious is None and robust_aggregator is None
+  d = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+
+  def weight_of(count, took_part):  # FedAvg: n_i; shuffled tuples: uniform
+    return (took_part if shuffle else count).astype(jnp.float32)
 
   def one(args, cstate):
     row, count, key, took_part, cid = args
@@ -295,25 +304,42 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                                         cstate["pipeline"])
       upload = unravel(sent.values)
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
-        return (res._replace(delta=upload), contrib,
-                (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))), cstate
+        owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
+        if sum_in_loop:   # its variance on the weighted sum (aggregate_noise_var)
+          w = weight_of(count, took_part)
+          summed = {"delta": jax.tree.map(lambda a: w * a, upload),
+                    "noise_var": jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)}
+          return ((res._replace(delta=()), contrib, ()), summed), cstate
+        return (res._replace(delta=upload), contrib, owed), cstate
+    if sum_in_loop:
+      w = weight_of(count, took_part)
+      return ((res._replace(delta=()), contrib, ()),
+              {"delta": jax.tree.map(lambda a: w * a, upload)}), cstate
     return (res._replace(delta=upload), contrib, ()), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
+  sums = None
+  if sum_in_loop:
+    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
+    if aggregate_noise:
+      sums["noise_var"] = jax.lax.pcast(jnp.zeros((d,), jnp.float32), "clients", to="varying")
   if resident:
-    (res, contribs, owed), client_state = map_clients_with_resident_state(one, args,
-                                                                          client_state, batch)
+    out, client_state = map_clients_with_resident_state(one, args, client_state, batch, sums)
   else:
     # refused and padded slots write nothing back (a padded slot may repeat a real id)
     write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
-    (res, contribs, owed), client_state = map_clients_with_state(one, args, client_state,
-                                                                 cohort_ids, write_ids, batch)
+    out, client_state = map_clients_with_state(one, args, client_state, cohort_ids, write_ids,
+                                               batch, sums)
+  if sum_in_loop:
+    (res, contribs, owed), sums = out
+  else:
+    res, contribs, owed = out
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
   if privacy.mode == "none":
-    weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n
+    weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
   else:
     weights = mask_f
     deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, privacy.layout))(
@@ -365,14 +391,20 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       cluster_info = (gather_over_devices(cohort_ids), all_mask, size, median)
     mean_delta = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1](agg)
   else:
-    delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+    if sum_in_loop:   # weight_of(...) is weights * mask_f, summed in the loop
+      delta_sum = jax.lax.psum(sums["delta"], "clients")
+    else:
+      delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
     if aggregate_noise:
       # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
       # distribution (pipeline.gaussian_on_kept). The weights pair with their own
       # client's mask and std: shuffling is per layer but its weights are uniform.
-      sent, noise_std = owed
-      std = jnp.sqrt(jax.lax.psum(pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std,
-                                                                    sent), "clients"))
+      if sum_in_loop:
+        var = sums["noise_var"]
+      else:
+        sent, noise_std = owed
+        var = pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std, sent)
+      std = jnp.sqrt(jax.lax.psum(var, "clients"))
       flat, unravel = ravel_pytree(delta_sum)
       noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
       delta_sum = unravel(flat + noise)
@@ -423,8 +455,27 @@ def _map_in_batches(step: Callable, carry, slots, batch: int):
   return out, carry
 
 
+def _summing(step: Callable, sums) -> Callable:
+  """step(table, chunk) -> (table, out) as a step over (table, running sums): with
+  `sums` (a pytree of zeros), out is (stacked, summed) and the group's summed
+  parts are added to the running sums instead of being stacked."""
+  if sums is None:
+    return lambda carry, chunk: (lambda t, o: ((t, ()), o))(*step(carry[0], chunk))
+
+  def summing_step(carry, chunk):
+    table, acc = carry
+    table, (out, part) = step(table, chunk)
+    return (table, jax.tree.map(lambda a, p: a + jnp.sum(p, axis=0), acc, part)), out
+  return summing_step
+
+
+def _finish_summing(out, carry, sums):
+  table, acc = carry
+  return ((out, acc) if sums is not None else out), table
+
+
 def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array,
-                           write_ids: jax.Array, batch: int):
+                           write_ids: jax.Array, batch: int, sums=None):
   """lax.map(fn, args, batch_size=batch) for clients that read and write their row
   of the replicated per-client state; runs inside shard_map over "clients".
 
@@ -435,7 +486,11 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
   [local, ...], client_state with every device's new rows written, identical on
   all devices). The new rows are all-gathered over the devices after each batch:
   on CPU that moved 100 clients' 199,210-float rows 4x faster than one all-gather
-  of the whole cohort after the loop, and the copy overlaps the training."""
+  of the whole cohort after the loop, and the copy overlaps the training.
+  With `sums` (a pytree of zeros), fn returns ((outputs_i, summed_i), row) and
+  the first result is (outputs stacked, the sum of the summed_i over this
+  device's slots): summed in the loop, a large per-client output (an upload)
+  is never stacked."""
   def step(table, chunk):
     chunk_args, reads, writes = chunk
     rows = jax.tree.map(lambda a: a[reads], table)
@@ -446,14 +501,17 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
                            table, new_rows)
     return table, out
 
-  return _map_in_batches(step, client_state, (args, read_ids, write_ids), batch)
+  out, carry = _map_in_batches(_summing(step, sums), (client_state, () if sums is None else sums),
+                               (args, read_ids, write_ids), batch)
+  return _finish_summing(out, carry, sums)
 
 
-def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int):
+def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int, sums=None):
   """lax.map(fn, (args, local_state), batch_size=batch) -> (outputs, new local_state):
   every slot's state row lives on the device that trains it (resident layout,
   leaves [local, ...] aligned with args), so rows are read and written in place
-  of the slot, with nothing gathered or exchanged between devices."""
+  of the slot, with nothing gathered or exchanged between devices. `sums` as
+  in map_clients_with_state."""
   # The table is the loop's carry, each group's rows updated in place: as scanned
   # inputs and stacked outputs it cost a fresh zeroed table and a copy per round.
   def step(table, chunk):
@@ -466,7 +524,9 @@ def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int)
     return table, out
 
   local = jax.tree.leaves(args)[0].shape[0]
-  return _map_in_batches(step, local_state, (args, jnp.arange(local)), batch)
+  out, carry = _map_in_batches(_summing(step, sums), (local_state, () if sums is None else sums),
+                               (args, jnp.arange(local)), batch)
+  return _finish_summing(out, carry, sums)
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
