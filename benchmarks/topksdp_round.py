@@ -10,8 +10,10 @@ per client (the literal algorithm), 'threshold', and 'bisect' with the noise
 of the aggregate drawn once (same distribution; pipeline.gaussian_on_kept).
 Compiled chunks of 5 rounds (the CLI's default chunk: it ends one at each
 evaluation) are timed alternately, A B C D A B C D ..., and the medians of the
-seconds per round are compared. The per-client state stays in the rounds'
-working layout between chunks, as in `fedjax-dp run`. Target: TopkSDP at most 25 % slower.
+seconds per round are compared, as is the median of the per-cycle ratios
+(each cycle times FedAvg next to every variant). The per-client state stays
+in the rounds' working layout between chunks, as in `fedjax-dp run`.
+Target: TopkSDP at most 25 % slower.
 Ablations (`--ablations`) time each part alone against FedAvg in the same way.
 
 Part 2: top-k masks of d = 1e5, 2e5, 1e6, 1e7 Gaussian values at k = d / 10:
@@ -20,7 +22,7 @@ threshold. Reports the median time of 5, the count kept and the recall
 against the exact top-k.
 
   python benchmarks/topksdp_round.py [--chunks 7] [--chunk-rounds 5] [--dataset fmnist]
-      [--ablations] [--no-kernels] [--json OUT]
+      [--ablations] [--no-kernels] [--only VARIANT ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -82,9 +84,13 @@ def round_times(dataset: str, chunks: int, chunk_rounds: int, variants=VARIANTS)
       jax.block_until_ready(entry[1])
       times[name].append((time.perf_counter() - t) / chunk_rounds)
   med = {name: statistics.median(ts) for name, ts in times.items()}
+  # each cycle times FedAvg and then every variant: the median of the per-cycle
+  # ratios follows the machine's drift better than the ratio of the medians
+  paired = {name: statistics.median(t / f for t, f in zip(ts, times["fedavg"]))
+            for name, ts in times.items() if name != "fedavg"}
   return {"seconds_per_round_median": med, "all": times, "chunk_rounds": chunk_rounds,
           "over_fedavg": {name: med[name] / med["fedavg"] for name in med if name != "fedavg"},
-          "target_ratio": 1.25}
+          "over_fedavg_paired": paired, "target_ratio": 1.25}
 
 
 def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dict]:
@@ -120,11 +126,16 @@ def main(argv=None):
   ap.add_argument("--ablations", action="store_true")
   ap.add_argument("--no-kernels", action="store_true")
   ap.add_argument("--dataset", default="fmnist")
+  ap.add_argument("--only", nargs="+", default=None, metavar="VARIANT",
+                  help="time FedAvg and only these variants of part 1 (more chunks in the "
+                       "same time), e.g. --only topksdp_bisect")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   res = {"protocol": dict(PROTOCOL, dataset=args.dataset), "topksdp": TOPKSDP,
          "devices": jax.device_count(), "platform": jax.devices()[0].platform,
-         "rounds": round_times(args.dataset, args.chunks, args.chunk_rounds)}
+         "rounds": round_times(args.dataset, args.chunks, args.chunk_rounds,
+                               [v for v in VARIANTS if args.only is None
+                                or v[0] == "fedavg" or v[0] in args.only])}
   if args.ablations:
     res["ablations"] = round_times(args.dataset, args.chunks, args.chunk_rounds, ABLATIONS)
   if not args.no_kernels:
