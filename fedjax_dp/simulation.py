@@ -293,6 +293,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.steps, lr, took_part)
+    owed = ()
     if client_pipeline is not None:
       flat, unravel = ravel_pytree(upload)
       stage_ctx = pipeline_lib.StageContext(
@@ -305,17 +306,13 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       upload = unravel(sent.values)
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
-        if sum_in_loop:   # its variance on the weighted sum (aggregate_noise_var)
-          w = weight_of(count, took_part)
-          summed = {"delta": jax.tree.map(lambda a: w * a, upload),
-                    "noise_var": jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)}
-          return ((res._replace(delta=()), contrib, ()), summed), cstate
-        return (res._replace(delta=upload), contrib, owed), cstate
-    if sum_in_loop:
-      w = weight_of(count, took_part)
-      return ((res._replace(delta=()), contrib, ()),
-              {"delta": jax.tree.map(lambda a: w * a, upload)}), cstate
-    return (res._replace(delta=upload), contrib, ()), cstate
+    if not sum_in_loop:
+      return (res._replace(delta=upload), contrib, owed), cstate
+    w = weight_of(count, took_part)
+    summed = {"delta": jax.tree.map(lambda a: w * a, upload)}
+    if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
+      summed["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
+    return ((res._replace(delta=()), contrib, ()), summed), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
@@ -459,13 +456,13 @@ def _summing(step: Callable, sums) -> Callable:
   """step(table, chunk) -> (table, out) as a step over (table, running sums): with
   `sums` (a pytree of zeros), out is (stacked, summed) and the group's summed
   parts are added to the running sums instead of being stacked."""
-  if sums is None:
-    return lambda carry, chunk: (lambda t, o: ((t, ()), o))(*step(carry[0], chunk))
-
   def summing_step(carry, chunk):
     table, acc = carry
-    table, (out, part) = step(table, chunk)
-    return (table, jax.tree.map(lambda a, p: a + jnp.sum(p, axis=0), acc, part)), out
+    table, out = step(table, chunk)
+    if sums is not None:
+      out, part = out
+      acc = jax.tree.map(lambda a, p: a + jnp.sum(p, axis=0), acc, part)
+    return (table, acc), out
   return summing_step
 
 
