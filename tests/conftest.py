@@ -1,5 +1,5 @@
 """Test set-up (before JAX starts): 8 simulated CPU devices for the sharding
-tests, and JAX's persistent compilation cache.
+tests, LLVM optimization level 0, and JAX's persistent compilation cache.
 
 Many tests build the same small simulations, and the CLI tests start fresh
 processes that compile the same round again; the cache compiles each program
@@ -13,7 +13,13 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# LLVM's optimization level 0 for the compiled tests: XLA's own passes (fusion,
+# layout, sharding) still run and no float semantics change (no fast-math at any
+# level), but a cold compile of the suite is about a quarter shorter (124 -> 95 s
+# for three test files), which keeps `make test` on a fresh CI clone, where every
+# program compiles, within its 10 minutes. Benchmarks and runs compile at the default.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     ROOT, ".cache", "jax-tests", os.environ.get("PYTEST_XDIST_WORKER", "main")))
