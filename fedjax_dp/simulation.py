@@ -281,7 +281,6 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   # a write and a read of it per round. DP, attacks and robust rules need the
   # uploads one by one and stack them.
   sum_in_loop = privacy.mode == "none" and malicious is None and robust_aggregator is None
-  d = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
 
   def weight_of(count, took_part):  # FedAvg: n_i; shuffled tuples: uniform
     return (took_part if shuffle else count).astype(jnp.float32)
@@ -320,7 +319,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   if sum_in_loop:
     sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
     if aggregate_noise:
-      sums["noise_var"] = jax.lax.pcast(jnp.zeros((d,), jnp.float32), "clients", to="varying")
+      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
   if resident:
     out, client_state = map_clients_with_resident_state(one, args, client_state, batch, sums)
   else:
@@ -452,10 +451,11 @@ def _map_in_batches(step: Callable, carry, slots, batch: int):
   return out, carry
 
 
-def _summing(step: Callable, sums) -> Callable:
-  """step(table, chunk) -> (table, out) as a step over (table, running sums): with
-  `sums` (a pytree of zeros), out is (stacked, summed) and the group's summed
-  parts are added to the running sums instead of being stacked."""
+def _map_with_table(step: Callable, table, slots, batch: int, sums):
+  """_map_in_batches of step(table, chunk) -> (table, out) -> (out, table). With
+  `sums` (a pytree of zeros), out is (stacked, summed) per group; the summed
+  parts are added up in the loop's carry instead of being stacked, and the
+  result is ((stacked outputs, sums), table)."""
   def summing_step(carry, chunk):
     table, acc = carry
     table, out = step(table, chunk)
@@ -463,11 +463,9 @@ def _summing(step: Callable, sums) -> Callable:
       out, part = out
       acc = jax.tree.map(lambda a, p: a + jnp.sum(p, axis=0), acc, part)
     return (table, acc), out
-  return summing_step
 
-
-def _finish_summing(out, carry, sums):
-  table, acc = carry
+  out, (table, acc) = _map_in_batches(summing_step, (table, () if sums is None else sums),
+                                      slots, batch)
   return ((out, acc) if sums is not None else out), table
 
 
@@ -498,9 +496,7 @@ def map_clients_with_state(fn: Callable, args, client_state, read_ids: jax.Array
                            table, new_rows)
     return table, out
 
-  out, carry = _map_in_batches(_summing(step, sums), (client_state, () if sums is None else sums),
-                               (args, read_ids, write_ids), batch)
-  return _finish_summing(out, carry, sums)
+  return _map_with_table(step, client_state, (args, read_ids, write_ids), batch, sums)
 
 
 def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int, sums=None):
@@ -521,9 +517,7 @@ def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int,
     return table, out
 
   local = jax.tree.leaves(args)[0].shape[0]
-  out, carry = _map_in_batches(_summing(step, sums), (local_state, () if sums is None else sums),
-                               (args, jnp.arange(local)), batch)
-  return _finish_summing(out, carry, sums)
+  return _map_with_table(step, local_state, (args, jnp.arange(local)), batch, sums)
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
