@@ -312,9 +312,15 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       log(f"privacy budget: one more round would pass target_epsilon {cfg.target_epsilon:g}; "
           f"the run stops at round {int(state.round) - int(np.sum(stats.spent))} "
           f"(rounds after it were skipped)")
-    if end % cfg.eval_every == 0 or end == last or all_spent:
+    evaluating = end % cfg.eval_every == 0 or end == last or all_spent
+    checkpointing = bool(cfg.checkpoint_every) and (end % cfg.checkpoint_every == 0
+                                                    or end == last or all_spent)
+    # the per-client state in client order, once, where this chunk reads it
+    ordered = (sim.to_client_order(state)
+               if checkpointing or (evaluating and solo_eval is not None) else None)
+    if evaluating:
       if solo_eval is not None:
-        models = sim.to_client_order(state).client_state["model"]
+        models = ordered.client_state["model"]
         acc, test_loss = (float(v) for v in solo_eval(models, *eval_data, label_dist))
       else:
         acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
@@ -334,8 +340,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       loss_sum = examples = unclipped = clip_seen = flagged = clusters = 0.0
       agg_rounds = 0
       bar.set_postfix(acc=f"{acc:.4f}")
-    if cfg.checkpoint_every and (end % cfg.checkpoint_every == 0 or end == last or all_spent):
-      ckpt.save(ckpt_dir, end, sim.to_client_order(state),
+    if checkpointing:
+      ckpt.save(ckpt_dir, end, ordered,
                 {"wall_s": time.perf_counter() - wall0, "loss_sum": loss_sum,
                  "examples": examples, "unclipped": unclipped, "clip_seen": clip_seen,
                  "flagged": flagged, "clusters": clusters, "agg_rounds": agg_rounds},
