@@ -119,14 +119,27 @@ def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dic
   return out
 
 
+def positive_int(text: str) -> int:
+  """argparse type: an int >= 1 (argparse reports anything else in one line, exit 2)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 1")
+  return value
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser()
-  ap.add_argument("--chunks", type=int, default=7, help="timed chunks per variant")
-  ap.add_argument("--chunk-rounds", type=int, default=5, help="rounds per compiled chunk")
+  ap.add_argument("--chunks", type=positive_int, default=7, help="timed chunks per variant")
+  ap.add_argument("--chunk-rounds", type=positive_int, default=5,
+                  help="rounds per compiled chunk")
   ap.add_argument("--ablations", action="store_true")
   ap.add_argument("--no-kernels", action="store_true")
   ap.add_argument("--dataset", default="fmnist")
   ap.add_argument("--only", nargs="+", default=None, metavar="VARIANT",
+                  choices=[name for name, _ in VARIANTS if name != "fedavg"],
                   help="time FedAvg and only these variants of part 1 (more chunks in the "
                        "same time), e.g. --only topksdp_bisect")
   ap.add_argument("--json", default=None)
