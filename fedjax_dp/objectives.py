@@ -36,6 +36,7 @@ parameter MLP), plus one byte for `seen`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -93,6 +94,33 @@ def _dot(a, b) -> jax.Array:
 
 def _cosine(a, b) -> jax.Array:
   return _dot(a, b) / jnp.maximum(jnp.sqrt(_dot(a, a) * _dot(b, b)), 1e-12)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def bounded_push(p, prev, r2: float) -> jax.Array:
+  """-1/2 min(||p - prev||^2, r2), gradient -(p - prev) inside the radius, 0 outside
+  (at the boundary 1/2 of it, as jnp.minimum's). The backward pass recomputes
+  p - prev from p and prev: autodiff would keep the difference from the forward
+  pass, materializing a full-size array every local step that the distance's
+  reduction and the gradient would otherwise each compute fused."""
+  return -0.5 * jnp.minimum(_sq_dist(p, prev), r2)
+
+
+def _bounded_push_fwd(p, prev, r2):
+  # (prev - p), not (p - prev): equal squares, but a different expression from the
+  # backward pass's, so that XLA does not merge the two into one materialized array
+  d2 = _sq_dist(prev, p)
+  return -0.5 * jnp.minimum(d2, r2), (p, prev, d2)
+
+
+def _bounded_push_bwd(r2, res, g):
+  p, prev, d2 = res
+  scale = -g * jnp.where(d2 < r2, 1.0, jnp.where(d2 == r2, 0.5, 0.0))
+  return (jax.tree.map(lambda a, b: scale * (a - b), p, prev),
+          jax.tree.map(jnp.zeros_like, prev))
+
+
+bounded_push.defvjp(_bounded_push_fwd, _bounded_push_bwd)
 
 
 def contrastive_nll(sim_pos: jax.Array, sim_neg: jax.Array, tau: float) -> jax.Array:
@@ -163,8 +191,8 @@ class Objective:
         total += 0.5 * self.prox_mu * _sq_dist(p, w_t)
       if "contrastive" in self.terms:
         if self.contrastive_form == "bounded":
-          total += 0.5 * self.mu1 * _sq_dist(p, w_t) - 0.5 * self.mu2 * jnp.minimum(
-              _sq_dist(p, prev), self.radius ** 2)
+          total += 0.5 * self.mu1 * _sq_dist(p, w_t) + self.mu2 * bounded_push(
+              p, prev, self.radius ** 2)
         else:
           total += self.mu1 * contrastive_nll(_cosine(p, w_t), _cosine(p, prev),
                                               self.contrastive_tau)

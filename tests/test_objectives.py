@@ -57,6 +57,23 @@ def test_bounded_contrastive_gradient(radius):
   np.testing.assert_allclose(g0, want0, rtol=1e-5, atol=1e-6)
 
 
+def test_bounded_push_matches_autodiff_of_its_formula():
+  """The hand-written backward pass (which recomputes p - prev) equals autodiff of
+  -1/2 min(||p - prev||^2, r^2): inside, outside and exactly on the radius."""
+  plain = lambda p, q, r2: -0.5 * jnp.minimum(
+      sum(jnp.sum(jnp.square(a - b)) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q))), r2)
+  p, q = jax.tree.map(jnp.asarray, W), jax.tree.map(jnp.asarray, W_PREV)
+  d2 = float(np.sum((fl(W) - fl(W_PREV)) ** 2))
+  for r2 in (2.0 * d2, 0.5 * d2):
+    np.testing.assert_allclose(objectives.bounded_push(p, q, r2), plain(p, q, r2), rtol=1e-6)
+    np.testing.assert_allclose(flat(jax.grad(objectives.bounded_push)(p, q, r2)),
+                               flat(jax.grad(plain)(p, q, r2)), rtol=1e-6, atol=1e-7)
+  on = ({"a": jnp.array([3.0, 0.0])}, {"a": jnp.array([0.0, 4.0])})   # distance 5 exactly
+  np.testing.assert_array_equal(flat(jax.grad(objectives.bounded_push)(*on, 25.0)),
+                                flat(jax.grad(plain)(*on, 25.0)))     # jnp.minimum's tie: 1/2
+  np.testing.assert_array_equal(flat(jax.grad(objectives.bounded_push)(*on, 25.0)), [-1.5, 2.0])
+
+
 def test_moon_params_contrastive_gradient():
   tau, mu = 0.5, 0.7
   obj = objectives.Objective(terms=("contrastive",), contrastive_form="moon_params", mu1=mu,
