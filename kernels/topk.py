@@ -68,15 +68,39 @@ def count_at_least(a: jax.Array, t: jax.Array, axis=None) -> jax.Array:
   return jnp.sum(a >= t, axis=axis, dtype=jnp.int32)
 
 
+def sample_rank_bracket(s: jax.Array, ranks: jax.Array, steps: int = 20):
+  """(lo, hi) around the rank-th largest values of a sample s [n] >= 0 (finite).
+
+  ranks [2] (floats, lo's rank >= hi's): lo counts >= ranks[0] values of s at or
+  above it, hi counts < ranks[1]. Bisection on the floats' bit patterns (order-
+  preserving for s >= 0) from [min(s), max(s)]: with enough steps (about 30)
+  lo is exactly the ranks[0]-th largest value and hi the float just above the
+  ranks[1]-th; after `steps` each side is at most (max - min) / 2^steps bit
+  patterns wider (20 steps: about 1e-5 of the value for a typical update),
+  which the counting passes over the full array then narrow."""
+  bits = jax.lax.bitcast_convert_type(s, jnp.int32)
+
+  def step(_, b):
+    lo_b, hi_b = b   # count(s >= lo_b) >= rank, and the largest such value <= hi_b
+    mid = lo_b + (hi_b - lo_b + 1) // 2
+    ok = count_at_least(bits[None, :], mid[:, None], axis=1) >= ranks
+    return jnp.where(ok, mid, lo_b), jnp.where(ok, hi_b, mid - 1)
+
+  # derived from the data, so that inside shard_map the carry is as device-varying as s
+  start = (jnp.broadcast_to(jnp.min(bits), (2,)), jnp.broadcast_to(jnp.max(bits), (2,)))
+  lo_b, hi_b = jax.lax.fori_loop(0, steps, step, start)
+  return (jax.lax.bitcast_convert_type(lo_b[0], jnp.float32),
+          jax.lax.bitcast_convert_type(hi_b[1] + 1, jnp.float32))
+
+
 def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 4096,
                           passes: int = 6) -> jax.Array:
   """A threshold t with count(a >= t) <= k, and as close to k as `passes` allow.
 
   a [d] >= 0. No sort (XLA's CPU sort is slow): the (1 - k/d) quantile of a
-  systematic sample of `sample` values from a random start, found by bisection
-  over the sample, gives a
-  bracket [lo, hi] around the k-th largest value (rank +- 4 standard errors;
-  exact when d <= sample).
+  systematic sample of `sample` values from a random start (sample_rank_bracket)
+  gives a bracket [lo, hi] around the k-th largest value (rank +- 4 standard
+  errors; exact when d <= sample).
   The bracket is checked on the full array (and widened to [0, max] when the
   sample missed), then narrowed by `passes` counting passes over the full array,
   alternating a secant step on the empirical CDF with a bisection step, so at
@@ -86,31 +110,17 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   if k >= d:
     return jnp.float32(0.0)
   count = lambda t: count_at_least(a, t)
-  # a systematic sample from a random start: one random number, not `sample`
+  # a systematic sample from a random start: one random number, not `sample`, and
+  # gathered directly (a dynamic slice first copied the whole array)
   stride = max(1, d // sample)
   n = d // stride
-  s = jax.lax.dynamic_slice(a, (jax.random.randint(key, (), 0, d - n * stride + 1),),
-                            (n * stride,))[::stride]
+  offset = jax.random.randint(key, (), 0, d - n * stride + 1)
+  s = a[offset + stride * jnp.arange(n)]
   p = k / d
   # the sample is the whole array when d <= sample: then its k-th largest is exact
   half = 4.0 * math.sqrt(max(p * (1 - p) * n, 1.0)) if stride > 1 else 0.0
   ranks = jnp.asarray([min(n, p * n + half), max(1.0, p * n - half)], jnp.float32)  # lo, hi
-
-  # the largest t with count_sample(s >= t) >= rank, for both ranks, by bisection on
-  # the float's bit pattern (order-preserving for a >= 0)
-  s_bits = jax.lax.bitcast_convert_type(s, jnp.int32)
-
-  def sample_step(_, b):
-    lo_b, hi_b = b
-    mid = lo_b + (hi_b - lo_b + 1) // 2
-    ok = count_at_least(s_bits[None, :], mid[:, None], axis=1) >= ranks
-    return jnp.where(ok, mid, lo_b), jnp.where(ok, hi_b, mid - 1)
-
-  hi_b = jnp.broadcast_to(jnp.max(s_bits), (2,))  # derived from the data, so that inside
-  lo_b, _ = jax.lax.fori_loop(0, 32, sample_step, (jnp.zeros_like(hi_b), hi_b))  # shard_map
-                                                   # the carry is as device-varying as `a`
-  bracket = jax.lax.bitcast_convert_type(lo_b, jnp.float32)
-  lo, hi = bracket[0], jnp.nextafter(bracket[1], jnp.float32(jnp.inf))
+  lo, hi = sample_rank_bracket(s, ranks, steps=32 if stride == 1 else 20)
   c_lo, c_hi = count(lo), count(hi)
   # where the sample missed, fall back to the whole range: hi must count <= k, lo > k
   hi_missed = c_hi > k

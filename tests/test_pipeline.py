@@ -237,6 +237,24 @@ def test_count_at_least_matches_numpy_on_both_sides_of_float32_exactness():
       (rows >= ts).sum(axis=1))
 
 
+@pytest.mark.parametrize("steps", [0, 8, 20, 32])
+def test_sample_rank_bracket_is_exact_with_enough_steps_and_conservative_before(steps):
+  rng = np.random.default_rng(12)
+  s = np.abs(rng.standard_t(3.0, size=4096)).astype(np.float32) * np.float32(1e-3)
+  ranks = np.array([486.4, 332.8], np.float32)
+  lo, hi = (float(v) for v in topk_kernels.sample_rank_bracket(jnp.asarray(s), jnp.asarray(ranks),
+                                                               steps=steps))
+  desc = np.sort(s)[::-1]
+  r_lo, r_hi = int(np.ceil(ranks[0])), int(np.ceil(ranks[1]))
+  assert (s >= np.float32(lo)).sum() >= ranks[0] and (s >= np.float32(hi)).sum() < ranks[1]
+  if steps == 32:   # exactly the ranks[0]-th largest, and the float just above the ranks[1]-th
+    assert lo == desc[r_lo - 1] and hi == np.nextafter(desc[r_hi - 1], np.float32(np.inf))
+  if steps == 20:   # wider by at most (max - min) / 2^20 bit patterns: a few ulps here
+    ulps = lambda x: np.float32(x).view(np.int32)
+    assert ulps(desc[r_lo - 1]) - ulps(lo) <= (ulps(s.max()) - ulps(s.min())) >> 20
+    assert ulps(hi) - ulps(desc[r_hi - 1]) - 1 <= (ulps(s.max()) - ulps(s.min())) >> 20
+
+
 def test_bisect_kernel_recovers_when_the_sample_misses():
   # the large values sit where a 16-value systematic sample of 1,000 (stride 62,
   # start 0..8) never looks, so the sampled bracket is wrong and must be widened
