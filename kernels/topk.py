@@ -110,8 +110,7 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   if k >= d:
     return jnp.float32(0.0)
   count = lambda t: count_at_least(a, t)
-  # a systematic sample from a random start: one random number, not `sample`, and
-  # gathered directly (a dynamic slice first copied the whole array)
+  # a systematic sample from a random start: one random number, not `sample`
   stride = max(1, d // sample)
   n = d // stride
   offset = jax.random.randint(key, (), 0, d - n * stride + 1)
