@@ -93,28 +93,29 @@ def sample_rank_bracket(s: jax.Array, ranks: jax.Array, steps: int = 20):
           jax.lax.bitcast_convert_type(hi_b[1] + 1, jnp.float32))
 
 
-def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 4096,
-                          passes: int = 6) -> jax.Array:
-  """A threshold t with count(a >= t) <= k, and as close to k as `passes` allow.
+def magnitude_at_least(x: jax.Array, t: jax.Array) -> jax.Array:
+  """|x| >= t for t >= 0, without forming |x|: (x >= t) | (x <= -t) (NaN: False)."""
+  return (x >= t) | (x <= -t)
 
-  a [d] >= 0. No sort (XLA's CPU sort is slow): the (1 - k/d) quantile of a
-  systematic sample of `sample` values from a random start (sample_rank_bracket)
-  gives a bracket [lo, hi] around the k-th largest value (rank +- 4 standard
-  errors; exact when d <= sample).
-  The bracket is checked on the full array (and widened to [0, max] when the
-  sample missed), then narrowed by `passes` counting passes over the full array,
-  alternating a secant step on the empirical CDF with a bisection step, so at
-  least every second pass halves it. `hi` always counts <= k, so the result
-  never keeps more than k; with enough passes it is the exact k-th largest."""
-  d = a.shape[0]
+
+def count_magnitude_at_least(x: jax.Array, t: jax.Array) -> jax.Array:
+  """int32 count of |x| >= t (t >= 0), summed like count_at_least."""
+  if x.size < 2 ** 24:
+    return jnp.sum(magnitude_at_least(x, t).astype(jnp.float32)).astype(jnp.int32)
+  return jnp.sum(magnitude_at_least(x, t), dtype=jnp.int32)
+
+
+def _threshold_search(count, sample_at, largest, d: int, k: int, key: jax.Array, sample: int,
+                      passes: int) -> jax.Array:
+  """kth_largest_threshold's search over values v_0..v_{d-1} >= 0 seen only through
+  count(t) = #{v >= t}, sample_at(idx) = v[idx] and largest() = max v."""
   if k >= d:
     return jnp.float32(0.0)
-  count = lambda t: count_at_least(a, t)
   # a systematic sample from a random start: one random number, not `sample`
   stride = max(1, d // sample)
   n = d // stride
   offset = jax.random.randint(key, (), 0, d - n * stride + 1)
-  s = a[offset + stride * jnp.arange(n)]
+  s = sample_at(offset + stride * jnp.arange(n))
   p = k / d
   # the sample is the whole array when d <= sample: then its k-th largest is exact
   half = 4.0 * math.sqrt(max(p * (1 - p) * n, 1.0)) if stride > 1 else 0.0
@@ -122,8 +123,10 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   lo, hi = sample_rank_bracket(s, ranks, steps=32 if stride == 1 else 20)
   c_lo, c_hi = count(lo), count(hi)
   # where the sample missed, fall back to the whole range: hi must count <= k, lo > k
+  # (the maximum is a pass over the array: taken only then)
   hi_missed = c_hi > k
-  hi = jnp.where(hi_missed, jnp.nextafter(jnp.max(a), jnp.float32(jnp.inf)), hi)
+  hi = jax.lax.cond(hi_missed, lambda: jnp.nextafter(largest(), jnp.float32(jnp.inf)),
+                    lambda: hi)
   c_hi = jnp.where(hi_missed, 0, c_hi)
   lo_missed = c_lo <= k                   # then lo is the better hi (and hi was not missed)
   hi, c_hi = jnp.where(lo_missed, lo, hi), jnp.where(lo_missed, c_lo, c_hi)
@@ -143,11 +146,37 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   return hi
 
 
+def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 4096,
+                          passes: int = 6) -> jax.Array:
+  """A threshold t with count(a >= t) <= k, and as close to k as `passes` allow.
+
+  a [d] >= 0. No sort (XLA's CPU sort is slow): the (1 - k/d) quantile of a
+  systematic sample of `sample` values from a random start (sample_rank_bracket)
+  gives a bracket [lo, hi] around the k-th largest value (rank +- 4 standard
+  errors; exact when d <= sample).
+  The bracket is checked on the full array (and widened to [0, max] when the
+  sample missed), then narrowed by `passes` counting passes over the full array,
+  alternating a secant step on the empirical CDF with a bisection step, so at
+  least every second pass halves it. `hi` always counts <= k, so the result
+  never keeps more than k; with enough passes it is the exact k-th largest."""
+  return _threshold_search(lambda t: count_at_least(a, t), lambda idx: a[idx],
+                           lambda: jnp.max(a), a.shape[0], k, key, sample, passes)
+
+
+def kth_largest_magnitude(x: jax.Array, k: int, key: jax.Array, sample: int = 4096,
+                          passes: int = 6) -> jax.Array:
+  """kth_largest_threshold(|x|, ...), the same value, without forming |x|: each
+  counting pass compares x itself against +-t (|x| would be one more pass over
+  the array to write, then read by every count)."""
+  return _threshold_search(lambda t: count_magnitude_at_least(x, t),
+                           lambda idx: jnp.abs(x[idx]), lambda: jnp.max(jnp.abs(x)),
+                           x.shape[0], k, key, sample, passes)
+
+
 def topk_mask_bisect(x: jax.Array, k: int, key: jax.Array, passes: int = 6) -> jax.Array:
-  """At most k of the largest |x|: |x| >= kth_largest_threshold. Exactly the top
+  """At most k of the largest |x|: |x| >= kth_largest_magnitude. Exactly the top
   count(mask) <= k; the shortfall is a few coordinates (measured in BENCHMARKS.md)."""
-  a = jnp.abs(x)
-  return a >= kth_largest_threshold(a, k, key, passes=passes)
+  return magnitude_at_least(x, kth_largest_magnitude(x, k, key, passes=passes))
 
 
 def random_k_mask(key: jax.Array, d: int, k: int) -> jax.Array:

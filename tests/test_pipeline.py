@@ -222,6 +222,32 @@ def test_bisect_kernel_keeps_an_exact_top_c_with_c_at_most_k(d, k):
   np.testing.assert_array_equal(full, exact)
 
 
+@pytest.mark.parametrize("passes", [0, 3, 6, 40])
+def test_magnitude_threshold_equals_the_threshold_of_the_absolute_values(passes):
+  """kth_largest_magnitude(x) never forms |x| but must give kth_largest_threshold(|x|)
+  bit for bit: signed zeros, ties, infinities and a sample that misses included."""
+  rng = np.random.default_rng(13)
+  cases = [rng.normal(size=20_000), rng.standard_t(1.5, size=9_000),
+           np.round(rng.normal(size=5_000), 1),                      # many ties
+           np.concatenate([np.zeros(3_000), -np.zeros(3_000), rng.normal(size=300)])]
+  hidden = np.linspace(0.0, 0.1, 1000)
+  hidden[np.isin(np.arange(1000) % 62, np.arange(20, 31))] = -5.0   # the sample misses these
+  cases.append(hidden)
+  cases.append(np.concatenate([rng.normal(size=999), [np.inf, -np.inf]]))
+  for i, x in enumerate(cases):
+    x = jnp.asarray(x, jnp.float32)
+    for k in (1, x.shape[0] // 10, x.shape[0] - 1):
+      key = jax.random.PRNGKey(i)
+      sample = 16 if i == 4 else 4096
+      want = topk_kernels.kth_largest_threshold(jnp.abs(x), k, key, sample=sample, passes=passes)
+      got = topk_kernels.kth_largest_magnitude(x, k, key, sample=sample, passes=passes)
+      assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (i, k)
+      np.testing.assert_array_equal(topk_kernels.magnitude_at_least(x, got),
+                                    np.abs(np.asarray(x)) >= np.asarray(got))
+      assert int(topk_kernels.count_magnitude_at_least(x, got)) == int(
+          (np.abs(np.asarray(x)) >= np.asarray(got)).sum()) <= k
+
+
 def test_count_at_least_matches_numpy_on_both_sides_of_float32_exactness():
   """Summed in float32 below 2^24 values, in int32 from there: exact either way."""
   rng = np.random.default_rng(11)
