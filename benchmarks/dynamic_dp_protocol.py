@@ -44,6 +44,7 @@ import jax  # noqa: E402
 from fedjax_dp import analyzer  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
 from fedjax_dp.runner import run_experiment  # noqa: E402
+from cli_args import positive_int  # noqa: E402
 
 BASE = os.path.join(HERE, "..", "experiments", "dynamic_dp", "base.yaml")
 ARMS = {
@@ -77,8 +78,8 @@ def run_arm(name: str, rounds: int) -> dict:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--rounds", type=int, default=1350)
+  ap.add_argument("--repeats", type=positive_int, default=3)
+  ap.add_argument("--rounds", type=positive_int, default=1350)
   ap.add_argument("--json", default=os.path.join(HERE, "results", "dynamic_dp_protocol_cpu2.json"))
   args = ap.parse_args(argv)
   runs = {name: [] for name in ARMS}

@@ -31,6 +31,7 @@ use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 import jax
 import numpy as np
 
+from cli_args import nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
 from fedjax_dp.runner import setup
@@ -59,12 +60,12 @@ def time_fedjax(cfg, rounds: int):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--rounds", type=int, default=7, help="timed fedjax-dp rounds after compilation")
-  ap.add_argument("--torch-rounds", type=int, default=6, help="PyTorch loop rounds (first is warm-up)")
-  ap.add_argument("--accuracy-rounds", type=int, default=0, help="also train N rounds and report accuracy")
+  ap.add_argument("--rounds", type=positive_int, default=7, help="timed fedjax-dp rounds after compilation")
+  ap.add_argument("--torch-rounds", type=positive_int, default=6, help="PyTorch loop rounds (first is warm-up)")
+  ap.add_argument("--accuracy-rounds", type=nonnegative_int, default=0, help="also train N rounds and report accuracy")
   ap.add_argument("--parallelism", default="auto", choices=["auto", "map", "vmap"])
-  ap.add_argument("--client-batch", type=int, default=1)
-  ap.add_argument("--devices", type=int, default=0, help="mesh size (0 = all devices)")
+  ap.add_argument("--client-batch", type=positive_int, default=1)
+  ap.add_argument("--devices", type=nonnegative_int, default=0, help="mesh size (0 = all devices)")
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--json", default=None, help="write the results here too")
   args = ap.parse_args(argv)

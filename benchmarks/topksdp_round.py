@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cli_args import positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.kernels import topk as topk_kernels
 from fedjax_dp.runner import setup
@@ -117,17 +118,6 @@ def topk_variants(sizes=(10**5, 2 * 10**5, 10**6, 10**7), repeats=5) -> list[dic
       out.append({"d": d, "k": k, "variant": name, "seconds_median": statistics.median(ts),
                   "kept": int(m.sum()), "recall": float((m & exact).sum() / k)})
   return out
-
-
-def positive_int(text: str) -> int:
-  """argparse type: an int >= 1 (argparse reports anything else in one line, exit 2)."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 1")
-  return value
 
 
 def main(argv=None):

@@ -1,0 +1,26 @@
+"""argparse types for the benchmark scripts' counts: a bad value is refused in
+one line by argparse (exit 2), never a traceback halfway through a run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int_at_least(text: str, low: int) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    value = low - 1
+  if value < low:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= {low}")
+  return value
+
+
+def positive_int(text: str) -> int:
+  """An int >= 1."""
+  return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+  """An int >= 0."""
+  return _int_at_least(text, 0)

@@ -1,0 +1,32 @@
+"""Benchmark scripts refuse bad counts in one line with exit status 2."""
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from cli_args import nonnegative_int, positive_int  # noqa: E402
+
+
+def test_count_types_accept_their_range_and_name_the_bad_value():
+  assert positive_int("1") == 1 and positive_int("12") == 12
+  assert nonnegative_int("0") == 0
+  for fn, bad in ((positive_int, "0"), (positive_int, "-2"), (positive_int, "x"),
+                  (positive_int, "1.5"), (nonnegative_int, "-1")):
+    with pytest.raises(argparse.ArgumentTypeError, match=f"'{bad}': allowed are whole numbers"):
+      fn(bad)
+
+
+@pytest.mark.parametrize("script,args", [("fedavg_round.py", ["--rounds", "0"]),
+                                         ("dynamic_dp_protocol.py", ["--repeats", "0"]),
+                                         ("topksdp_round.py", ["--chunks", "-1"])])
+def test_scripts_refuse_a_bad_count_with_exit_2(script, args):
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].endswith("allowed are whole numbers >= 1")
