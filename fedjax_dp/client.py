@@ -11,7 +11,7 @@ finished clients' state is held unchanged.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ class LocalResult(NamedTuple):
   loss_sum: jax.Array  # sum over steps of (mean batch cross-entropy * batch examples)
   examples: jax.Array  # number of example-visits (E * n_i), float32
   steps: jax.Array     # number of local optimizer steps K = E * ceil(n_i / B), int32
+  params: Any = ()     # w_i^{t+1} itself (w^t + delta rounds differently); () once dropped
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
@@ -84,4 +85,4 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
   new_params, _, loss_sum = jax.lax.fori_loop(0, total_steps, step, carry)
   delta = jax.tree.map(jnp.subtract, new_params, params)
   return LocalResult(delta, loss_sum, (epochs * count).astype(jnp.float32),
-                     total_steps.astype(jnp.int32))
+                     total_steps.astype(jnp.int32), new_params)

@@ -216,17 +216,19 @@ class Objective:
     return loss
 
   # ------------------------------------------------------------------ after training
-  def finish(self, ctx: LocalContext, delta, steps: jax.Array, lr: jax.Array, took_part):
+  def finish(self, ctx: LocalContext, delta, local_model, steps: jax.Array, lr: jax.Array,
+             took_part):
     """(upload, new client state, server contribution) after local training.
 
-    delta = w_i - w^t; steps = K local steps; took_part: bool (a padded or
-    refused slot changes nothing)."""
+    delta = w_i - w^t; local_model = w_i itself, kept as the previous local
+    model (MOON, the contrastive term) and as SOLO's model: w^t + delta would
+    round differently and cost a pass over the model; steps = K local steps;
+    took_part: bool (a padded or refused slot changes nothing)."""
     state = dict(ctx.client_state)
     upload, contrib = delta, {}
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(took_part, a, b), new, old)
     if self.needs_prev_model:
-      w_i = jax.tree.map(jnp.add, ctx.global_params, delta)
-      state["prev_model"] = keep(w_i, state["prev_model"])
+      state["prev_model"] = keep(local_model, state["prev_model"])
       state["seen"] = state["seen"] | took_part
     if "scaffold" in self.terms:
       c, c_i = ctx.server_state["control"], state["control"]
@@ -236,7 +238,7 @@ class Objective:
       contrib["control"] = jax.tree.map(jnp.subtract, new_c_i, c_i)
       state["control"] = new_c_i
     if self.solo:
-      state["model"] = keep(jax.tree.map(jnp.add, ctx.global_params, delta), state["model"])
+      state["model"] = keep(local_model, state["model"])
       upload = jax.tree.map(jnp.zeros_like, delta)
     if "fedadmm" in self.terms:
       new_dual = keep(jax.tree.map(lambda y, d: y + self.rho * d, state["dual"], delta),

@@ -291,7 +291,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     ctx = objectives.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
-    upload, cstate, contrib = objective.finish(ctx, res.delta, res.steps, lr, took_part)
+    upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
+                                               took_part)
     owed = ()
     if client_pipeline is not None:
       flat, unravel = ravel_pytree(upload)
@@ -306,12 +307,12 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
     if not sum_in_loop:
-      return (res._replace(delta=upload), contrib, owed), cstate
+      return (res._replace(delta=upload, params=()), contrib, owed), cstate
     w = weight_of(count, took_part)
     summed = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
       summed["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
-    return ((res._replace(delta=()), contrib, ()), summed), cstate
+    return ((res._replace(delta=(), params=()), contrib, ()), summed), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
