@@ -15,6 +15,8 @@ seconds per round are compared, as is the median of the per-cycle ratios
 in the rounds' working layout between chunks, as in `fedjax-dp run`.
 Target: TopkSDP at most 25 % slower.
 Ablations (`--ablations`) time each part alone against FedAvg in the same way.
+`--control` adds a second FedAvg to the alternation: its ratio to the first
+(1.00x on a steady machine) says how far the machine's noise alone moves a ratio.
 
 Part 2: top-k masks of d = 1e5, 2e5, 1e6, 1e7 Gaussian values at k = d / 10:
 lax.top_k, lax.approx_max_k, the sampled-quantile threshold and the bisecting
@@ -22,7 +24,7 @@ threshold. Reports the median time of 5, the count kept and the recall
 against the exact top-k.
 
   python benchmarks/topksdp_round.py [--chunks 7] [--chunk-rounds 5] [--dataset fmnist]
-      [--ablations] [--no-kernels] [--only VARIANT ...] [--json OUT]
+      [--ablations] [--no-kernels] [--only VARIANT ...] [--control] [--json OUT]
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ VARIANTS = [("fedavg", {}),
             ("topksdp", dict(TOPKSDP, kept_noise_draw="client")),
             ("topksdp_threshold", dict(TOPKSDP, topk_kernel="threshold", kept_noise_draw="client")),
             ("topksdp_bisect", dict(TOPKSDP, topk_kernel="bisect"))]
+# A/A control (`--control`): a second, separately compiled FedAvg timed in the same
+# alternation; its ratio to FedAvg is what the machine's noise alone reads
+CONTROL = ("fedavg_again", {})
 # each part of the bisect variant alone (s_local/s_global 0 turn off the preset's top-k)
 ABLATIONS = [("fedavg", {}),
              ("contrastive_only", dict(algorithm="contrastive")),
@@ -132,13 +137,15 @@ def main(argv=None):
                   choices=[name for name, _ in VARIANTS if name != "fedavg"],
                   help="time FedAvg and only these variants of part 1 (more chunks in the "
                        "same time), e.g. --only topksdp_bisect")
+  ap.add_argument("--control", action="store_true",
+                  help="also time a second FedAvg (A/A): its ratio to FedAvg is the noise floor")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
+  variants = [v for v in VARIANTS if args.only is None or v[0] == "fedavg" or v[0] in args.only]
   res = {"protocol": dict(PROTOCOL, dataset=args.dataset), "topksdp": TOPKSDP,
          "devices": jax.device_count(), "platform": jax.devices()[0].platform,
          "rounds": round_times(args.dataset, args.chunks, args.chunk_rounds,
-                               [v for v in VARIANTS if args.only is None
-                                or v[0] == "fedavg" or v[0] in args.only])}
+                               variants + [CONTROL] * args.control)}
   if args.ablations:
     res["ablations"] = round_times(args.dataset, args.chunks, args.chunk_rounds, ABLATIONS)
   if not args.no_kernels:

@@ -30,3 +30,14 @@ def test_scripts_refuse_a_bad_count_with_exit_2(script, args):
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 2
   assert out.stderr.strip().splitlines()[-1].endswith("allowed are whole numbers >= 1")
+
+
+def test_topksdp_benchmark_control_is_a_second_fedavg_in_the_alternation():
+  import topksdp_round
+  res = topksdp_round.round_times("digits", chunks=2, chunk_rounds=1,
+                                  variants=[("fedavg", {}), topksdp_round.CONTROL])
+  assert set(res["all"]) == {"fedavg", "fedavg_again"}
+  assert all(len(ts) == 2 and min(ts) > 0 for ts in res["all"].values())
+  a, b = res["all"]["fedavg_again"], res["all"]["fedavg"]
+  assert res["over_fedavg_paired"]["fedavg_again"] == pytest.approx(
+      sorted(x / y for x, y in zip(a, b))[0] / 2 + sorted(x / y for x, y in zip(a, b))[1] / 2)
