@@ -95,7 +95,22 @@ def sample_rank_bracket(s: jax.Array, ranks: jax.Array, steps: int = 20):
   start = (jnp.broadcast_to(jnp.min(bits), (2,)), jnp.broadcast_to(jnp.max(bits), (2,)))
   lo_b, hi_b = jax.lax.fori_loop(0, steps, step, start)
   return (jax.lax.bitcast_convert_type(lo_b[0], jnp.float32),
-          jax.lax.bitcast_convert_type(hi_b[1] + 1, jnp.float32))
+          _normal_or_zero(jax.lax.bitcast_convert_type(hi_b[1] + 1, jnp.float32)))
+
+
+def _normal_or_zero(t: jax.Array) -> jax.Array:
+  """t >= 0, raised to float32's smallest normal when it is a positive subnormal.
+
+  XLA:CPU compares with subnormals flushed to zero, so |x| >= t for a subnormal
+  t is |x| >= 0 and keeps everything (an all-zero vector's 'just above the
+  largest value' is the smallest subnormal). Every |x| below the smallest
+  normal compares as 0 anyway, so the raised t keeps the same set that an
+  exact comparison with t would."""
+  # on the bit patterns: compared as floats, a subnormal t is 0 here
+  bits = jax.lax.bitcast_convert_type(t, jnp.int32)
+  tiny = jax.lax.bitcast_convert_type(jnp.finfo(jnp.float32).tiny, jnp.int32)
+  raised = jnp.where((bits > 0) & (bits < tiny), tiny, bits)
+  return jax.lax.bitcast_convert_type(raised, jnp.float32)
 
 
 def magnitude_at_least(x: jax.Array, t: jax.Array) -> jax.Array:
@@ -128,7 +143,8 @@ def _threshold_search(count, sample_at, largest, d: int, k: int, key: jax.Array,
   # where the sample missed, fall back to the whole range: hi must count <= k, lo > k
   # (the maximum is a pass over the array: taken only then)
   hi_missed = c_hi > k
-  hi = jax.lax.cond(hi_missed, lambda: jnp.nextafter(largest(), jnp.float32(jnp.inf)),
+  hi = jax.lax.cond(hi_missed,
+                    lambda: _normal_or_zero(jnp.nextafter(largest(), jnp.float32(jnp.inf))),
                     lambda: hi)
   c_hi = jnp.where(hi_missed, 0, c_hi)
   lo_missed = c_lo <= k                   # then lo is the better hi (and hi was not missed)

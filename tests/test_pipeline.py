@@ -299,6 +299,30 @@ def test_bisect_kernel_recovers_when_the_sample_misses():
     assert int((a >= float(t)).sum()) <= k
 
 
+@pytest.mark.parametrize("d,k", [(100, 10), (1000, 100), (199210, 19921)])
+def test_bisect_kernel_keeps_at_most_k_of_zeros_and_subnormals(d, k):
+  # XLA:CPU compares with subnormals flushed to zero: the threshold just above an
+  # all-zero vector (the smallest subnormal) compared as 0 and kept all d. This is
+  # public_topk's first round (the previous global update starts at zero).
+  key = jax.random.PRNGKey(0)
+  for x in (jnp.zeros(d), jnp.zeros(d).at[:k // 2].set(1e-40), -jnp.zeros(d)):
+    assert int(topk_kernels.topk_mask_bisect(x, k, key).sum()) == 0
+    assert int(topk_kernels.count_at_least(jnp.abs(x), topk_kernels.kth_largest_threshold(
+        jnp.abs(x), k, key))) == 0
+  # normal values among zeros: the top c <= k of them, never a zero
+  x = jnp.zeros(d).at[:k // 2].set(jnp.arange(1, k // 2 + 1, dtype=jnp.float32))
+  m = np.asarray(topk_kernels.topk_mask_bisect(x, k, key))
+  np.testing.assert_array_equal(m, np.arange(d) < k // 2)
+
+
+def test_public_topk_bisect_sends_nothing_in_round_zero():
+  stage = pl.topk_with_error_feedback(0.9, "public_topk", kernel="bisect")
+  v = jax.random.normal(jax.random.PRNGKey(1), (D,))
+  sent, residual = stage.update(upload(v), stage.init(D), ctx())   # public update: zeros
+  assert int(sent.sent.sum()) == 0
+  np.testing.assert_array_equal(np.asarray(residual), np.asarray(v))
+
+
 def test_bisect_kernel_in_the_stage_and_downlink_conserves_mass():
   rng = np.random.default_rng(6)
   stage = pl.topk_with_error_feedback(0.9, kernel="bisect")
