@@ -5,7 +5,8 @@ Two figures, never mixed up:
 * **The paper's chain** (labelled as the paper's): each client is epsilon-LDP
   per round with epsilon / k per kept coordinate and the classical Gaussian
   calibration; shuffling the m reports of a round amplifies to (eps_c, delta)
-  (the tightest valid of FMT 2021 and Erlingsson et al. 2019, else none);
+  (the tightest valid of FMT 2021 and Erlingsson et al. 2019, else none; none
+  either when the run does not shuffle, `shuffle: none`);
   sampling clients with rate q amplifies again, eps' = ln(1 + q (e^eps_c - 1)),
   delta' = q delta; T rounds compose (basic, advanced, optimal). Every step's
   validity condition is checked and reported.
@@ -43,7 +44,13 @@ def papers_chain(cfg, k: int, rounds: int) -> dict:
                 "note": "Gaussian noise gives (eps, delta)-LDP, not pure eps-LDP; the pure-eps0 "
                         "shuffle theorems need the (eps0, delta0) form (FMT 2021 Thm 3.8 pays "
                         "n delta0)"})
-  shuffled = amplification.shuffle(eps, m, delta)
+  if cfg.shuffle == "none":
+    # the paper's chain assumes its shuffler; a run without one gets no amplification
+    shuffled = amplification.Bound(eps, 0.0, "none", valid=False,
+                                   reason="this run does not shuffle (shuffle: none): "
+                                          "no amplification")
+  else:
+    shuffled = amplification.shuffle(eps, m, delta)
   steps.append({"step": f"shuffling the {m} reports of a round", **shuffled.to_dict()})
   eps_c = shuffled.epsilon
   delta_c = shuffled.delta if shuffled.valid else delta

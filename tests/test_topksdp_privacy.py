@@ -41,6 +41,22 @@ def test_papers_chain_by_hand():
   assert any("one example in one SGD step" in x for x in r["not_accounted"])
 
 
+def test_papers_chain_claims_no_shuffling_when_the_run_does_not_shuffle():
+  # 1,000 reports a round with eps0 = 1: FMT 2021 applies, but only if the run shuffles
+  base = {"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 1.0,
+          "coordinate_clip": 0.05, "num_clients": 10000, "clients_per_round": 1000}
+  shuffled = topksdp_report(make_config(base), D, 10, [60] * 10000)["papers_chain"]["steps"][2]
+  fmt = amplification.shuffle_fmt(1.0, 1000, 1e-5)
+  assert fmt.valid and fmt.epsilon < 1.0
+  assert shuffled["valid"] and shuffled["epsilon"] == pytest.approx(fmt.epsilon)
+  chain = topksdp_report(make_config(dict(base, shuffle="none")), D, 10,
+                         [60] * 10000)["papers_chain"]["steps"]
+  assert not chain[2]["valid"] and "does not shuffle" in chain[2]["reason"]
+  assert chain[2]["epsilon"] == 1.0
+  assert chain[3]["epsilon"] == pytest.approx(math.log1p(0.1 * math.expm1(1.0)))
+  assert chain[3]["delta"] == pytest.approx(0.1 * 1e-5)
+
+
 @pytest.mark.parametrize("selection", ["random_k", "public_topk"])
 def test_complete_guarantee_with_public_indices_and_final_clip(selection):
   cfg = make_config({"algorithm": "topksdp", "kept_noise": "multiplier",
