@@ -262,10 +262,27 @@ def make_client_pipeline(cfg, d: int) -> ClientStage | None:
 
 
 def communication(cfg, d: int) -> dict:
-  """Bytes per participant and round, each way, and the encodings."""
+  """Bytes per participant and round, each way, and the encodings.
+
+  The model update as the pipeline sends it (sparse_bytes), plus what the
+  algorithm itself exchanges: SCAFFOLD's control variates, dense both ways
+  (c_i' - c_i up, c down); SOLO exchanges nothing (no server). The down link is
+  one round's broadcast per participant: a client that missed rounds would in
+  practice also need the updates it missed, which is not counted."""
+  from fedjax_dp.objectives import parse_algorithm  # objectives imports client, not pipeline
+  terms, _ = parse_algorithm(cfg.algorithm)
+  if "solo" in terms:
+    none = "nothing (SOLO: every client trains alone)"
+    return {"bytes_per_client_up": 0, "bytes_per_client_down": 0, "k_up": 0, "k_down": 0,
+            "encoding_up": none, "encoding_down": none}
   up_k = keep_count(d, cfg.s_local) if cfg.s_local > 0 else d
   down_k = keep_count(d, cfg.s_global) if cfg.s_global > 0 else d
   up, up_enc = sparse_bytes(d, up_k)
   down, down_enc = sparse_bytes(d, down_k)
+  if "scaffold" in terms:
+    control, _ = sparse_bytes(d, d)
+    up, down = up + control, down + control
+    up_enc += " + dense float32 control variate change c_i' - c_i (SCAFFOLD)"
+    down_enc += " + dense float32 server control variate c (SCAFFOLD)"
   return {"bytes_per_client_up": up, "bytes_per_client_down": down, "k_up": up_k,
           "k_down": down_k, "encoding_up": up_enc, "encoding_down": down_enc}

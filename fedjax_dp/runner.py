@@ -550,8 +550,9 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
           **comm,
           "note": "bytes as they would be sent: float32 values, plus int32 indices or a d-bit "
-                  "bitmap for a sparse update, whichever is smaller; the down link counts one "
-                  "copy per participant",
+                  "bitmap for a sparse update, whichever is smaller, plus SCAFFOLD's dense "
+                  "control variates (SOLO sends nothing); the down link counts one round's "
+                  "broadcast per participant (not the updates a returning client missed)",
           "participations": int(state.participations),
       },
       "timing": {

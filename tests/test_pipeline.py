@@ -120,6 +120,16 @@ def test_bytes_against_a_hand_count():
   c = pl.communication(cfg, 199210)
   assert c["k_up"] == c["k_down"] == 19921
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 104586
+  # SCAFFOLD adds its dense control variates both ways; SOLO sends nothing
+  c = pl.communication(make_config({"algorithm": "scaffold"}), 199210)
+  assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 2 * 796840
+  c = pl.communication(make_config({"algorithm": "scaffold", "s_local": 0.9}), 199210)
+  assert c["bytes_per_client_up"] == 104586 + 796840
+  assert c["bytes_per_client_down"] == 2 * 796840
+  c = pl.communication(make_config({"algorithm": "solo"}), 199210)
+  assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 0
+  c = pl.communication(make_config({"algorithm": "fedprox+moon"}), 199210)
+  assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 796840
 
 
 def test_round_with_topk_and_downlink_against_numpy():
