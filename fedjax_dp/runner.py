@@ -554,6 +554,7 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
                   "control variates (SOLO sends nothing); the down link counts one round's "
                   "broadcast per participant (not the updates a returning client missed)",
           "participations": int(state.participations),
+          "num_params": d,
       },
       "timing": {
           "wall_s": final.get("wall_s"), "setup_s": round(setup_s, 3),

@@ -40,6 +40,54 @@ def test_table2_script_writes_tables_and_reuses_runs(tmp_path):
   assert summary.stat().st_mtime_ns == before
 
 
+def _topksdp_script():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "topksdp_run", os.path.join(ROOT, "experiments", "topksdp", "run.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_path):
+  import argparse
+  run = _topksdp_script()
+  args = argparse.Namespace(out=str(tmp_path), dataset="mnist", rounds=2, seeds=[0, 1])
+  dense = 2 * 4 * 199210 / 1e6
+  rows = [{"s_global": sg, "seed": seed, "final_accuracy": acc, "mb_per_round_trip": mb,
+           "dense_mb_per_round_trip": dense}
+          for sg, mb, accs in ((0.0, 0.902, (0.80, 0.82)), (0.9, 0.209, (0.78, 0.79)))
+          for seed, acc in zip((0, 1), accs)]
+  run.write_outputs("sparsity", rows, args)
+  md = (tmp_path / "sparsity.md").read_text()
+  # 81.00 ± 1.41 = mean and sample sd of 80 and 82; 1 - 0.209 / 1.59368 = 86.9 % less
+  assert "| 0 | 81.00 ± 1.41 | 0.902 |" in md and "| 0.9 | 78.50 ± 0.71 | 0.209 | 86.9 % | 93 % |" in md
+  assert "0.96 MB per round trip against 13.4 MB" in md
+  assert (tmp_path / "sparsity.png").exists()
+
+  rows = [{"ldp_epsilon": eps, "s_local": sl, "seed": 0, "final_accuracy": acc,
+           "papers_chain_epsilon": 12.5 * eps, "accountant_epsilon": None}
+          for eps, sl, acc in ((1.0, 0.9, 0.5), (3.0, 0.9, 0.6), (3.0, 0.99, 0.7))]
+  run.write_outputs("privacy", rows, _namespace_with(args, seeds=[0]))
+  md = (tmp_path / "privacy.md").read_text()
+  assert "| 3 | 0.99 | 70.00 | 37.5 | none (not a complete guarantee) | n/a |" in md
+  assert "not a guarantee of this mechanism" in md and (tmp_path / "privacy.png").exists()
+
+  rows = [{"mu1": a, "mu2": b, "seed": seed, "final_accuracy": 0.8 + a + b + 0.001 * seed}
+          for a in (0.001, 0.01) for b in (0.001, 0.01) for seed in (0, 1)]
+  run.write_outputs("mu", rows, args)
+  md = (tmp_path / "mu.md").read_text()
+  # rows mu1, columns mu2; cell (0.01, 0.01) = 100 * (0.82 + 0.0005) = 82.05
+  assert "| 0.01 | 81.15 | 82.05 |" in md
+  assert "Best cell (ours): 82.05 % at mu1 = 0.01, mu2 = 0.01" in md and "96.61 %" in md
+  assert (tmp_path / "mu.png").exists()
+
+
+def _namespace_with(ns, **kw):
+  import argparse
+  return argparse.Namespace(**{**vars(ns), **kw})
+
+
 @pytest.mark.slow
 def test_dynamic_dp_script_writes_tables_with_both_epsilons(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "dynamic_dp", "run.py"), "table4",
