@@ -688,7 +688,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
             jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
             cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
     elif privacy.mode == "local":
-      ledger = ledger.at[ids].set(accounting.compose(ledger[ids], client_event, mask))
+      # only real slots write: padded slots carry client id 0, and a second write to
+      # client 0's row (its old ledger) could win over its update (found with 4 devices)
+      ledger = ledger.at[jnp.where(mask, ids, cfg.num_clients)].set(
+          accounting.compose(ledger[ids], client_event, mask), mode="drop")
     if cfg.s_global > 0:
       # downlink top-k: the server keeps what it does not broadcast (error feedback)
       flat, unravel = ravel_pytree(mean_delta)

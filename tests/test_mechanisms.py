@@ -166,6 +166,21 @@ def test_local_ledgers_count_each_clients_own_participations():
   assert counts.max() == k_max and int(np.sum(st.spent)) == 3 * 12 - counts.sum()
 
 
+@pytest.mark.parametrize("devices,sampling", [(4, "poisson"), (2, "poisson"), (4, "fixed")])
+def test_local_ledgers_match_participations_on_several_devices(devices, sampling):
+  # padded cohort slots carry client id 0: their write must not undo client 0's update
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15))
+  z = 2.0
+  sim = toy_simulation(x, y, parts, devices=devices, dp="local", noise_multiplier=z,
+                       sampling=sampling, clients_per_round=3, local_epochs=1)
+  state, _ = sim.run_rounds(sim.init_state(), 40)
+  participations = np.asarray(state.server_state["noise_control"]["participations"])
+  event = np.asarray(sim.privacy.event_rdp, np.float64)[-1]
+  counts = np.asarray(state.ledger, np.float64)[:, -1] / event
+  np.testing.assert_allclose(counts, participations, rtol=1e-3)
+  assert participations[0] > 0 and participations.sum() == int(state.participations)
+
+
 def test_adaptive_clip_norm_follows_the_geometric_rule():
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12))
   lr, gamma = 0.3, 0.5
