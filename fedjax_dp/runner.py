@@ -435,7 +435,10 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
                   "are one Gaussian with noise_multiplier"}
     if cfg.accountant == "pld" and z > 0 and rounds > 0:
       from fedjax_dp.account import pld_epsilon
-      report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z, rounds, cfg.delta)
+      # the composed parts' multiplier (tiers: less than z), as the RDP ledger charges
+      z_pld = accounting.effective_noise_multiplier(
+          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
+      report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z_pld, rounds, cfg.delta)
       report["accountant"] = "rdp ledger in the round; final figure by dp-accounting's PLD"
       report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
     overflow = int(state.cohort_overflow)

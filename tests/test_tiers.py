@@ -80,6 +80,25 @@ def test_tiered_accounting_equals_dp_accountings_composition():
   assert eps_ours > least
 
 
+def test_tiered_central_pld_report_uses_the_composed_multiplier():
+  from dp_accounting.pld import pld_privacy_accountant
+  from fedjax_dp.runner import privacy_report
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
+  z, q, rounds = 1.0, 0.3, 6
+  sim = toy_simulation(x, y, parts, hidden=[16], dp="central", noise_multiplier=z,
+                       clip_parts="tiers", feature_tiers=FEATURE_TIERS, sampling="poisson",
+                       clients_per_round=3, accountant="pld")
+  state, _ = sim.run_rounds(sim.init_state(), rounds)
+  report = privacy_report(sim.cfg, sim, state)
+  layout = sim.privacy.layout
+  z_eff = sum((z * m / f) ** -2 for f, m in zip(layout.fractions, layout.noise_scales)) ** -0.5
+  assert z_eff < z / 2   # the tiers' composition is much less noise than the base z
+  oracle = pld_privacy_accountant.PLDAccountant()
+  oracle.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z_eff)), rounds)
+  assert report["pld_epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
+  assert report["epsilon"] <= report["pld_epsilon"] + 1e-9
+
+
 def test_tiered_noise_in_the_round_has_each_tiers_std():
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
   z, clip = 400.0, 0.01
