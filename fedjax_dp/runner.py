@@ -468,6 +468,15 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
                                  "would pass target_epsilon" if cfg.target_epsilon else None},
         "client_epsilons": [_finite(e) for e in eps],
     })
+    if cfg.accountant == "pld" and z > 0 and counts.max() > 0:
+      # static noise (config): every participation is a Gaussian of at least the composed
+      # multiplier (cluster_noise only adds), so the most frequent client's count bounds all
+      from fedjax_dp.account import pld_epsilon
+      z_acc = accounting.effective_noise_multiplier(
+          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
+      report["pld_epsilon"] = pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta)
+      report["accountant"] = "rdp ledgers in the round; largest client's figure by PLD"
+      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
     budgets = sim.client_budgets()
     if cfg.client_budgets == "allocated":
       report["client_budgets"] = {
@@ -512,13 +521,6 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
         "final_score": float(nc["score"]),
         "note": "each round's noise is set before the round from earlier released global "
                 "updates (public), and the ledgers compose every round at its actual noise"}
-    if cfg.accountant == "pld" and z > 0 and counts is not None and counts.max() > 0:
-      from fedjax_dp.account import pld_epsilon
-      z_acc = accounting.effective_noise_multiplier(
-          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
-      report["pld_epsilon"] = pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta)
-      report["accountant"] = "rdp ledgers in the round; largest client's figure by PLD"
-      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
   if cfg.tier_source == "analyzer" and cfg.clip_parts == "tiers":
     report["not_accounted"].append(
         "the tier map comes from the sensitivity analyzer, which reads every client's data "

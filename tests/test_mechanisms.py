@@ -181,6 +181,23 @@ def test_local_ledgers_match_participations_on_several_devices(devices, sampling
   assert participations[0] > 0 and participations.sum() == int(state.participations)
 
 
+def test_local_dp_pld_report_for_the_most_frequent_client():
+  from dp_accounting.pld import pld_privacy_accountant
+  from fedjax_dp.runner import privacy_report
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13))
+  z = 3.0
+  sim = toy_simulation(x, y, parts, hidden=[6], dp="local", noise_multiplier=z,
+                       clients_per_round=3, accountant="pld", local_epochs=1)
+  state, _ = sim.run_rounds(sim.init_state(), 10)
+  report = privacy_report(sim.cfg, sim, state)
+  most = int(np.max(np.asarray(state.server_state["noise_control"]["participations"])))
+  oracle = pld_privacy_accountant.PLDAccountant()   # replace-one, sensitivity 2C: z / 2
+  oracle.compose(dpa.GaussianDpEvent(z / 2), most)
+  assert report["pld_epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
+  assert report["epsilon"] == pytest.approx(min(report["pld_epsilon"],
+                                                max(report["client_epsilons"])))
+
+
 def test_adaptive_clip_norm_follows_the_geometric_rule():
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12))
   lr, gamma = 0.3, 0.5
