@@ -383,6 +383,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     terms, _ = parse_algorithm(cfg.algorithm)
   except ValueError as e:
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
+  if "solo" in terms and cfg.dp != "none":
+    raise ConfigError(f"config key 'algorithm' = 'solo' with dp {cfg.dp!r}: SOLO's clients "
+                      "send nothing, and the per-client models it evaluates are never noised, "
+                      "so no epsilon would describe the run; use dp 'none'")
   if "scaffold" in terms and cfg.dp != "none":
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r} with dp {cfg.dp!r}: SCAFFOLD's "
                       "control variates are not privatized, so no guarantee would hold")

@@ -387,7 +387,10 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       "sampling": cfg.sampling, "q": sampling_rate(cfg), "rounds_accounted": rounds,
       "target_epsilon": cfg.target_epsilon,
       "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
-      "not_accounted": [],
+      "not_accounted": [
+          "metrics.jsonl's train_loss (and unclipped_fraction, with adaptive clipping) are "
+          "computed from the clients' data without noise: simulator diagnostics, not outputs "
+          "the epsilon covers"],
   }
   if cfg.clip_parts == "per_layer":
     layout = sim.privacy.layout

@@ -73,6 +73,7 @@ def test_epsilon_in_metrics_is_the_accountants(tmp_path):
     assert r["delta"] == 1e-5
   assert summary["privacy"]["epsilon"] == rows[-1]["epsilon"]
   assert summary["privacy"]["rounds_accounted"] == 30 and not summary["privacy"]["stopped_by_budget"]
+  assert any("train_loss" in x for x in summary["privacy"]["not_accounted"])   # diagnostics, said
   rc, rows2, _ = _run(tmp_path, "b", "noise_multiplier=1.3")
   assert [r["test_loss"] for r in rows2] == [r["test_loss"] for r in rows]   # deterministic
 

@@ -258,6 +258,8 @@ def test_algorithm_names_and_errors():
     make_config({"algorithm": "solo+fedprox"})
   with pytest.raises(ConfigError, match="not privatized"):
     make_config({"algorithm": "scaffold", "dp": "central", "noise_multiplier": 1.0})
+  with pytest.raises(ConfigError, match="'algorithm' = 'solo' with dp 'local'"):
+    make_config({"algorithm": "solo", "dp": "local", "noise_multiplier": 1.0})
 
 
 def test_solo_clients_train_alone():
