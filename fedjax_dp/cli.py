@@ -17,15 +17,12 @@ USER_ERROR = 2
 def _run(args) -> int:
   from fedjax_dp import runner
   from fedjax_dp.config import load_config, make_config, parse_set
-  import json
 
   if args.resume and not args.config:
     cfg_path = os.path.join(args.out, "config.json")
     if not os.path.exists(cfg_path):
       raise runner.RunError(f"--resume: {args.out} holds no run (no config.json)")
-    with open(cfg_path) as f:
-      saved = make_config(json.load(f))
-    cfg = make_config(parse_set(args.set), base=saved)
+    cfg = make_config(parse_set(args.set), base=runner.saved_config(cfg_path))
   else:
     cfg = load_config(args.config, args.set)
   summary = runner.run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,

@@ -198,26 +198,74 @@ def client_label_distribution(ds: Dataset, parts) -> np.ndarray:
   return out
 
 
+def saved_config(path: str) -> Config:
+  """The config a run folder was started with; RunError when it is not one."""
+  try:
+    with open(path) as f:
+      values = json.load(f)
+    if not isinstance(values, dict):
+      raise ValueError("not a JSON object")
+    return make_config(values)
+  except (OSError, ValueError, ConfigError) as e:
+    raise RunError(f"--resume: {path} is not a valid run config ({str(e).splitlines()[0]})")
+
+
+def _rounds_done(out: str) -> int:
+  """The last evaluated round in out/metrics.jsonl (0 when none is readable)."""
+  done = 0
+  try:
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+      for line in f:
+        try:
+          done = max(done, int(json.loads(line)["round"]))
+        except (ValueError, KeyError, TypeError):
+          pass   # a torn last line: resume drops it
+  except OSError:
+    pass
+  return done
+
+
+def _protected_folders() -> set[str]:
+  here = os.path.realpath(os.getcwd())
+  out = {here, os.path.realpath(os.path.expanduser("~")), "/"}
+  while os.path.dirname(here) != here:
+    here = os.path.dirname(here)
+    out.add(here)
+  return out
+
+
 def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
                  check_only: bool = False) -> Config:
   """Checks the output folder, then (unless check_only) clears or creates it; never
   loses an existing run's results."""
   cfg_path = os.path.join(out, "config.json")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise RunError(f"output folder {out} is a file: name a folder")
   exists = os.path.isdir(out) and bool(os.listdir(out))
   if resume:
     if not os.path.exists(cfg_path):
       raise RunError(f"--resume: {out} holds no run (no config.json)")
-    with open(cfg_path) as f:
-      saved = make_config(json.load(f))
+    saved = saved_config(cfg_path)
     diff = [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
             and k not in RESUMABLE_CHANGES]
     if diff:
       raise RunError(f"--resume: config differs from the run in {out} in {', '.join(diff)} "
                      f"(only {', '.join(RESUMABLE_CHANGES)} may change)")
+    done = _rounds_done(out)
+    if cfg.rounds < done:
+      raise RunError(f"--resume: rounds = {cfg.rounds} but the run in {out} has done {done}: "
+                     f"rounds must be >= {done}")
     return cfg
   if exists and not overwrite:
     raise RunError(f"output folder {out} is not empty: pass --overwrite to replace it or "
                    "--resume to continue it")
+  if exists and not os.path.exists(cfg_path):
+    # --overwrite replaces a run, never a folder of something else (or the working folder)
+    raise RunError(f"--overwrite: {out} is not empty and holds no run (no config.json); "
+                   "refusing to delete it: name a new or empty folder")
+  if exists and os.path.realpath(out) in _protected_folders():
+    raise RunError(f"--overwrite: {out} is the working folder or one of its parents; "
+                   "refusing to delete it")
   if check_only:
     return cfg
   if exists:

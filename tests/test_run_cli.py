@@ -87,6 +87,39 @@ def test_existing_results_are_never_overwritten(tmp_path, capsys):
   assert cli(["--out", out, "--overwrite"] + sets("seed=3")) == 0
 
 
+def test_overwrite_and_resume_refuse_what_is_not_a_run(tmp_path, capsys, monkeypatch):
+  def refused(args, words):
+    capsys.readouterr()
+    assert cli(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and all(w in err for w in words), err
+
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "notes.txt").write_text("keep me")
+  refused(["--out", str(notes), "--overwrite"] + sets(), ["holds no run", "refusing"])
+  assert (notes / "notes.txt").read_text() == "keep me"
+  monkeypatch.chdir(notes)
+  (notes / "config.json").write_text("{}")
+  refused(["--out", ".", "--overwrite"] + sets(), ["working folder"])
+  assert (notes / "notes.txt").read_text() == "keep me"
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  refused(["--out", str(afile), "--overwrite"] + sets(), ["is a file"])
+  # a run whose config.json is damaged, or asked to end before where it already is
+  out = str(tmp_path / "run")
+  assert cli(["--out", out] + sets()) == 0
+  before = open(os.path.join(out, "metrics.jsonl")).read()
+  good = open(os.path.join(out, "config.json")).read()
+  for damaged in ("[]", "{not json"):
+    open(os.path.join(out, "config.json"), "w").write(damaged)
+    refused(["--out", out, "--resume"] + sets(), ["not a valid run config"])
+  open(os.path.join(out, "config.json"), "w").write(good)
+  refused(["--out", out, "--resume"] + sets("rounds=4"), ["rounds = 4", "has done 6"])
+  assert open(os.path.join(out, "metrics.jsonl")).read() == before
+  assert open(os.path.join(out, "config.json")).read() == good
+
+
 def test_missing_dataset_is_a_one_line_error(tmp_path, capsys, monkeypatch):
   monkeypatch.setenv("FEDJAX_DP_DATA", str(tmp_path / "nothing"))
   assert cli(["--out", str(tmp_path / "r")] + sets("dataset=cifar10")) == 2
@@ -157,11 +190,12 @@ def test_a_failed_setup_never_replaces_an_existing_run(tmp_path, capsys):
   out = tmp_path / "old"
   out.mkdir()
   (out / "metrics.jsonl").write_text("{}\n")
+  (out / "config.json").write_text("{}")   # a run folder: --overwrite may replace it
   code = main(["run", "--no-progress", "--overwrite", "--out", str(out), "--set", "dp=local",
                "--set", "noise_multiplier=1", "--set", "clip_parts=tiers"])
   err = capsys.readouterr().err.strip().splitlines()
   assert code == 2 and len(err) == 1 and "has no sensitivity tiers" in err[0]
-  assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+  assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.jsonl"]
   code = main(["run", "--no-progress", "--out", str(tmp_path / "new"), "--set", "dataset=csv",
                "--set", f"csv_path={tmp_path / 'missing.csv'}"])
   assert code == 2 and not (tmp_path / "new" / "config.json").exists()
