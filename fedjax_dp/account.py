@@ -25,16 +25,40 @@ class AccountError(ValueError):
   """A bad value for `fedjax-dp account`; one line."""
 
 
+# Below this, dp-accounting's PLD discretises a privacy-loss range of about 1 / (2 z^2)
+# in steps of 1e-4: z = 1e-3 asked for 38 GiB and failed after a whole run's training.
+PLD_MIN_NOISE_MULTIPLIER = 0.01
+
+
 def pld_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:
-  """Epsilon of `steps` Poisson-subsampled Gaussian steps by dp-accounting's PLD accountant."""
+  """Epsilon of `steps` Poisson-subsampled Gaussian steps by dp-accounting's PLD accountant.
+
+  AccountError for a noise multiplier below PLD_MIN_NOISE_MULTIPLIER or when
+  dp-accounting runs out of memory (the RDP figure then stands)."""
   import dp_accounting
   from dp_accounting.pld import pld_privacy_accountant
+  if noise_multiplier < PLD_MIN_NOISE_MULTIPLIER:
+    raise AccountError(f"noise multiplier {noise_multiplier:g}: the PLD accountant needs >= "
+                       f"{PLD_MIN_NOISE_MULTIPLIER:g} (below it its discretisation needs "
+                       "gigabytes); use the RDP accountant")
   acc = pld_privacy_accountant.PLDAccountant()
   event = dp_accounting.GaussianDpEvent(noise_multiplier)
   if q < 1:
     event = dp_accounting.PoissonSampledDpEvent(q, event)
-  acc.compose(event, steps)  # one composition with a count: calling compose T times is 1000x slower
-  return float(acc.get_epsilon(delta))
+  try:
+    acc.compose(event, steps)  # one composition with a count: T composes are 1000x slower
+    return float(acc.get_epsilon(delta))
+  except (MemoryError, OverflowError) as e:
+    raise AccountError(f"noise multiplier {noise_multiplier:g}, {steps} steps: the PLD "
+                       f"accountant failed ({type(e).__name__}); use the RDP accountant")
+
+
+def _epsilon_or_inf(eps_of, z) -> float:
+  """For calibration: a multiplier too small for PLD is too small for any target."""
+  try:
+    return eps_of(z)[0]
+  except AccountError:
+    return math.inf
 
 
 def _require(name, value, ok, allowed):
@@ -87,7 +111,7 @@ def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_ep
     _require("--target-epsilon", target_epsilon, lambda v: v > 0 and math.isfinite(v), "> 0")
     try:
       noise_multiplier = accounting.calibrate_noise_multiplier(
-          target_epsilon, q, steps, delta, epsilon_fn=lambda z: eps_of(z)[0],
+          target_epsilon, q, steps, delta, epsilon_fn=lambda z: _epsilon_or_inf(eps_of, z),
           tol=1e-4 if accountant == "rdp" else 1e-3)
     except ValueError as e:
       raise AccountError(str(e))

@@ -365,6 +365,14 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.noise_schedule == "weighted" and cfg.clip_parts != "tiers":
     raise ConfigError("config key 'noise_schedule' = 'weighted': the sensitivity weights are per "
                       f"tier (needs clip_parts 'tiers'; clip_parts is {cfg.clip_parts!r})")
+  if cfg.accountant == "pld" and cfg.noise_multiplier is not None and cfg.dp != "none":
+    from fedjax_dp.account import PLD_MIN_NOISE_MULTIPLIER
+    z_pld = cfg.noise_multiplier / (2 if cfg.dp == "local" else 1)   # local: replace-one, z / 2
+    if 0 < z_pld < PLD_MIN_NOISE_MULTIPLIER:
+      raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g} with "
+                        f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
+                        f"{' (z / 2 under local DP)' if cfg.dp == 'local' else ''}; use "
+                        "accountant 'rdp'")
   if cfg.noise_schedule != "static" and cfg.accountant == "pld":
     raise ConfigError(f"config key 'accountant' = 'pld' with noise_schedule "
                       f"{cfg.noise_schedule!r}: the noise changes each round; use 'rdp'")

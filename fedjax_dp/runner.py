@@ -419,6 +419,21 @@ def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   return report
 
 
+def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None:
+  """PLD's figure beside the RDP one, the smaller as epsilon; if PLD cannot be had
+  (too little noise for its discretisation) the RDP figure stands, and the report
+  says why."""
+  from fedjax_dp.account import AccountError
+  try:
+    report["pld_epsilon"] = compute()
+  except AccountError as e:
+    report["pld_epsilon"] = None
+    report["pld_note"] = f"no PLD figure: {e}; epsilon is the RDP accountant's"
+    return
+  report["accountant"] = accountant
+  report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+
+
 def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
@@ -489,9 +504,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       # the composed parts' multiplier (tiers: less than z), as the RDP ledger charges
       z_pld = accounting.effective_noise_multiplier(
           mechanisms.part_noise_multipliers(sim.privacy.layout, z))
-      report["pld_epsilon"] = pld_epsilon(sampling_rate(cfg), z_pld, rounds, cfg.delta)
-      report["accountant"] = "rdp ledger in the round; final figure by dp-accounting's PLD"
-      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+      _add_pld(report, lambda: pld_epsilon(sampling_rate(cfg), z_pld, rounds, cfg.delta),
+               "rdp ledger in the round; final figure by dp-accounting's PLD")
     overflow = int(state.cohort_overflow)
     if overflow:
       report["not_accounted"].append(
@@ -525,9 +539,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       from fedjax_dp.account import pld_epsilon
       z_acc = accounting.effective_noise_multiplier(
           mechanisms.part_noise_multipliers(sim.privacy.layout, z))
-      report["pld_epsilon"] = pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta)
-      report["accountant"] = "rdp ledgers in the round; largest client's figure by PLD"
-      report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+      _add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
+               "rdp ledgers in the round; largest client's figure by PLD")
     budgets = sim.client_budgets()
     if cfg.client_budgets == "allocated":
       report["client_budgets"] = {

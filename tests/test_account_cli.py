@@ -87,6 +87,8 @@ def test_shuffle(capsys):
       "fixed", "--population", "100", "--accountant", "pld"], "no sampling-without-replacement"),
     (["--q", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5",
       "--population", "100"], "--population is for --sampling fixed"),
+    (["--q", "0.1", "--noise-multiplier", "0.001", "--steps", "10", "--delta", "1e-5",
+      "--accountant", "pld"], "noise multiplier 0.001: the PLD accountant needs >= 0.01"),
 ])
 def test_bad_values_exit_two_with_one_line(capsys, argv, fragment):
   assert main(["account", *argv]) == 2
