@@ -117,7 +117,8 @@ def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_ep
       raise AccountError(str(e))
     out["target_epsilon"] = target_epsilon
   else:
-    _require("--noise-multiplier", noise_multiplier, lambda v: v > 0 and math.isfinite(v), "> 0")
+    _require("--noise-multiplier", noise_multiplier, lambda v: v >= 1e-6 and math.isfinite(v),
+             ">= 1e-6 (below it the RDP arithmetic overflows)")
   eps, order = eps_of(noise_multiplier)
   out.update(noise_multiplier=noise_multiplier, epsilon=eps)
   if order is not None:

@@ -42,6 +42,13 @@ def _datasets(args) -> int:
   from fedjax_dp import data
   from fedjax_dp.config import load_config
 
+  from fedjax_dp.runner import RunError
+  if args.plot and not args.partition:
+    raise RunError("--plot needs --partition (it plots the partition's label histogram)")
+  if args.plot and not args.plot.lower().endswith(".png"):
+    raise RunError(f"--plot {args.plot}: expected a .png file name")
+  if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+    raise RunError(f"--plot {args.plot}: its folder does not exist")
   if not args.partition:
     for name in data.DATASETS:
       ok, where = data.find_dataset(name, args.data_dir)

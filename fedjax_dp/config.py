@@ -16,6 +16,9 @@ from typing import Any
 import yaml
 
 
+MIN_NOISE_MULTIPLIER = 1e-6   # 1e-300 overflowed the RDP arithmetic
+
+
 class ConfigError(ValueError):
   """A bad config key or value; the message is one line meant for the user."""
 
@@ -365,6 +368,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.noise_schedule == "weighted" and cfg.clip_parts != "tiers":
     raise ConfigError("config key 'noise_schedule' = 'weighted': the sensitivity weights are per "
                       f"tier (needs clip_parts 'tiers'; clip_parts is {cfg.clip_parts!r})")
+  if cfg.noise_multiplier is not None and 0 < cfg.noise_multiplier < MIN_NOISE_MULTIPLIER:
+    raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g}: must be 0 (no "
+                      f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
+                      "arithmetic overflows; any such run has no meaningful epsilon)")
   if cfg.accountant == "pld" and cfg.noise_multiplier is not None and cfg.dp != "none":
     from fedjax_dp.account import PLD_MIN_NOISE_MULTIPLIER
     z_pld = cfg.noise_multiplier / (2 if cfg.dp == "local" else 1)   # local: replace-one, z / 2
@@ -482,6 +489,12 @@ def load_config(path: str | None = None, sets: list[str] | None = None) -> Confi
         loaded = yaml.safe_load(f)
     except FileNotFoundError:
       raise ConfigError(f"config file {path!r} does not exist")
+    except IsADirectoryError:
+      raise ConfigError(f"config file {path!r} is a folder: name a YAML file")
+    except UnicodeDecodeError:
+      raise ConfigError(f"config file {path!r} is not UTF-8 text: name a YAML file")
+    except OSError as e:
+      raise ConfigError(f"config file {path!r} cannot be read ({e.strerror})")
     except yaml.YAMLError as e:
       line = getattr(getattr(e, "problem_mark", None), "line", None)
       where = f" (line {line + 1})" if line is not None else ""

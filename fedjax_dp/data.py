@@ -253,8 +253,11 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
     raise DataError("dataset 'csv' needs csv_path")
   if not os.path.isfile(path):
     raise DataError(f"{path}: no such CSV file")
-  with open(path, newline="") as f:
-    rows = list(csv.reader(f))
+  try:
+    with open(path, newline="") as f:
+      rows = list(csv.reader(f))
+  except UnicodeDecodeError:
+    raise DataError(f"{path}: not UTF-8 text, expected a CSV file")
   if not rows:
     raise DataError(f"{path}: empty file, expected a header row and data rows")
   header = [h.strip() for h in rows[0]]
@@ -275,6 +278,9 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
         x[r, j] = float(row[i])
       except ValueError:
         raise DataError(f"{path}: line {line}, column {header[i]!r}: {row[i]!r} is not a number")
+      if not np.isfinite(x[r, j]):   # nan / inf parse as floats, then poison training
+        raise DataError(f"{path}: line {line}, column {header[i]!r}: {row[i]!r} is not a finite "
+                        "number")
     labels.append(row[li].strip())
   if len(labels) < 2:
     raise DataError(f"{path}: {len(labels)} data rows, expected at least 2")

@@ -241,6 +241,11 @@ def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
   cfg_path = os.path.join(out, "config.json")
   if os.path.exists(out) and not os.path.isdir(out):
     raise RunError(f"output folder {out} is a file: name a folder")
+  parent = os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise RunError(f"output folder {out}: {parent} is a file, so the folder cannot be made")
   exists = os.path.isdir(out) and bool(os.listdir(out))
   if resume:
     if not os.path.exists(cfg_path):

@@ -40,7 +40,7 @@ from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
 from fedjax_dp import server as server_lib
-from fedjax_dp.config import Config
+from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.kernels import gaussian_noise, robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
@@ -113,7 +113,8 @@ def make_mesh(num_devices: int = 0) -> Mesh:
   devices = jax.devices()
   if num_devices:
     if num_devices > len(devices):
-      raise ValueError(f"devices = {num_devices}: only {len(devices)} available")
+      raise ConfigError(f"config key 'devices' = {num_devices}: this machine has "
+                        f"{len(devices)}; allowed are 0 (all) to {len(devices)}")
     devices = devices[:num_devices]
   return Mesh(np.array(devices), ("clients",))
 

@@ -144,6 +144,11 @@ def test_csv(tmp_path):
                   "is not a number")
   _one_line_error(lambda: load_dataset("csv", path=str(path), label_column="y"), "no column 'y'")
   _one_line_error(lambda: load_dataset("csv", path=str(tmp_path / "none.csv")), "no such CSV")
+  for value in ("nan", "inf", "-Infinity"):
+    bad.write_text(f"a,label\n1,0\n{value},1\n")
+    _one_line_error(lambda: load_dataset("csv", path=str(bad)), "line 3", "is not a finite number")
+  bad.write_bytes(b"a,label\n\xff\xfe,0\n")
+  _one_line_error(lambda: load_dataset("csv", path=str(bad)), "not UTF-8 text")
 
 
 def test_digits_and_synthetic_are_deterministic():

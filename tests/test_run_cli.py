@@ -106,6 +106,14 @@ def test_overwrite_and_resume_refuse_what_is_not_a_run(tmp_path, capsys, monkeyp
   afile = tmp_path / "afile"
   afile.write_text("x")
   refused(["--out", str(afile), "--overwrite"] + sets(), ["is a file"])
+  refused(["--out", str(afile / "sub")] + sets(), ["is a file, so the folder cannot be made"])
+  refused(["--out", str(tmp_path / "r2")] + sets("devices=1000"), ["'devices' = 1000", "allowed"])
+  refused(["--out", str(tmp_path / "r3"), "--config", str(tmp_path)] + sets(), ["is a folder"])
+  (tmp_path / "latin1.yaml").write_bytes(b"rounds: 3 # \xe9\xff\n")
+  refused(["--out", str(tmp_path / "r4"), "--config", str(tmp_path / "latin1.yaml")] + sets(),
+          ["not UTF-8"])
+  refused(["--out", str(tmp_path / "r5")] + sets("dp=central", "noise_multiplier=1e-300"),
+          ["'noise_multiplier' = 1e-300", ">= 1e-06"])
   # a run whose config.json is damaged, or asked to end before where it already is
   out = str(tmp_path / "run")
   assert cli(["--out", out] + sets()) == 0
@@ -184,6 +192,12 @@ def test_datasets_lists_every_dataset(capsys):
   assert [line.split()[0] for line in lines] == ["digits", "mnist", "fmnist", "cifar10", "csv",
                                                  "synthetic", "healthcare", "breast_cancer"]
   assert lines[0].split()[1] == "available"
+  for argv, words in ((["--plot", "h.png"], "needs --partition"),
+                      (["--partition", "--plot", "h.txt"], "expected a .png"),
+                      (["--partition", "--plot", "/nonexistent/dir/h.png"], "folder does not exist")):
+    assert main(["datasets", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err, err
 
 
 def test_a_failed_setup_never_replaces_an_existing_run(tmp_path, capsys):
