@@ -3,17 +3,21 @@
 Orbax writes each step into a temporary folder and renames it when complete,
 so a process killed mid-save never leaves a half-written checkpoint listed as
 the newest. A checkpoint that is listed but unreadable (disk damage, a file
-truncated by hand) is reported and the previous one is used.
+truncated by hand) is reported and the previous one is used. So is one that
+reads but whose state no longer matches the SHA-256 digest saved with it
+(bytes changed in place: orbax itself would restore them silently).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 # orbax logs every save at INFO through absl; keep the user's terminal for the progress bar
@@ -31,8 +35,22 @@ def _manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:
       item_names=("state", "meta"))
 
 
+DIGEST_KEY = "state_sha256"
+
+
+def state_digest(state: Any) -> str:
+  """SHA-256 over every leaf's dtype, shape and bytes, in tree order."""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(state):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
 def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3) -> None:
   """Saves `state` (a pytree of arrays) and JSON `meta` as checkpoint `step`; blocks until done."""
+  meta = {**meta, DIGEST_KEY: state_digest(state)}
   with _manager(directory, keep) as mgr:
     mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                            meta=ocp.args.JsonSave(meta)))
@@ -63,9 +81,14 @@ def restore_latest(directory: str, template: Any, warn=None) -> tuple[int, Any, 
       try:
         restored = mgr.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        return step, restored["state"], dict(restored["meta"])
+        meta = dict(restored["meta"])
+        saved = meta.pop(DIGEST_KEY, None)   # absent in checkpoints from before the digest
+        if saved is not None and saved != state_digest(restored["state"]):
+          raise ValueError("its state does not match the digest saved with it")
+        return step, restored["state"], meta
       except Exception as e:  # orbax raises many types for damaged files
-        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        # the first line, without the storage layer's internals after a colon
+        reason = str(e).splitlines()[0].split(": {")[0][:160] if str(e) else type(e).__name__
         warn(f"warning: checkpoint at round {step} in {directory} is unreadable ({reason}); "
              "trying the previous one")
   raise CheckpointError(f"no readable checkpoint in {directory} (tried rounds {available})")
