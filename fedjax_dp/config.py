@@ -268,6 +268,8 @@ def _coerce(key: str, value: Any) -> Any:
       value = [v for v in value.replace(",", " ").split() if v]
     try:
       sizes = tuple(int(v) for v in value)
+      if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v)) for v in value):
+        raise ValueError("not whole")   # int(1.5) would quietly be 1
     except (TypeError, ValueError):
       raise ConfigError(
           f"config key 'hidden' = {value!r}: expected a list of positive layer sizes, e.g. [200, 200]")

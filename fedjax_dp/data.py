@@ -346,6 +346,9 @@ def _load_synthetic(num_examples: int = 10000, num_features: int = 32, num_class
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **options) -> Dataset:
   """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
   synthetic (num_examples, num_features, num_classes), healthcare (num_examples)."""
+  if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
+    # an explicit folder that is not there is a typo, not a reason to look elsewhere
+    raise DataError(f"data_dir {data_dir!r} is not a folder")
   if name == "digits":
     return _load_digits(seed)
   if name in ("mnist", "fmnist"):

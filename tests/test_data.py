@@ -144,6 +144,8 @@ def test_csv(tmp_path):
                   "is not a number")
   _one_line_error(lambda: load_dataset("csv", path=str(path), label_column="y"), "no column 'y'")
   _one_line_error(lambda: load_dataset("csv", path=str(tmp_path / "none.csv")), "no such CSV")
+  _one_line_error(lambda: load_dataset("fmnist", data_dir=str(tmp_path / "nowhere")),
+                  "data_dir", "is not a folder")
   for value in ("nan", "inf", "-Infinity"):
     bad.write_text(f"a,label\n1,0\n{value},1\n")
     _one_line_error(lambda: load_dataset("csv", path=str(bad)), "line 3", "is not a finite number")
