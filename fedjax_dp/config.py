@@ -250,11 +250,12 @@ PRESETS = {"topksdp": {"s_local": 0.9, "s_global": 0.9, "shuffle": "layerwise"}}
 
 def _describe_range(key: str) -> str:
   lo, hi, lo_inc, hi_inc = RANGES[key]
+  show = lambda v: str(v) if isinstance(v, int) else f"{v:g}"   # 2147483647, not 2.14748e+09
   parts = []
   if lo is not None:
-    parts.append(f"{'>=' if lo_inc else '>'} {lo:g}")
+    parts.append(f"{'>=' if lo_inc else '>'} {show(lo)}")
   if hi is not None:
-    parts.append(f"{'<=' if hi_inc else '<'} {hi:g}")
+    parts.append(f"{'<=' if hi_inc else '<'} {show(hi)}")
   return " and ".join(parts)
 
 

@@ -328,6 +328,12 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     solo_eval = make_solo_evaluate(sim.model)
     label_dist = client_label_distribution(ds, parts)
   start = int(state.round)
+  summary_path = os.path.join(out, "summary.json")
+  if resume and start >= last and os.path.exists(summary_path):
+    # a finished run: rewriting its summary would lose its timing
+    log(f"{out} has already run its {start} rounds: nothing to do")
+    with open(summary_path) as f:
+      return json.load(f)
   if last < cfg.rounds:
     log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
         f"would pass target_epsilon {cfg.target_epsilon:g}")

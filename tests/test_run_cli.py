@@ -124,6 +124,13 @@ def test_overwrite_and_resume_refuse_what_is_not_a_run(tmp_path, capsys, monkeyp
     refused(["--out", out, "--resume"] + sets(), ["not a valid run config"])
   open(os.path.join(out, "config.json"), "w").write(good)
   refused(["--out", out, "--resume"] + sets("rounds=4"), ["rounds = 4", "has done 6"])
+  done = str(tmp_path / "done")   # checkpointed to the end: resuming has nothing to do
+  assert cli(["--out", done] + sets("checkpoint_every=3")) == 0
+  summary = open(os.path.join(done, "summary.json")).read()
+  capsys.readouterr()
+  assert cli(["--out", done, "--resume"] + sets("checkpoint_every=3")) == 0
+  assert "nothing to do" in capsys.readouterr().err
+  assert open(os.path.join(done, "summary.json")).read() == summary
   assert open(os.path.join(out, "metrics.jsonl")).read() == before
   assert open(os.path.join(out, "config.json")).read() == good
 
