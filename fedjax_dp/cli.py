@@ -72,11 +72,18 @@ def _datasets(args) -> int:
   return 0
 
 
+class _OneLineParser(argparse.ArgumentParser):
+  """argparse with its usage errors on one line (and exit status 2, as argparse's)."""
+
+  def error(self, message):
+    self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = _OneLineParser(
       prog="fedjax-dp",
       description="JAX simulator for federated learning with differential privacy.")
-  sub = p.add_subparsers(dest="command", required=True)
+  sub = p.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
   r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
   r.add_argument("--config", help="YAML file of config keys (see README)")

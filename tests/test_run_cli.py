@@ -193,6 +193,14 @@ def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
   assert key(read_rows(killed)) == key(read_rows(full))
 
 
+def test_usage_errors_are_one_line_with_exit_two(capsys):
+  for argv in ([], ["run", "--out", "x", "--bogus"], ["account", "--q", "x"]):
+    with pytest.raises(SystemExit) as e:
+      main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: fedjax-dp") and "\n" not in err, err
+
+
 def test_datasets_lists_every_dataset(capsys):
   assert main(["datasets"]) == 0
   lines = capsys.readouterr().out.splitlines()
