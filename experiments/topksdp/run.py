@@ -257,6 +257,12 @@ def _figure():
   return plt
 
 
+def _save(plt, fig, path: str) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_sparsity(rows, args) -> None:
   plt = _figure()
   groups = _groups(rows, "s_global")
@@ -274,9 +280,7 @@ def plot_sparsity(rows, args) -> None:
   for a in (a1, a2):
     a.grid(alpha=0.3)
   fig.suptitle(f"{args.dataset}: accuracy and bytes against downlink sparsity (s_local 0.9)")
-  fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "sparsity.png"), dpi=120)
-  plt.close(fig)
+  _save(plt, fig, os.path.join(args.out, "sparsity.png"))
 
 
 def plot_privacy(rows, args) -> None:
@@ -292,9 +296,7 @@ def plot_privacy(rows, args) -> None:
   ax.set_title(f"{args.dataset}: TopkSDP-FL with noise on the kept coordinates")
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "privacy.png"), dpi=120)
-  plt.close(fig)
+  _save(plt, fig, os.path.join(args.out, "privacy.png"))
 
 
 def plot_mu(rows, args) -> None:
@@ -316,9 +318,7 @@ def plot_mu(rows, args) -> None:
               color="black" if v > middle else "white")
   fig.colorbar(im, label="test accuracy %")
   ax.set_title(f"{args.dataset}: TopkSDP-FL over the mu grid")
-  fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "mu.png"), dpi=120)
-  plt.close(fig)
+  _save(plt, fig, os.path.join(args.out, "mu.png"))
 
 
 def plot_table2(rows, args) -> None:
@@ -339,9 +339,7 @@ def plot_table2(rows, args) -> None:
     ax.set_title(f"{args.dataset}, {level} heterogeneity (alpha {LEVELS[level]})")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, f"table2_{level}.png"), dpi=120)
-    plt.close(fig)
+    _save(plt, fig, os.path.join(args.out, f"table2_{level}.png"))
 
 
 def main(argv=None):
