@@ -51,10 +51,18 @@ def state_digest(state: Any) -> str:
 def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3) -> None:
   """Saves `state` (a pytree of arrays) and JSON `meta` as checkpoint `step`; blocks until done."""
   meta = {**meta, DIGEST_KEY: state_digest(state)}
-  with _manager(directory, keep) as mgr:
-    mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                           meta=ocp.args.JsonSave(meta)))
-    mgr.wait_until_finished()
+  absl = logging.getLogger("absl")
+  level = absl.level
+  # orbax logs a traceback at ERROR when Ctrl-C lands in its wait; the interrupt
+  # itself still propagates, and a failed save still raises
+  absl.setLevel(logging.CRITICAL)
+  try:
+    with _manager(directory, keep) as mgr:
+      mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                             meta=ocp.args.JsonSave(meta)))
+      mgr.wait_until_finished()
+  finally:
+    absl.setLevel(level)
 
 
 def steps(directory: str) -> list[int]:

@@ -12,6 +12,7 @@ import os
 import sys
 
 USER_ERROR = 2
+INTERRUPTED = 130
 
 
 def _run(args) -> int:
@@ -126,8 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     return USER_ERROR
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
-    return 130
+    return INTERRUPTED
+
+
+def console_main() -> None:
+  """The `fedjax-dp` command: main(), and on Ctrl-C an exit that does not wait for
+  the checkpointer's background threads (their teardown printed tracebacks after
+  'interrupted'). Leaving them unfinished is safe: an unfinished checkpoint is
+  never listed (orbax renames it into place when complete), as after a kill."""
+  code = main()
+  if code == INTERRUPTED:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+  sys.exit(code)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  console_main()

@@ -201,6 +201,23 @@ def test_usage_errors_are_one_line_with_exit_two(capsys):
     assert e.value.code == 2 and err.startswith("error: fedjax-dp") and "\n" not in err, err
 
 
+def test_ctrl_c_says_interrupted_in_one_line_and_the_run_resumes(tmp_path):
+  out = str(tmp_path / "int")
+  proc = subprocess.Popen(_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  ckpt_dir = os.path.join(out, "checkpoints")
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.isdir(ckpt_dir) and checkpoint.steps(ckpt_dir):
+      break
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGINT)      # lands in a checkpoint save or between them
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130 and err.strip() == "interrupted", err[-2000:]
+  resumed = subprocess.run(_cmd(out, "--resume"), timeout=300, capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert read_rows(out)[-1]["round"] == 60
+
+
 def test_datasets_lists_every_dataset(capsys):
   assert main(["datasets"]) == 0
   lines = capsys.readouterr().out.splitlines()
