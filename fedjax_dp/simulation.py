@@ -737,12 +737,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     params = optax.apply_updates(state.params, updates)
     if objective.solo:  # no aggregation: the server model never moves
       params, opt_state = state.params, state.server_opt_state
-    if privacy.mode != "none":
-      # nobody took part (all spent, or the round skipped): nothing to apply, momentum included
-      keep = (stats.participants == 0) if privacy.mode == "local" else skip
-      params, opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
-                                       (state.params, state.server_opt_state),
-                                       (params, opt_state))
+    # nobody took part (an empty Poisson draw, all spent) or the round was skipped: nothing
+    # to apply, momentum included. Central DP still applies a round with no participant:
+    # its noise was released and accounted.
+    keep = skip if privacy.mode == "central" else (stats.participants == 0)
+    params, opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
+                                     (state.params, state.server_opt_state),
+                                     (params, opt_state))
     new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                                participations=state.participations + stats.participants,
                                cohort_overflow=state.cohort_overflow + overflow,

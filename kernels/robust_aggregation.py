@@ -77,6 +77,8 @@ def krum_scores(u: jax.Array, mask: jax.Array, f: int) -> jax.Array:
   nearest = jnp.sort(jnp.where(others, d2, jnp.inf), axis=1)
   count = jnp.maximum(n - f - 2, 1)
   score = jnp.sum(jnp.where(jnp.arange(m)[None, :] < count, nearest, 0.0), axis=1)
+  # a lone participant has no neighbours (an inf sum): it is still the one to choose
+  score = jnp.where(n == 1, 0.0, score)
   return jnp.where(mask, score, jnp.inf)
 
 

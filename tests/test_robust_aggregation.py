@@ -3,6 +3,7 @@ round, and the aggregator options end to end."""
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -55,6 +56,33 @@ def test_krum_and_multi_krum_against_numpy():
     np.testing.assert_allclose(ra.krum(u, mask, f=f), p[np.argmin(want)], rtol=1e-6)
     best3 = np.argsort(want)[:3]
     np.testing.assert_allclose(ra.krum(u, mask, f=f, m_keep=3), p[best3].mean(0), rtol=1e-5)
+
+
+def test_krum_keeps_a_lone_participant():
+  # one participant has no neighbours; the empty slot's leftover value must not win
+  u = jnp.asarray([[5.0], [1.0]])
+  mask = jnp.asarray([False, True])
+  np.testing.assert_array_equal(np.asarray(ra.krum(u, mask)), [1.0])
+  np.testing.assert_array_equal(np.asarray(ra.krum(u, mask, m_keep=2)), [1.0])
+
+
+@pytest.mark.parametrize("algorithm,extra", [("fedavgm", {}), ("fedadam", {"server_lr": 0.01})])
+def test_a_round_nobody_takes_part_in_leaves_the_model_and_momentum(algorithm, extra):
+  x, y, parts = toy_problem(sizes=(7, 12, 3, 9))
+  sim = toy_simulation(x, y, parts, algorithm=algorithm, sampling="poisson", clients_per_round=1,
+                       seed=0, **extra)
+  state, seen_empty = sim.init_state(), 0
+  for _ in range(40):
+    # copies: the round donates its input state
+    params, opt = flat(state.params), [np.asarray(a) for a in
+                                       jax.tree.leaves(state.server_opt_state)]
+    state, st = sim.run_rounds(state, 1)
+    if int(st.participants[0]) == 0:
+      seen_empty += 1
+      np.testing.assert_array_equal(flat(state.params), params)
+      for a, b in zip(jax.tree.leaves(state.server_opt_state), opt):
+        np.testing.assert_array_equal(np.asarray(a), b)
+  assert seen_empty > 0
 
 
 def test_outlier_rule_switches_to_the_median():
