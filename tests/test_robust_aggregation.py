@@ -58,6 +58,22 @@ def test_krum_and_multi_krum_against_numpy():
     np.testing.assert_allclose(ra.krum(u, mask, f=f, m_keep=3), p[best3].mean(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("offset", [10.0, 100.0])
+def test_krum_scores_hold_for_updates_with_a_large_common_part(offset):
+  # float64 Krum by its definition against the kernel, on a cohort whose updates
+  # differ by 1e-4 of their size: the plain Gram form cancels away the differences
+  rng = np.random.default_rng(0)
+  m, d, f = 10, 2000, 2
+  u = (offset + 0.01 * rng.normal(size=(m, d))).astype(np.float32)
+  u[0] += (0.005 * rng.normal(size=d)).astype(np.float32)
+  p = u.astype(np.float64)
+  d2 = ((p[:, None] - p[None]) ** 2).sum(-1)
+  want = [sum(sorted(np.delete(d2[i], i))[:m - f - 2]) for i in range(m)]
+  got = np.asarray(ra.krum_scores(jnp.asarray(u), jnp.ones(m, bool), f))
+  np.testing.assert_allclose(got, want, rtol=1e-3)
+  assert int(np.argmin(got)) == int(np.argmin(want))
+
+
 def test_krum_keeps_a_lone_participant():
   # one participant has no neighbours; the empty slot's leftover value must not win
   u = jnp.asarray([[5.0], [1.0]])
