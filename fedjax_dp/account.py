@@ -19,6 +19,7 @@ import json
 import math
 
 from fedjax_dp import accounting, amplification
+from fedjax_dp.config import MIN_NOISE_MULTIPLIER
 
 
 class AccountError(ValueError):
@@ -117,8 +118,9 @@ def account_dpsgd(q, noise_multiplier, steps, delta, accountant="rdp", target_ep
       raise AccountError(str(e))
     out["target_epsilon"] = target_epsilon
   else:
-    _require("--noise-multiplier", noise_multiplier, lambda v: v >= 1e-6 and math.isfinite(v),
-             ">= 1e-6 (below it the RDP arithmetic overflows)")
+    _require("--noise-multiplier", noise_multiplier,
+             lambda v: v >= MIN_NOISE_MULTIPLIER and math.isfinite(v),
+             f">= {MIN_NOISE_MULTIPLIER:g} (below it the RDP arithmetic overflows)")
   eps, order = eps_of(noise_multiplier)
   out.update(noise_multiplier=noise_multiplier, epsilon=eps)
   if order is not None:

@@ -212,17 +212,8 @@ def saved_config(path: str) -> Config:
 
 def _rounds_done(out: str) -> int:
   """The last evaluated round in out/metrics.jsonl (0 when none is readable)."""
-  done = 0
-  try:
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-      for line in f:
-        try:
-          done = max(done, int(json.loads(line)["round"]))
-        except (ValueError, KeyError, TypeError):
-          pass   # a torn last line: resume drops it
-  except OSError:
-    pass
-  return done
+  return max((int(r["round"]) for r in reporting.read_metrics(os.path.join(out, "metrics.jsonl"))
+              if "round" in r), default=0)
 
 
 def _protected_folders() -> set[str]:
@@ -480,8 +471,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
         name: {"clip_norm": f * cfg.clip_norm, "noise_std": z * cfg.clip_norm * m,
                "noise_multiplier": z * m / f}
         for name, f, m in zip(layout.names, layout.fractions, layout.noise_scales)}
-    report["effective_noise_multiplier"] = accounting.effective_noise_multiplier(
-        mechanisms.part_noise_multipliers(layout, z))
+    report["effective_noise_multiplier"] = sim.privacy.accounted_noise_multiplier
     report["clip_parts_note"] = (
         "each tier clipped on its own to clip_norm * sqrt(size / total) and noised with std "
         "noise_multiplier * clip_norm * its tier multiplier; the tiers are Gaussians on the "
@@ -513,8 +503,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
     if cfg.accountant == "pld" and z > 0 and rounds > 0:
       from fedjax_dp.account import pld_epsilon
       # the composed parts' multiplier (tiers: less than z), as the RDP ledger charges
-      z_pld = accounting.effective_noise_multiplier(
-          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
+      z_pld = sim.privacy.accounted_noise_multiplier
       _add_pld(report, lambda: pld_epsilon(sampling_rate(cfg), z_pld, rounds, cfg.delta),
                "rdp ledger in the round; final figure by dp-accounting's PLD")
     overflow = int(state.cohort_overflow)
@@ -548,8 +537,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       # static noise (config): every participation is a Gaussian of at least the composed
       # multiplier (cluster_noise only adds), so the most frequent client's count bounds all
       from fedjax_dp.account import pld_epsilon
-      z_acc = accounting.effective_noise_multiplier(
-          mechanisms.part_noise_multipliers(sim.privacy.layout, z))
+      z_acc = sim.privacy.accounted_noise_multiplier
       _add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
                "rdp ledgers in the round; largest client's figure by PLD")
     budgets = sim.client_budgets()

@@ -92,6 +92,8 @@ class Privacy:
   layout: Any = None               # mechanisms.ClipLayout
   update_noise_multiplier: float = 0.0  # std of the noise on updates / clip norm
   noise_multiplier: float = 0.0    # what the accountant charges (z)
+  accounted_noise_multiplier: float = 0.0  # the parts' noise composed into one Gaussian
+                                           # (tiers: below z; 0 without noise)
   event_rdp: Any = None            # np [orders]: RDP of one round (central) or one participation (local)
   target_epsilon: float | None = None
   delta: float = 1e-5
@@ -827,7 +829,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
     table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, z * ratio(k / (SCORE_GRID - 1))))
                       for k in range(SCORE_GRID)])
   return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,
-                 noise_multiplier=z, event_rdp=event, target_epsilon=cfg.target_epsilon,
+                 noise_multiplier=z, accounted_noise_multiplier=z_accounted, event_rdp=event, target_epsilon=cfg.target_epsilon,
                  delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev,
                  schedule=cfg.noise_schedule, event_table=table,
                  stop_in_round=(cfg.dp == "central" and cfg.target_epsilon is not None
