@@ -1,17 +1,18 @@
 """Index selection for sparsification: which k of d coordinates a client sends.
 
 All return a bool mask [d] with exactly k True entries, except `topk_mask_bisect`
-(at most k).
+(between 0.999 k and k).
 
   topk_mask_exact      lax.top_k of |x|: the k largest magnitudes (ties by index)
   topk_mask_approx     lax.approx_max_k of |x| (TPU-friendly; on CPU and GPU it
                        falls back to an exact sort-based top-k)
   topk_mask_threshold  keeps |x| >= t, t the (1 - k/d) quantile of a random sample
                        of |x|, then trims or pads to exactly k: O(d) passes, no sort
-  topk_mask_bisect     keeps |x| >= t, t refined from a sampled bracket by counting
-                       passes until count(|x| >= t) <= k is tight: the exact top-c for
-                       some c <= k (c within 0.5 % of k after 6 passes; the fastest
-                       on CPU, see BENCHMARKS.md)
+  topk_mask_bisect     keeps |x| >= t, t found from a sampled bracket by counting
+                       passes until count(|x| >= t) is within 0.1 % of k (at most k):
+                       the exact top-c for such a c; exactly k, filled in index
+                       order, where ties at the k-th value stop the search short
+                       (the fastest on CPU, see BENCHMARKS.md)
   random_k_mask        k coordinates uniformly at random (from the key alone:
                        the indices leak nothing about the update)
 """
@@ -123,12 +124,15 @@ def count_magnitude_at_least(x: jax.Array, t: jax.Array) -> jax.Array:
   return _count_true(magnitude_at_least(x, t))
 
 
-def _threshold_search(count, sample_at, largest, d: int, k: int, key: jax.Array, sample: int,
-                      passes: int) -> jax.Array:
+def _search_bracket(count, sample_at, largest, d: int, k: int, key: jax.Array, sample: int,
+                    passes: int, tol: float):
   """kth_largest_threshold's search over values v_0..v_{d-1} >= 0 seen only through
-  count(t) = #{v >= t}, sample_at(idx) = v[idx] and largest() = max v."""
+  count(t) = #{v >= t}, sample_at(idx) = v[idx] and largest() = max v.
+
+  Returns (lo, hi, c_lo, c_hi): c_hi = count(hi) <= k, and c_lo = count(lo) > k
+  unless k >= d (then hi = lo = 0 and both count d)."""
   if k >= d:
-    return jnp.float32(0.0)
+    return jnp.float32(0.0), jnp.float32(0.0), jnp.int32(d), jnp.int32(d)
   # a systematic sample from a random start: one random number, not `sample`
   stride = max(1, d // sample)
   n = d // stride
@@ -151,51 +155,91 @@ def _threshold_search(count, sample_at, largest, d: int, k: int, key: jax.Array,
   hi, c_hi = jnp.where(lo_missed, lo, hi), jnp.where(lo_missed, c_lo, c_hi)
   lo, c_lo = jnp.where(lo_missed, 0.0, lo), jnp.where(lo_missed, d, c_lo)
 
-  def refine(i, b):
-    lo, hi, c_lo, c_hi = b
-    frac = (c_lo - k).astype(jnp.float32) / jnp.maximum(c_lo - c_hi, 1).astype(jnp.float32)
+  # Stop once hi keeps at least `enough`; the secant aims at the middle of
+  # [enough, k], so that it tends to land inside; every third pass bisects, so
+  # the bracket at least halves every three passes whatever the distribution.
+  enough = min(k, math.ceil((1.0 - tol) * k))
+  aim = 0.5 * (enough + k)
+
+  def searching(b):
+    i, lo, hi, _, c_hi = b
+    adjacent = (jax.lax.bitcast_convert_type(hi, jnp.int32)
+                - jax.lax.bitcast_convert_type(lo, jnp.int32)) <= 1   # nothing between
+    return (i < passes) & (c_hi < enough) & ~adjacent
+
+  def refine(b):
+    i, lo, hi, c_lo, c_hi = b
+    frac = (c_lo - aim) / jnp.maximum(c_lo - c_hi, 1).astype(jnp.float32)
     secant = lo + (hi - lo) * jnp.clip(frac, 1 / 64, 63 / 64)
-    mid = jnp.where(i % 2 == 0, secant, 0.5 * (lo + hi))
+    mid = jnp.where(i % 3 == 2, 0.5 * (lo + hi), secant)
     c = count(mid)
     fits = c <= k
-    return (jnp.where(fits, lo, mid), jnp.where(fits, mid, hi),
+    return (i + 1, jnp.where(fits, lo, mid), jnp.where(fits, mid, hi),
             jnp.where(fits, c_lo, c), jnp.where(fits, c, c_hi))
 
-  _, hi, _, _ = jax.lax.fori_loop(0, passes, refine, (lo, hi, c_lo, c_hi))
-  return hi
+  _, lo, hi, c_lo, c_hi = jax.lax.while_loop(searching, refine,
+                                             (jnp.int32(0), lo, hi, c_lo, c_hi))
+  return lo, hi, c_lo, c_hi
 
 
 def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 4096,
-                          passes: int = 6) -> jax.Array:
-  """A threshold t with count(a >= t) <= k, and as close to k as `passes` allow.
+                          passes: int = 12, tol: float = 0.0) -> jax.Array:
+  """A threshold t with count(a >= t) <= k, within `tol` of k if `passes` allow.
 
   a [d] >= 0. No sort (XLA's CPU sort is slow): the (1 - k/d) quantile of a
   systematic sample of `sample` values from a random start (sample_rank_bracket)
   gives a bracket [lo, hi] around the k-th largest value (rank +- 4 standard
   errors; exact when d <= sample).
   The bracket is checked on the full array (and widened to [0, max] when the
-  sample missed), then narrowed by `passes` counting passes over the full array,
-  alternating a secant step on the empirical CDF with a bisection step, so at
-  least every second pass halves it. `hi` always counts <= k, so the result
-  never keeps more than k; with enough passes it is the exact k-th largest."""
-  return _threshold_search(lambda t: count_at_least(a, t), lambda idx: a[idx],
-                           lambda: jnp.max(a), a.shape[0], k, key, sample, passes)
+  sample missed), then narrowed by counting passes over the full array, secant
+  steps on the empirical CDF with a bisection every third pass, until
+  count(a >= hi) >= (1 - tol) k, the bracket is two adjacent floats (a tie at
+  the k-th value) or `passes` are spent. `hi` always counts <= k, so the result
+  never keeps more than k; with tol = 0 and enough passes it is the exact k-th
+  largest."""
+  return _search_bracket(lambda t: count_at_least(a, t), lambda idx: a[idx],
+                         lambda: jnp.max(a), a.shape[0], k, key, sample, passes, tol)[1]
 
 
 def kth_largest_magnitude(x: jax.Array, k: int, key: jax.Array, sample: int = 4096,
-                          passes: int = 6) -> jax.Array:
+                          passes: int = 12, tol: float = 0.0) -> jax.Array:
   """kth_largest_threshold(|x|, ...), the same value, without forming |x|: each
   counting pass compares x itself against +-t (|x| would be one more pass over
   the array to write, then read by every count)."""
-  return _threshold_search(lambda t: count_magnitude_at_least(x, t),
-                           lambda idx: jnp.abs(x[idx]), lambda: jnp.max(jnp.abs(x)),
-                           x.shape[0], k, key, sample, passes)
+  return _magnitude_bracket(x, k, key, sample, passes, tol)[1]
 
 
-def topk_mask_bisect(x: jax.Array, k: int, key: jax.Array, passes: int = 6) -> jax.Array:
-  """At most k of the largest |x|: |x| >= kth_largest_magnitude. Exactly the top
-  count(mask) <= k; the shortfall is a few coordinates (measured in BENCHMARKS.md)."""
-  return magnitude_at_least(x, kth_largest_magnitude(x, k, key, passes=passes))
+def _magnitude_bracket(x, k, key, sample, passes, tol):
+  return _search_bracket(lambda t: count_magnitude_at_least(x, t),
+                         lambda idx: jnp.abs(x[idx]), lambda: jnp.max(jnp.abs(x)),
+                         x.shape[0], k, key, sample, passes, tol)
+
+
+BISECT_TOL = 1e-3
+
+
+def topk_mask_bisect(x: jax.Array, k: int, key: jax.Array, passes: int = 12,
+                     tol: float = BISECT_TOL) -> jax.Array:
+  """k of the largest |x| by a threshold search (kth_largest_magnitude), no sort.
+
+  Usually the exact top c for (1 - tol) k <= c <= k: the search stops as soon as
+  its threshold keeps that many. Where it cannot get there (many |x| tie at the
+  k-th value, e.g. coordinates at a clipping bound, or the passes ran out), it
+  keeps the c it has plus the first k - c by index of the values in its last
+  bracket [lo, hi), all at least as large as any value left out of it: then
+  exactly k, the exact top k up to the order within that bracket (for a tie, up
+  to which of the tied coordinates, as lax.top_k's lowest index first). The
+  fill is a prefix count over d, done only then."""
+  lo, hi, c_lo, c_hi = _magnitude_bracket(x, k, key, 4096, passes, tol)
+  keep = magnitude_at_least(x, hi)
+  enough = min(k, math.ceil((1.0 - tol) * k))
+
+  def fill():
+    band = magnitude_at_least(x, lo) & ~keep
+    rank = jnp.cumsum(band, dtype=jnp.int32)
+    return keep | (band & (rank <= k - c_hi))
+
+  return jax.lax.cond((c_hi < enough) & (c_lo > c_hi), fill, lambda: keep)
 
 
 def random_k_mask(key: jax.Array, d: int, k: int) -> jax.Array:

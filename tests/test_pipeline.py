@@ -310,27 +310,68 @@ def test_bisect_kernel_recovers_when_the_sample_misses():
 
 
 @pytest.mark.parametrize("d,k", [(100, 10), (1000, 100), (199210, 19921)])
-def test_bisect_kernel_keeps_at_most_k_of_zeros_and_subnormals(d, k):
+def test_bisect_kernel_keeps_k_of_zeros_and_subnormals_by_index(d, k):
   # XLA:CPU compares with subnormals flushed to zero: the threshold just above an
   # all-zero vector (the smallest subnormal) compared as 0 and kept all d. This is
-  # public_topk's first round (the previous global update starts at zero).
+  # public_topk's first round (the previous global update starts at zero). The
+  # threshold stays above zero (keeps none); the mask fills the tie at zero by
+  # index up to k, as lax.top_k does (subnormals compare as zero here).
   key = jax.random.PRNGKey(0)
+  first_k = np.arange(d) < k
   for x in (jnp.zeros(d), jnp.zeros(d).at[:k // 2].set(1e-40), -jnp.zeros(d)):
-    assert int(topk_kernels.topk_mask_bisect(x, k, key).sum()) == 0
+    np.testing.assert_array_equal(topk_kernels.topk_mask_bisect(x, k, key), first_k)
+    np.testing.assert_array_equal(topk_kernels.topk_mask_exact(x, k), first_k)
     assert int(topk_kernels.count_at_least(jnp.abs(x), topk_kernels.kth_largest_threshold(
         jnp.abs(x), k, key))) == 0
-  # normal values among zeros: the top c <= k of them, never a zero
-  x = jnp.zeros(d).at[:k // 2].set(jnp.arange(1, k // 2 + 1, dtype=jnp.float32))
+  # normal values among zeros: those k // 2, then zeros by index up to k, never more
+  x = jnp.zeros(d).at[k:k + k // 2].set(jnp.arange(1, k // 2 + 1, dtype=jnp.float32))
   m = np.asarray(topk_kernels.topk_mask_bisect(x, k, key))
-  np.testing.assert_array_equal(m, np.arange(d) < k // 2)
+  np.testing.assert_array_equal(m, np.asarray(topk_kernels.topk_mask_exact(x, k)))
+  assert m.sum() == k and m[k:k + k // 2].all()
 
 
-def test_public_topk_bisect_sends_nothing_in_round_zero():
+@pytest.mark.parametrize("d,k,bound", [(1000, 100, 0.05), (199210, 19921, 0.05),
+                                       (199210, 19921, 0.001)])
+def test_bisect_kernel_keeps_exactly_k_when_values_tie_at_a_clip_bound(d, k, bound):
+  """Per-coordinate clipping puts many coordinates at exactly +-C; with more of them
+  than k the k-th magnitude is a tie, which a threshold keeps or drops whole. The
+  search used to return the threshold above the tie: an empty upload (c = 0). Now
+  the tie is filled by index: exactly the top k, the lowest tied indices first,
+  lax.top_k's choice."""
+  rng = np.random.default_rng(d)
+  x = jnp.clip(jnp.asarray(rng.normal(size=d) * 0.05, jnp.float32), -bound, bound)
+  assert int(jnp.sum(jnp.abs(x) == bound)) > k            # a tie at the k-th value
+  m = np.asarray(topk_kernels.topk_mask_bisect(x, k, jax.random.PRNGKey(2)))
+  np.testing.assert_array_equal(m, np.asarray(topk_kernels.topk_mask_exact(x, k)))
+
+
+def test_bisect_kernel_stops_within_its_tolerance_and_fills_when_passes_run_out():
+  rng = np.random.default_rng(21)
+  x = jnp.asarray(rng.standard_t(2.0, size=50_000), jnp.float32)
+  k, a = 5_000, np.abs(np.asarray(x))
+  for tol in (1e-3, 1e-2):
+    m = np.asarray(topk_kernels.topk_mask_bisect(x, k, jax.random.PRNGKey(0), tol=tol))
+    assert (1 - tol) * k <= m.sum() <= k and a[m].min() >= a[~m].max()   # an exact top c
+  # no refining pass: the sampled bracket's hi, then the bracket's lowest indices up to k
+  lo, hi, c_lo, c_hi = (np.asarray(v) for v in topk_kernels._magnitude_bracket(
+      x, k, jax.random.PRNGKey(0), 4096, 0, 1e-3))
+  assert c_hi < 0.99 * k < k < c_lo
+  m = np.asarray(topk_kernels.topk_mask_bisect(x, k, jax.random.PRNGKey(0), passes=0))
+  band = np.flatnonzero((a >= lo) & (a < hi))
+  want = (a >= hi)
+  want[band[:k - int(c_hi)]] = True
+  np.testing.assert_array_equal(m, want)
+  assert m.sum() == k
+
+
+def test_public_topk_bisect_sends_the_first_k_in_round_zero():
+  # the previous global update starts at zero: a tie everywhere, filled by index
+  # (as the exact kernel does), never more than k
   stage = pl.topk_with_error_feedback(0.9, "public_topk", kernel="bisect")
   v = jax.random.normal(jax.random.PRNGKey(1), (D,))
   sent, residual = stage.update(upload(v), stage.init(D), ctx())   # public update: zeros
-  assert int(sent.sent.sum()) == 0
-  np.testing.assert_array_equal(np.asarray(residual), np.asarray(v))
+  np.testing.assert_array_equal(sent.sent, np.arange(D) < 100)
+  np.testing.assert_array_equal(np.asarray(sent.values) + np.asarray(residual), np.asarray(v))
 
 
 def test_bisect_kernel_in_the_stage_and_downlink_conserves_mass():
