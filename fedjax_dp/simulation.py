@@ -243,7 +243,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
                   aggregate_noise: bool, robust_aggregator: Callable | None,
                   malicious: np.ndarray | None, attack: tuple[str, float],
-                  cluster_threshold: float | None = None, resident: bool = False):
+                  cluster_threshold: float | None = None, resident: bool = False,
+                  keep_rows: bool = True):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
@@ -253,6 +254,10 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   With `resident`, client_state is instead this device's rows in the resident
   layout, [local_cohort, ...], row i that of slot i
   (map_clients_with_resident_state), and comes back the same way.
+  keep_rows: a slot that does not take part returns its state row unchanged.
+  False where no real client's row can be one: the replicated table drops
+  those slots' writes, and a resident table's only such slots are padding
+  (static) unless clients can be refused (budgets, a skipped round).
   Returns (aggregate, stats, client state, the psum of the objective's server
   contributions), all but a resident client state identical on all devices.
   noise_scales [parts]: this round's local noise std per part, over
@@ -295,7 +300,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
-                                               took_part)
+                                               took_part, keep_rows)
     owed = ()
     if client_pipeline is not None:
       flat, unravel = ravel_pytree(upload)
@@ -304,8 +309,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
           public_update=server_state.get("public_update", jnp.zeros_like(flat)))
       sent, pstate = client_pipeline.update(
           pipeline_lib.Upload(flat, jnp.ones(flat.shape, bool)), cstate["pipeline"], stage_ctx)
-      cstate["pipeline"] = jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
-                                        cstate["pipeline"])
+      cstate["pipeline"] = (jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
+                                         cstate["pipeline"]) if keep_rows else pstate)
       upload = unravel(sent.values)
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
@@ -607,7 +612,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               attack=(cfg.byzantine_attack, cfg.byzantine_scale),
               cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize"
                                  else None),
-              resident=resident_state),
+              resident=resident_state,
+              # only a refused client's row must survive: the replicated table
+              # drops non-participants' writes, resident padding rows are junk
+              keep_rows=resident_state and (privacy.stop_in_round or (
+                  privacy.mode == "local" and privacy.target_epsilon is not None))),
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(),
                 P("clients") if resident_state else P(), P(), P(), P(), P(), P()),

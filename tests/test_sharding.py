@@ -183,3 +183,27 @@ def test_clients_one_at_a_time_equal_vmapped_groups(resident):
                   jax.tree.leaves((s3.params, s3.client_state))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(st1.loss_sum), np.asarray(st3.loss_sum), rtol=1e-5)
+
+
+def test_resident_state_keeps_a_refused_clients_rows():
+  """Resident state drops the keep-the-old-row selects where only padding can sit
+  out; with per-client budgets a real client is refused and must keep its rows
+  (previous model, residual, seen) exactly while the others' move on."""
+  from fedjax_dp.simulation import build_simulation
+  x, y, parts = toy_problem(sizes=(9, 12, 7, 10, 8), features=4, seed=2)  # 5 over 2: padded
+  base = toy_simulation(x, y, parts, devices=2, dp="local", noise_multiplier=15.0,
+                        target_epsilon=3.0, algorithm="contrastive", s_local=0.5)
+  sim = build_simulation(base.cfg, base.model, base.store, base.mesh,
+                         client_budgets=np.array([1.0, 2.0, 3.0, 1.5, 2.5]))
+  state = sim.init_state()
+  refused_rounds = 0
+  for _ in range(25):
+    before = jax.tree.map(np.array, state)      # run_rounds donates its input
+    state, _ = sim.run_rounds(state, 1)
+    took = (np.asarray(state.server_state["noise_control"]["participations"])
+            > np.asarray(before.server_state["noise_control"]["participations"]))
+    for a, b in zip(jax.tree.leaves(before.client_state), jax.tree.leaves(state.client_state)):
+      a, b = np.asarray(a), np.asarray(b)
+      np.testing.assert_array_equal(a[~took], b[~took])
+    refused_rounds += int((~took).sum() > 0 and took.any())
+  assert refused_rounds >= 15   # refused and training clients side by side (3, 7, 12, 18, 25 rounds)
