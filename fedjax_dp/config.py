@@ -152,7 +152,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
     "index_selection": ("topk", "random_k", "public_topk"),
-    "topk_kernel": ("exact", "threshold", "bisect"),
+    "topk_kernel": ("exact", "approx", "threshold", "bisect"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
     "aggregator": ("mean", "median", "trimmed_mean", "krum", "multi_krum", "outlier_median",
                    "cluster"),

@@ -90,16 +90,20 @@ def keep_count(d: int, sparsity: float) -> int:
   return max(1, int(round((1.0 - sparsity) * d)))
 
 
-TOPK_KERNELS = ("exact", "threshold", "bisect")
+TOPK_KERNELS = ("exact", "approx", "threshold", "bisect")
 
 
 def topk_mask(v: jax.Array, k: int, key: jax.Array, kernel: str = "exact") -> jax.Array:
   """The largest-|v| mask by the named kernel (kernels/topk.py): 'exact'
-  (lax.top_k, k kept), 'threshold' (sampled quantile trimmed to k, about 98 %
-  recall), 'bisect' (the exact top-c for a c <= k within about 0.5 % of k; the
-  fastest on CPU)."""
+  (lax.top_k, k kept), 'approx' (lax.approx_max_k at recall 0.95, k kept: the
+  fast one on TPU; on CPU and GPU XLA runs it as an exact top-k), 'threshold'
+  (sampled quantile trimmed to k, about 98 % recall), 'bisect' (an exact top-c
+  for a c between 0.999 k and k, ties at the k-th value filled to k by index;
+  the fastest on CPU)."""
   if kernel == "exact":
     return topk_kernels.topk_mask_exact(v, k)
+  if kernel == "approx":
+    return topk_kernels.topk_mask_approx(v, k)
   if kernel == "threshold":
     return topk_kernels.topk_mask_threshold(v, k, key)
   if kernel == "bisect":
@@ -111,9 +115,8 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
                              error_feedback: bool = True, kernel: str = "exact",
                              final_clip: float | None = None) -> ClientStage:
   """Keeps k = (1 - sparsity) d coordinates of update + residual; the rest becomes
-  the new residual (or is dropped without error feedback). kernel: 'exact'
-  (lax.top_k) or 'threshold' (sampled quantile, exactly k kept, about 98 % of
-  them among the true top k: see BENCHMARKS.md). final_clip: the sent vector is
+  the new residual (or is dropped without error feedback). kernel: one of
+  TOPK_KERNELS (topk_mask; times and recall in BENCHMARKS.md). final_clip: the sent vector is
   clipped to this L2 norm and what the clip removes joins the residual, so every
   upload's norm is bounded whatever the residual holds (needed for a complete
   guarantee: the residual carries earlier rounds' data)."""

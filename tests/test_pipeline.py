@@ -132,9 +132,10 @@ def test_bytes_against_a_hand_count():
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 796840
 
 
-def test_round_with_topk_and_downlink_against_numpy():
+@pytest.mark.parametrize("kernel", ["exact", "approx"])   # approx: an exact top-k on CPU
+def test_round_with_topk_and_downlink_against_numpy(kernel):
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
-  sim = toy_simulation(x, y, parts, hidden=[6], s_local=0.8, s_global=0.5)
+  sim = toy_simulation(x, y, parts, hidden=[6], s_local=0.8, s_global=0.5, topk_kernel=kernel)
   s0 = sim.init_state()
   deltas = [flat(d) for d in round_zero_deltas(sim, s0)]
   p0 = flat(s0.params)   # the round donates s0
