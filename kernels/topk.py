@@ -80,9 +80,9 @@ def sample_rank_bracket(s: jax.Array, ranks: jax.Array, steps: int = 20):
   ranks [2] (floats, lo's rank >= hi's): lo counts >= ranks[0] values of s at or
   above it, hi counts < ranks[1]. Bisection on the floats' bit patterns (order-
   preserving for s >= 0) from [min(s), max(s)]: with enough steps (about 30)
-  lo is exactly the ranks[0]-th largest value and hi the float just above the
-  ranks[1]-th; after `steps` each side is at most (max - min) / 2^steps bit
-  patterns wider (20 steps: about 1e-5 of the value for a typical update),
+  lo is exactly the ranks[0]-th largest value and hi the threshold just above
+  the ranks[1]-th (_just_above); after `steps` each side is at most
+  (max - min) / 2^steps bit patterns wider (20 steps: about 1e-5 of the value for a typical update),
   which the counting passes over the full array then narrow."""
   bits = jax.lax.bitcast_convert_type(s, jnp.int32)
 
@@ -96,7 +96,7 @@ def sample_rank_bracket(s: jax.Array, ranks: jax.Array, steps: int = 20):
   start = (jnp.broadcast_to(jnp.min(bits), (2,)), jnp.broadcast_to(jnp.max(bits), (2,)))
   lo_b, hi_b = jax.lax.fori_loop(0, steps, step, start)
   return (jax.lax.bitcast_convert_type(lo_b[0], jnp.float32),
-          _normal_or_zero(jax.lax.bitcast_convert_type(hi_b[1] + 1, jnp.float32)))
+          _just_above(jax.lax.bitcast_convert_type(hi_b[1], jnp.float32)))
 
 
 def _normal_or_zero(t: jax.Array) -> jax.Array:
@@ -124,13 +124,39 @@ def count_magnitude_at_least(x: jax.Array, t: jax.Array) -> jax.Array:
   return _count_true(magnitude_at_least(x, t))
 
 
-def _search_bracket(count, sample_at, largest, d: int, k: int, key: jax.Array, sample: int,
-                    passes: int, tol: float):
-  """kth_largest_threshold's search over values v_0..v_{d-1} >= 0 seen only through
-  count(t) = #{v >= t}, sample_at(idx) = v[idx] and largest() = max v.
+# float32 +inf's bit pattern. One more, _ABOVE_ALL_BITS, is a NaN pattern used as
+# the threshold above everything: every comparison with it is false, so it counts 0.
+_INF_BITS = 0x7F800000
+_ABOVE_ALL_BITS = _INF_BITS + 1
+_FMAX = float(jnp.finfo(jnp.float32).max)
 
-  Returns (lo, hi, c_lo, c_hi): c_hi = count(hi) <= k, and c_lo = count(lo) > k
-  unless k >= d (then hi = lo = 0 and both count d)."""
+
+def _bits(t: jax.Array) -> jax.Array:
+  return jax.lax.bitcast_convert_type(t, jnp.int32)
+
+
+def _just_above(v: jax.Array) -> jax.Array:
+  """The threshold just above v in [0, fmax]: the next float (raised to the smallest
+  normal, _normal_or_zero), or above everything (a NaN pattern, every comparison
+  false, so it counts 0) past fmax: +inf would count the infinities."""
+  nxt = _bits(v) + 1
+  return _normal_or_zero(jax.lax.bitcast_convert_type(
+      jnp.where(nxt >= _INF_BITS, _ABOVE_ALL_BITS, nxt), jnp.float32))
+
+
+def _search_bracket(count, sample_at, largest_finite, d: int, k: int, key: jax.Array,
+                    sample: int, passes: int, tol: float):
+  """kth_largest_threshold's search over values v_0..v_{d-1} >= 0 seen only through
+  count(t) = #{v >= t}, sample_at(idx) = v[idx] and largest_finite() = the largest
+  finite v (0 if none), where NaN values are never counted (every comparison
+  with NaN is false).
+
+  The search runs in [0, fmax] (+inf counts at every threshold there as fmax
+  does, so infinities are a tie at the top) plus the threshold above all, which
+  counts 0;
+  NaN sample values are read as 0. Returns (lo, hi, c_lo, c_hi): c_hi =
+  count(hi) <= k, and c_lo = count(lo) > k unless fewer than k + 1 values are
+  not NaN, or k >= d (then hi = lo = 0 and both count d)."""
   if k >= d:
     return jnp.float32(0.0), jnp.float32(0.0), jnp.int32(d), jnp.int32(d)
   # a systematic sample from a random start: one random number, not `sample`
@@ -138,6 +164,7 @@ def _search_bracket(count, sample_at, largest, d: int, k: int, key: jax.Array, s
   n = d // stride
   offset = jax.random.randint(key, (), 0, d - n * stride + 1)
   s = sample_at(offset + stride * jnp.arange(n))
+  s = jnp.where(jnp.isnan(s), 0.0, jnp.minimum(s, _FMAX))
   p = k / d
   # the sample is the whole array when d <= sample: then its k-th largest is exact
   half = 4.0 * math.sqrt(max(p * (1 - p) * n, 1.0)) if stride > 1 else 0.0
@@ -145,33 +172,55 @@ def _search_bracket(count, sample_at, largest, d: int, k: int, key: jax.Array, s
   lo, hi = sample_rank_bracket(s, ranks, steps=32 if stride == 1 else 20)
   c_lo, c_hi = count(lo), count(hi)
   # where the sample missed, fall back to the whole range: hi must count <= k, lo > k
-  # (the maximum is a pass over the array: taken only then)
+  above_all = jax.lax.bitcast_convert_type(jnp.int32(_ABOVE_ALL_BITS), jnp.float32)
   hi_missed = c_hi > k
-  hi = jax.lax.cond(hi_missed,
-                    lambda: _normal_or_zero(jnp.nextafter(largest(), jnp.float32(jnp.inf))),
-                    lambda: hi)
-  c_hi = jnp.where(hi_missed, 0, c_hi)
+  hi, c_hi = jnp.where(hi_missed, above_all, hi), jnp.where(hi_missed, 0, c_hi)
   lo_missed = c_lo <= k                   # then lo is the better hi (and hi was not missed)
   hi, c_hi = jnp.where(lo_missed, lo, hi), jnp.where(lo_missed, c_lo, c_hi)
   lo, c_lo = jnp.where(lo_missed, 0.0, lo), jnp.where(lo_missed, d, c_lo)
+
+  def below_the_top(lo, hi, c_lo, c_hi):
+    # hi above everything leaves the secant nothing finite to work with: bring it
+    # down to just above the largest finite value (counting the infinities), or,
+    # when the infinities alone are more than k, make the tie at the top the
+    # bracket (two passes, only when the sample missed or saw infinities)
+    top = _just_above(largest_finite())
+    c_top = count(top)
+    fits = c_top <= k
+    return (jnp.where(fits, lo, _FMAX), jnp.where(fits, top, hi),
+            jnp.where(fits, c_lo, count(jnp.float32(_FMAX))), jnp.where(fits, c_top, c_hi))
+
+  lo, hi, c_lo, c_hi = jax.lax.cond(_bits(hi) > _INF_BITS, below_the_top,
+                                    lambda *b: b, lo, hi, c_lo, c_hi)
 
   # Stop once hi keeps at least `enough`; the secant aims at the middle of
   # [enough, k], so that it tends to land inside; every third pass bisects, so
   # the bracket at least halves every three passes whatever the distribution.
   enough = min(k, math.ceil((1.0 - tol) * k))
   aim = 0.5 * (enough + k)
+  tiny = _bits(jnp.float32(jnp.finfo(jnp.float32).tiny))
+
+  def hi_bits(hi):   # above all's stand-in in arithmetic: +inf's pattern, just past fmax
+    return jnp.minimum(_bits(hi), _INF_BITS)
 
   def searching(b):
     i, lo, hi, _, c_hi = b
-    adjacent = (jax.lax.bitcast_convert_type(hi, jnp.int32)
-                - jax.lax.bitcast_convert_type(lo, jnp.int32)) <= 1   # nothing between
+    # nothing left between: adjacent floats, or 0 and the smallest normal (values
+    # below it compare as 0 on XLA:CPU; elsewhere subnormals then join the fill)
+    adjacent = ((hi_bits(hi) - _bits(lo) <= 1)
+                | ((_bits(lo) == 0) & (_bits(hi) <= tiny)))
     return (i < passes) & (c_hi < enough) & ~adjacent
 
   def refine(b):
     i, lo, hi, c_lo, c_hi = b
+    top = jnp.where(_bits(hi) > _INF_BITS, _FMAX, hi)     # finite: no inf - inf, no overflow
     frac = (c_lo - aim) / jnp.maximum(c_lo - c_hi, 1).astype(jnp.float32)
-    secant = lo + (hi - lo) * jnp.clip(frac, 1 / 64, 63 / 64)
-    mid = jnp.where(i % 3 == 2, 0.5 * (lo + hi), secant)
+    mid = jnp.where(i % 3 == 2, lo + 0.5 * (top - lo),
+                    lo + (top - lo) * jnp.clip(frac, 1 / 64, 63 / 64))
+    # rounding can land on an end: then halve the bracket's bit patterns
+    inside = (_bits(mid) > _bits(lo)) & (_bits(mid) < hi_bits(hi))
+    mid = jnp.where(inside, mid, jax.lax.bitcast_convert_type(
+        _bits(lo) + (hi_bits(hi) - _bits(lo)) // 2, jnp.float32))
     c = count(mid)
     fits = c <= k
     return (i + 1, jnp.where(fits, lo, mid), jnp.where(fits, mid, hi),
@@ -198,7 +247,8 @@ def kth_largest_threshold(a: jax.Array, k: int, key: jax.Array, sample: int = 40
   never keeps more than k; with tol = 0 and enough passes it is the exact k-th
   largest."""
   return _search_bracket(lambda t: count_at_least(a, t), lambda idx: a[idx],
-                         lambda: jnp.max(a), a.shape[0], k, key, sample, passes, tol)[1]
+                         lambda: jnp.max(jnp.where(a <= _FMAX, a, 0.0)), a.shape[0], k, key,
+                         sample, passes, tol)[1]
 
 
 def kth_largest_magnitude(x: jax.Array, k: int, key: jax.Array, sample: int = 4096,
@@ -211,7 +261,8 @@ def kth_largest_magnitude(x: jax.Array, k: int, key: jax.Array, sample: int = 40
 
 def _magnitude_bracket(x, k, key, sample, passes, tol):
   return _search_bracket(lambda t: count_magnitude_at_least(x, t),
-                         lambda idx: jnp.abs(x[idx]), lambda: jnp.max(jnp.abs(x)),
+                         lambda idx: jnp.abs(x[idx]),
+                         lambda: jnp.max(jnp.where(jnp.abs(x) <= _FMAX, jnp.abs(x), 0.0)),
                          x.shape[0], k, key, sample, passes, tol)
 
 

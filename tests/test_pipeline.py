@@ -438,3 +438,41 @@ def test_aggregate_noise_draw_refused_with_dp():
   with pytest.raises(ConfigError, match="'kept_noise_draw' = 'aggregate' with dp 'local'"):
     make_config({"algorithm": "topksdp", "kept_noise_draw": "aggregate", "dp": "local",
                  "noise_multiplier": 1.0, "kept_noise": "multiplier", "coordinate_clip": 0.1})
+
+
+def _top_k_reference(x, k):
+  """numpy: the k largest |x|, NaN never, ties (infinities included) by lowest index."""
+  a = np.abs(np.asarray(x, np.float64))
+  a = np.where(np.isnan(a), -1.0, a)
+  keep = np.zeros(a.size, bool)
+  keep[np.argsort(-a, kind="stable")[:min(k, int((a >= 0).sum()))]] = True
+  return keep
+
+
+def test_bisect_kernel_with_infinities_nans_and_values_near_float_max():
+  """Found by an audit: the search did arithmetic on +-inf and NaN thresholds. More
+  than k infinities kept 200 of k = 100; fewer than k dropped infinities for
+  smaller values; one sampled NaN made the choice by index; 0.5 (lo + hi)
+  overflowed near float max. Each against numpy's top-k."""
+  rng = np.random.default_rng(1)
+  bisect = jax.jit(topk_kernels.topk_mask_bisect, static_argnums=1)
+  f = lambda v, k: bisect(v, k, jax.random.PRNGKey(0))
+  x = rng.standard_normal(8192).astype(np.float32)
+  x[1:400:2] = np.inf                                   # 200 > k, unseen by the sample
+  np.testing.assert_array_equal(f(x, 100), _top_k_reference(x, 100))
+  x = rng.standard_normal(100_000).astype(np.float32)
+  x[rng.choice(100_000, 500, replace=False)] = -np.inf  # 500 < k
+  m, want = np.asarray(f(x, 1000)), _top_k_reference(x, 1000)
+  assert np.isinf(x[m]).sum() == 500 and 999 <= m.sum() <= 1000 and not (m & ~want).any()
+  np.testing.assert_array_equal(f(np.array([1.0, 5.0, np.nan], np.float32), 1), [0, 1, 0])
+  x = rng.standard_normal(100_000).astype(np.float32)
+  x[:17] = np.nan                                       # the sample always holds one
+  np.testing.assert_array_equal(f(x, 10), _top_k_reference(x, 10))
+  x = np.where(rng.random(50_000) < 0.5, np.float32(2e38),
+               np.float32(3.3e38) - rng.random(50_000).astype(np.float32) ** 40
+               * np.float32(1e38)).astype(np.float32)
+  m = np.asarray(f(x, 30_000))
+  assert m.sum() == 30_000 and np.abs(x[m]).min() >= np.abs(x[~m]).max()
+  x = np.full(1000, np.nan, np.float32)
+  x[::100] = 1.0                                        # only 10 values that are not NaN
+  np.testing.assert_array_equal(f(x, 50), _top_k_reference(x, 50))
