@@ -73,7 +73,7 @@ def _datasets(args) -> int:
   return 0
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
   """argparse with its usage errors on one line (and exit status 2, as argparse's)."""
 
   def error(self, message):
@@ -81,10 +81,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = _OneLineParser(
+  p = OneLineParser(
       prog="fedjax-dp",
       description="JAX simulator for federated learning with differential privacy.")
-  sub = p.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+  sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
   r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
   r.add_argument("--config", help="YAML file of config keys (see README)")
@@ -111,17 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-def main(argv: list[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
-  from fedjax_dp.host import use_cpu_devices
-  use_cpu_devices()  # before JAX starts: one CPU device per core
+def run_guarded(fn) -> int:
+  """fn() -> exit status, with the command line's handling of user errors (one
+  line `error: ...` on stderr, status 2) and of Ctrl-C ('interrupted', 130).
+  Also used by the experiment scripts."""
   from fedjax_dp.account import AccountError
   from fedjax_dp.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
   from fedjax_dp.data import DataError
   from fedjax_dp.runner import RunError
   try:
-    return args.func(args)
+    return fn()
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
     print(f"error: {e}", file=sys.stderr)
     return USER_ERROR
@@ -130,17 +130,29 @@ def main(argv: list[str] | None = None) -> int:
     return INTERRUPTED
 
 
-def console_main() -> None:
-  """The `fedjax-dp` command: main(), and on Ctrl-C an exit that does not wait for
-  the checkpointer's background threads (their teardown printed tracebacks after
-  'interrupted'). Leaving them unfinished is safe: an unfinished checkpoint is
-  never listed (orbax renames it into place when complete), as after a kill."""
-  code = main()
+def main(argv: list[str] | None = None) -> int:
+  args = build_parser().parse_args(argv)
+  from fedjax_dp.host import use_cpu_devices
+  use_cpu_devices()  # before JAX starts: one CPU device per core
+  return run_guarded(lambda: args.func(args))
+
+
+def exit_with(code: int) -> None:
+  """sys.exit(code), except that after Ctrl-C the process exits without waiting
+  for the checkpointer's background threads (their teardown printed tracebacks
+  after 'interrupted'). Leaving them unfinished is safe: an unfinished
+  checkpoint is never listed (orbax renames it into place when complete), as
+  after a kill."""
   if code == INTERRUPTED:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
   sys.exit(code)
+
+
+def console_main() -> None:
+  """The `fedjax-dp` command."""
+  exit_with(main())
 
 
 if __name__ == "__main__":

@@ -52,10 +52,11 @@ DEBIAN_FMNIST = "/usr/share/datasets/fashion-mnist"
 _IDX_SUBDIRS = {"mnist": ("mnist", "MNIST", "MNIST/raw"),
                 "fmnist": ("fmnist", "fashion-mnist", "fashion_mnist", "FashionMNIST",
                            "FashionMNIST/raw")}
+_DATA_DIR = "data_dir (fedjax-dp run: --set data_dir=DIR; the experiment scripts: --data-dir DIR)"
 _HOW_TO_GET = {
-    "fmnist": "install the Debian package dataset-fashion-mnist or pass --set data_dir=DIR",
-    "mnist": "put the four MNIST IDX files in a folder and pass --set data_dir=DIR",
-    "cifar10": "unpack cifar-10-python.tar.gz and pass --set data_dir=DIR",
+    "fmnist": f"install the Debian package dataset-fashion-mnist or set {_DATA_DIR}",
+    "mnist": f"put the four MNIST IDX files in a folder and set {_DATA_DIR}",
+    "cifar10": f"unpack cifar-10-python.tar.gz and set {_DATA_DIR}",
 }
 
 

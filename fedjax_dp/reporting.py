@@ -21,6 +21,24 @@ def write_json_atomic(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+def write_text_atomic(path: str, text: str) -> None:
+  """Writes text through a temporary file and a rename (see write_json_atomic)."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", newline="") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def save_figure_atomic(fig, path: str, **kwargs) -> None:
+  """fig.savefig through a temporary file (same extension, for the format) and a rename."""
+  root, ext = os.path.splitext(path)
+  tmp = f"{root}.tmp{ext}"
+  fig.savefig(tmp, **kwargs)
+  os.replace(tmp, path)
+
+
 def read_metrics(path: str) -> list[dict]:
   """Reads metrics.jsonl, ignoring a torn last line left by a killed process."""
   if not os.path.exists(path):

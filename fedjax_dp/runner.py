@@ -42,6 +42,10 @@ class RunError(RuntimeError):
 
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
+# how a run is executed, not what it computes (beyond float rounding): a finished
+# run is reused by run_or_reuse whatever these were
+EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
+                  "client_parallelism", "client_batch", "eval_batch_size")
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -268,6 +272,35 @@ def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
     shutil.rmtree(out)
   os.makedirs(out, exist_ok=True)
   return cfg
+
+
+def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) -> dict:
+  """run_experiment for scripts that sweep many runs into one tree: a finished run
+  in `out` with the same config is reused (its summary.json), an unfinished one
+  is resumed; a run there with other settings is a RunError naming them (its
+  results would otherwise be reported under the new settings), unless
+  `overwrite`, which reruns it from scratch. A finished run is reused whatever
+  its EXECUTION_KEYS were; an unfinished one resumes only with the same config
+  but RESUMABLE_CHANGES, as --resume does."""
+  cfg_path = os.path.join(out, "config.json")
+  if not os.path.exists(cfg_path):
+    return run_experiment(cfg, out, overwrite=overwrite, **kwargs)
+  saved = saved_config(cfg_path)
+  finished = os.path.exists(os.path.join(out, "summary.json"))
+  free = EXECUTION_KEYS if finished else RESUMABLE_CHANGES
+  diff = [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
+          and k not in free]
+  if diff and not overwrite:
+    shown = "; ".join(f"{k} {getattr(saved, k)!r} there, {getattr(cfg, k)!r} asked"
+                      for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
+    raise RunError(f"{out} holds a run with other settings ({shown}): pass --overwrite to "
+                   "rerun it, or choose another --out")
+  if diff:
+    return run_experiment(cfg, out, overwrite=True, **kwargs)
+  if finished:
+    with open(os.path.join(out, "summary.json")) as f:
+      return json.load(f)
+  return run_experiment(cfg, out, resume=True, **kwargs)
 
 
 def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bool = False,

@@ -108,3 +108,60 @@ def test_dynamic_dp_script_writes_tables_with_both_epsilons(tmp_path):
   assert (tmp_path / "paper" / "table4.png").exists()
   second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert second.returncode == 0 and "[run]" not in second.stdout   # reused
+
+
+def test_run_or_reuse_reuses_same_settings_and_refuses_others(tmp_path):
+  """Found by an audit: the sweep scripts reused any finished run folder, so a
+  table asked for 3 rounds (or another dataset) reported a 1-round run's
+  figures under the new settings."""
+  import json
+  from fedjax_dp.config import make_config
+  from fedjax_dp.runner import RunError, run_or_reuse
+  cfg = make_config(dict(dataset="digits", num_clients=4, clients_per_round=2, hidden=[8],
+                         rounds=2, eval_every=1, devices=1))
+  out = str(tmp_path / "run")
+  run_or_reuse(cfg, out, progress=False, log=lambda m: None)
+  summary = tmp_path / "run" / "summary.json"
+  stamp = summary.stat().st_mtime_ns
+  again = run_or_reuse(make_config({"client_batch": 2, "checkpoint_every": 1}, cfg), out,
+                       progress=False, log=lambda m: None)   # how it runs, not what: reused
+  assert summary.stat().st_mtime_ns == stamp and again == json.load(open(summary))
+  for change, shown in (({"rounds": 3}, "rounds 2 there, 3 asked"),
+                        ({"dataset": "synthetic"}, "dataset 'digits' there, 'synthetic' asked")):
+    with pytest.raises(RunError, match=shown + ".*--overwrite"):
+      run_or_reuse(make_config(change, cfg), out, progress=False, log=lambda m: None)
+    assert summary.stat().st_mtime_ns == stamp
+  rerun = run_or_reuse(make_config({"rounds": 3}, cfg), out, overwrite=True, progress=False,
+                       log=lambda m: None)
+  assert rerun["rounds"] == 3 and json.load(open(summary))["rounds"] == 3
+  os.remove(summary)                        # unfinished: resumed to the rounds asked
+  resumed = run_or_reuse(make_config({"rounds": 4}, cfg), out, progress=False,
+                         log=lambda m: None)
+  assert resumed["rounds"] == 4
+
+
+def test_experiment_scripts_give_one_line_errors_and_keep_stale_runs(tmp_path, capsys):
+  import json
+  run = _topksdp_script()
+  args = ["table2", "--algorithms", "fedavg", "--seeds", "0", "--out", str(tmp_path)]
+  with pytest.raises(SystemExit) as e:                   # argparse: one line, status 2
+    run.main(args[:3] + ["--seeds", "0", "0", "--out", str(tmp_path)])
+  assert e.value.code == 2 and "--seeds 0 0: each value at most once" in capsys.readouterr().err
+  assert run.main(args + ["--rounds", "0"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "'rounds' = 0" in err and "Traceback" not in err
+  (tmp_path / "file").write_text("x")
+  assert run.main(args[:-1] + [str(tmp_path / "file" / "out")]) == 2
+  assert "cannot make the folder" in capsys.readouterr().err
+  # a finished run made with 3 rounds is not reported as a 2-round one
+  folder = tmp_path / "table2" / "medium" / "fedavg" / "seed0"
+  folder.mkdir(parents=True)
+  cfg = run.load_config(os.path.join(ROOT, "experiments", "topksdp", "base.yaml"),
+                        ["algorithm=\"fedavg\"", "alpha=0.5", "seed=0", "dataset=\"fmnist\"",
+                         "rounds=3"])
+  (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+  (folder / "summary.json").write_text("{}")
+  assert run.main(args + ["--rounds", "2"]) == 2
+  err = capsys.readouterr().err
+  assert "rounds 3 there, 2 asked" in err and err.count("\n") == 1
+  assert not (tmp_path / "table2.csv").exists() and (folder / "summary.json").read_text() == "{}"

@@ -4,7 +4,7 @@
   python experiments/dynamic_dp/run.py ablations           # section 4.3.1
   python experiments/dynamic_dp/run.py alpha               # section 4.3.2
   python experiments/dynamic_dp/run.py budget              # section 4.2.2
-  options: --protocol paper|large --rounds N --seeds 0 1 --out DIR
+  options: --protocol paper|large --rounds N --seeds 0 1 --out DIR --overwrite
 
 Protocols:
   paper   the paper's scale (base.yaml): 5,000 records, 120 clients, 12 per round
@@ -15,13 +15,17 @@ Protocols:
 Every DP figure we print as epsilon is the accountant's (RDP, Poisson-subsampled
 Gaussian, add/remove-one client, delta 1e-5); the paper's own per-round formula is
 reported beside it and labelled. Every run is a normal `fedjax-dp run` folder
-under --out; an existing finished run is reused, never overwritten.
+under --out: a finished run with the same settings is reused, an unfinished one
+resumed; a run folder holding other settings is an error unless --overwrite,
+which reruns that run. KIND.csv, KIND.md and KIND.png are each replaced whole.
+Bad input is a one-line error, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import os
@@ -35,8 +39,10 @@ from fedjax_dp.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()
 
+from fedjax_dp import reporting  # noqa: E402
+from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config, make_config  # noqa: E402
-from fedjax_dp.runner import run_experiment  # noqa: E402
+from fedjax_dp.runner import RunError, run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
     "paper": {},
@@ -57,10 +63,6 @@ PAPER_ALPHA = {1.0: 96.1, 0.5: 93.8, 0.1: 90.4, 0.05: 86.9, 0.01: 80.3}
 
 def run_one(args, name: str, sets: dict) -> dict:
   out = os.path.join(args.out, args.protocol, name)
-  summary_path = os.path.join(out, "summary.json")
-  if os.path.exists(summary_path):           # finished before: reuse, never overwrite
-    with open(summary_path) as f:
-      return json.load(f)
   overrides = dict(PROTOCOLS[args.protocol], **sets)
   overrides.setdefault("rounds", args.rounds)
   if args.analyzer_steps:
@@ -68,9 +70,9 @@ def run_one(args, name: str, sets: dict) -> dict:
   cfg = load_config(os.path.join(HERE, "base.yaml"),
                     [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
   cfg = make_config({"eval_every": max(1, min(cfg.eval_every, cfg.rounds // 9 or 1))}, cfg)
-  resume = os.path.exists(os.path.join(out, "config.json"))
-  print(f"[run] {args.protocol}/{name}", flush=True)
-  return run_experiment(cfg, out, resume=resume, progress=False, log=lambda m: None)
+  if not os.path.exists(os.path.join(out, "summary.json")):
+    print(f"[run] {args.protocol}/{name}", flush=True)
+  return run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
 
 
 def _row(name: str, s: dict, **extra) -> dict:
@@ -177,10 +179,6 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
   out = os.path.join(args.out, args.protocol)
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, f"{kind}.csv")
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
   runs = list(dict.fromkeys(r["run"] if kind != "alpha" else (r["alpha"], r["run"])
                             for r in rows))
 
@@ -240,9 +238,13 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
       m = lambda k: mean(k, lambda r: r["run"] == name)
       lines.append(f"| {name} | {_fmt(m('rounds'))} | {_fmt(m('epsilon_per_round'))} | "
                    f"{_fmt(100 * m('final_accuracy'))} | {paper.get(name, 'n/a')} |")
-  with open(os.path.join(out, f"{kind}.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
   plot(kind, rows, args)
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+  w.writeheader()
+  w.writerows(rows)
+  reporting.write_text_atomic(path, buf.getvalue())
+  reporting.write_text_atomic(os.path.join(out, f"{kind}.md"), "\n".join(lines) + "\n")
   print(f"results: {path}, {os.path.join(out, kind + '.md')}")
 
 
@@ -273,12 +275,12 @@ def plot(kind: str, rows: list[dict], args) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(os.path.join(out, f"{kind}.png"), dpi=120)
+  reporting.save_figure_atomic(fig, os.path.join(out, f"{kind}.png"), dpi=120)
   plt.close(fig)
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("kind", choices=["table4", "ablations", "alpha", "budget"])
   ap.add_argument("--protocol", default="paper", choices=list(PROTOCOLS))
   ap.add_argument("--seeds", nargs="+", type=int, default=[0])
@@ -286,12 +288,24 @@ def main(argv=None):
   ap.add_argument("--analyzer-steps", type=int, default=0,
                   help="training steps of the analyzer's networks (0: the config's)")
   ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--overwrite", action="store_true",
+                  help="rerun the runs under --out whose settings differ (else an error)")
   args = ap.parse_args(argv)
-  rows = {"table4": table4, "ablations": ablations, "alpha": alpha, "budget": budget}[args.kind](
-      args)
-  write_outputs(args.kind, rows, args)
-  return 0
+  if len(set(args.seeds)) < len(args.seeds):
+    ap.error(f"--seeds {' '.join(map(str, args.seeds))}: each value at most once")
+
+  def go():
+    out = os.path.join(args.out, args.protocol)
+    try:
+      os.makedirs(out, exist_ok=True)
+    except OSError as e:
+      raise RunError(f"--out {args.out}: cannot make the folder ({e.strerror})") from None
+    rows = {"table4": table4, "ablations": ablations, "alpha": alpha, "budget": budget}[
+        args.kind](args)
+    write_outputs(args.kind, rows, args)
+    return 0
+  return run_guarded(go)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  exit_with(main())

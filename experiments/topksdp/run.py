@@ -5,18 +5,21 @@
   python experiments/topksdp/run.py sparsity --seeds 0          # Table 1 / Fig. 6
   python experiments/topksdp/run.py privacy --seeds 0           # Fig. 9: epsilon x sparsity
   python experiments/topksdp/run.py mu --seeds 0                # Tables 3-4: the mu grid
-  options: --dataset fmnist|mnist|cifar10 --data-dir DIR --rounds N --out DIR
+  options: --dataset fmnist|mnist|cifar10 --data-dir DIR --rounds N --out DIR --overwrite
 
-Every run is a normal `fedjax-dp run` output folder under --out (resumable: an
-existing finished run is reused, never overwritten). The script writes
-KIND.csv, KIND.md (our numbers beside the paper's where its text gives them,
-labelled) and KIND.png (table2: table2_LEVEL.png).
+Every run is a normal `fedjax-dp run` output folder under --out: a finished run
+with the same settings is reused, an unfinished one resumed; a run folder
+holding other settings (rounds, dataset, ...) is an error unless --overwrite,
+which reruns that run. The script then writes KIND.csv, KIND.md (our numbers
+beside the paper's where its text gives them, labelled) and KIND.png (table2:
+table2_LEVEL.png), each replaced whole. Bad input is a one-line error, exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import statistics
@@ -29,8 +32,11 @@ from fedjax_dp.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()
 
+from fedjax_dp import reporting  # noqa: E402
+from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
-from fedjax_dp.runner import run_experiment  # noqa: E402
+from fedjax_dp.pipeline import communication  # noqa: E402
+from fedjax_dp.runner import RunError, run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
 ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo"]
@@ -69,10 +75,6 @@ PAPER_MU_BEST = {"mnist": 96.61, "fmnist": 84.83, "cifar10": 63.04}   # Table 4'
 
 def run_one(out_root: str, name: str, sets: dict, args) -> dict:
   out = os.path.join(out_root, name)
-  summary_path = os.path.join(out, "summary.json")
-  if os.path.exists(summary_path):           # finished before: reuse, never overwrite
-    with open(summary_path) as f:
-      return json.load(f)
   overrides = dict(sets, dataset=args.dataset, rounds=args.rounds)
   if args.data_dir:
     overrides["data_dir"] = args.data_dir
@@ -81,9 +83,17 @@ def run_one(out_root: str, name: str, sets: dict, args) -> dict:
     overrides.setdefault("hidden", [512])
   cfg = load_config(os.path.join(HERE, "base.yaml"),
                     [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
-  resume = os.path.exists(os.path.join(out, "config.json"))
-  print(f"[run] {name}", flush=True)
-  return run_experiment(cfg, out, resume=resume, progress=False, log=lambda m: None)
+  if not os.path.exists(os.path.join(out, "summary.json")):
+    print(f"[run] {name}", flush=True)
+  s = run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
+  # bytes from the config by today's count (pipeline.communication): a reused run's
+  # summary keeps the count of the code that made it (SCAFFOLD's control variates
+  # and SOLO's nothing were corrected after the committed Table 2 runs)
+  per = communication(cfg, s["model"]["params"])
+  n = s["communication"]["participations"]
+  s["communication"] = dict(s["communication"], **per, bytes_up=n * per["bytes_per_client_up"],
+                            bytes_down=n * per["bytes_per_client_down"])
+  return s
 
 
 def table2(args) -> list[dict]:
@@ -145,13 +155,18 @@ def mu(args) -> list[dict]:
   return rows
 
 
+def csv_text(rows: list[dict]) -> str:
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+  w.writeheader()
+  w.writerows(rows)
+  return buf.getvalue()
+
+
 def write_outputs(kind: str, rows: list[dict], args) -> None:
+  """KIND.csv, KIND.md and the plots, each written whole (temporary file and rename)."""
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, f"{kind}.csv")
-  with open(path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
   lines = [f"# {kind}: {args.dataset}, {args.rounds} rounds, seeds {args.seeds}", ""]
   if kind == "table2":
     lines += ["Test accuracy % at the last round: mean ± sd over seeds (ours), and the "
@@ -174,10 +189,10 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
   else:
     lines += {"sparsity": sparsity_lines, "privacy": privacy_lines, "mu": mu_lines}[kind](
         rows, args.dataset)
-  with open(os.path.join(args.out, f"{kind}.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
   {"table2": plot_table2, "sparsity": plot_sparsity, "privacy": plot_privacy,
    "mu": plot_mu}[kind](rows, args)
+  reporting.write_text_atomic(path, csv_text(rows))
+  reporting.write_text_atomic(os.path.join(args.out, f"{kind}.md"), "\n".join(lines) + "\n")
   print(f"results: {path}, {os.path.join(args.out, kind + '.md')}")
 
 
@@ -259,7 +274,7 @@ def _figure():
 
 def _save(plt, fig, path: str) -> None:
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  reporting.save_figure_atomic(fig, path, dpi=120)
   plt.close(fig)
 
 
@@ -331,8 +346,9 @@ def plot_table2(rows, args) -> None:
         path = os.path.join(args.out, f"table2/{level}/{alg}/seed{seed}", "metrics.jsonl")
         with open(path) as f:
           curves.append([json.loads(line) for line in f])
-      rounds = [r["round"] for r in curves[0]]
-      mean = [statistics.mean(c[i]["test_accuracy"] for c in curves) for i in range(len(rounds))]
+      n = min(len(c) for c in curves)     # the seeds' runs share their settings, so n each
+      rounds = [r["round"] for r in curves[0][:n]]
+      mean = [statistics.mean(c[i]["test_accuracy"] for c in curves) for i in range(n)]
       ax.plot(rounds, [100 * m for m in mean], label=alg)
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy % (mean over seeds)")
@@ -343,7 +359,7 @@ def plot_table2(rows, args) -> None:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("kind", choices=["table2", "sparsity", "privacy", "mu"])
   ap.add_argument("--levels", nargs="+", default=["medium"], choices=list(LEVELS))
   ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
@@ -352,11 +368,29 @@ def main(argv=None):
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--rounds", type=int, default=200)
   ap.add_argument("--out", default=os.path.join(HERE, "results", "fmnist"))
+  ap.add_argument("--overwrite", action="store_true",
+                  help="rerun the runs under --out whose settings differ (else an error)")
   args = ap.parse_args(argv)
-  rows = {"table2": table2, "sparsity": sparsity, "privacy": privacy, "mu": mu}[args.kind](args)
-  write_outputs(args.kind, rows, args)
-  return 0
+  for name in ("levels", "algorithms", "seeds"):
+    values = getattr(args, name)
+    if len(set(values)) < len(values):
+      ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
+
+  def go():
+    make_out_folder(args.out)
+    rows = {"table2": table2, "sparsity": sparsity, "privacy": privacy, "mu": mu}[args.kind](args)
+    write_outputs(args.kind, rows, args)
+    return 0
+  return run_guarded(go)
+
+
+def make_out_folder(out: str) -> None:
+  """--out made up front: a path that cannot be a folder fails before any run."""
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise RunError(f"--out {out}: cannot make the folder ({e.strerror})") from None
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  exit_with(main())
