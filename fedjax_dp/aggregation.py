@@ -38,11 +38,25 @@ def make_aggregator(cfg) -> Callable:
   """(u [m, d], mask [m], weights [m]) -> (aggregate [d], flagged int32, clusters int32).
 
   flagged: outliers the rule detected (outlier_median) or updates it left out
-  (krum, multi_krum), else 0; clusters: the number of clusters (cluster), else 0."""
+  (krum, multi_krum), plus, for every rule but mean, participants dropped for a
+  NaN or inf in their upload (ra.finite_participants); clusters: the number of
+  clusters (cluster), else 0."""
   zero = jnp.zeros((), jnp.int32)
   name = cfg.aggregator
   if name == "mean":
     return lambda u, mask, w: (ra.weighted_mean(u, mask, w), zero, zero)
+  rule = _robust_rule(cfg)
+
+  def robust(u, mask, w):
+    u, usable, dropped = ra.finite_participants(u, mask)
+    agg, flagged, clusters = rule(u, usable, w)
+    return agg, flagged + dropped, clusters
+  return robust
+
+
+def _robust_rule(cfg) -> Callable:
+  zero = jnp.zeros((), jnp.int32)
+  name = cfg.aggregator
   if name == "median":
     return lambda u, mask, w: (ra.coordinate_median(u, mask), zero, zero)
   if name == "trimmed_mean":

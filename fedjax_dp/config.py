@@ -17,6 +17,7 @@ import yaml
 
 
 MIN_NOISE_MULTIPLIER = 1e-6   # 1e-300 overflowed the RDP arithmetic
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class ConfigError(ValueError):
@@ -432,9 +433,20 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with shuffle "
                       f"{cfg.shuffle!r}: the robust rules are not defined on per-layer shuffled "
                       "tuples; use aggregator 'mean' with the shuffler")
-  if cfg.aggregator in ("krum", "multi_krum") and cfg.byzantine_f + 2 >= cfg.clients_per_round:
+  if cfg.aggregator in ("krum", "multi_krum") and 2 * cfg.byzantine_f + 2 >= cfg.clients_per_round:
     raise ConfigError(f"config key 'byzantine_f' = {cfg.byzantine_f}: Krum needs "
-                      f"byzantine_f + 2 < clients_per_round ({cfg.clients_per_round})")
+                      f"clients_per_round > 2 byzantine_f + 2 (Blanchard et al. 2017; "
+                      f"clients_per_round is {cfg.clients_per_round})")
+  if cfg.aggregator == "multi_krum" and cfg.multi_krum_m > cfg.clients_per_round:
+    raise ConfigError(f"config key 'multi_krum_m' = {cfg.multi_krum_m}: at most "
+                      f"clients_per_round ({cfg.clients_per_round}); 0 means n - byzantine_f")
+  if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
+    raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
+                      f"{cfg.num_clients} clients that is no malicious client (floor of "
+                      f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
+  if cfg.byzantine_scale > FLOAT32_MAX:
+    raise ConfigError(f"config key 'byzantine_scale' = {cfg.byzantine_scale:g}: above float32's "
+                      "largest value (3.4e38)")
   if cfg.kept_noise_draw == "aggregate" and cfg.dp != "none":
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with dp {cfg.dp!r}: the DP "
                       "clip comes after the pipeline, so the noise must be drawn per client "

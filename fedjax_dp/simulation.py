@@ -386,6 +386,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       agg, flagged, clusters = robust_aggregator(all_rows, all_mask, all_weights)
     else:
       # the cluster rule whose clusters also set next round's noise: cluster once
+      # (on the finite uploads, as make_aggregator's rules)
+      all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
       labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
       agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
                                                         cluster_threshold, labels)

@@ -3,7 +3,8 @@
 Every aggregator takes the cohort's updates u [m, d], a participation mask
 [m] (padded or refused slots are False and never influence the result) and
 example weights w [m], and returns the aggregate [d]. n is the number of
-participants (a traced value).
+participants (a traced value). The robust rules expect finite uploads:
+`finite_participants` drops the others first (aggregation.py does).
 
   weighted_mean        sum_i w_i u_i / sum_i w_i
   coordinate_median    per coordinate, the median of the participants' values
@@ -32,8 +33,21 @@ import jax
 import jax.numpy as jnp
 
 
+def finite_participants(u: jax.Array, mask: jax.Array):
+  """(u with every row but the usable ones zeroed, usable mask [m], the number of
+  participants dropped): a participant whose upload holds a NaN or an inf is
+  not usable. The robust rules run on what this leaves (aggregation.py), so a
+  diverged or hostile non-finite upload can neither poison their arithmetic
+  nor, through 0 * inf, a masked slot the result."""
+  finite = jnp.all(jnp.isfinite(u), axis=1)
+  usable = mask & finite
+  return (jnp.where(usable[:, None], u, 0.0), usable,
+          jnp.sum(mask & ~finite, dtype=jnp.int32))
+
+
 def weighted_mean(u: jax.Array, mask: jax.Array, w: jax.Array) -> jax.Array:
   w = jnp.where(mask, w, 0.0).astype(u.dtype)
+  u = jnp.where(mask[:, None], u, 0.0)     # 0 * inf in a masked slot would be NaN
   return jnp.tensordot(w, u, 1) / jnp.maximum(jnp.sum(w), 1e-30)
 
 
@@ -67,16 +81,32 @@ def pairwise_sq_distances(u: jax.Array) -> jax.Array:
   return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * (u @ u.T), 0.0)
 
 
+def _krum_center(u: jax.Array, mask: jax.Array) -> jax.Array:
+  """[d] the mean of the participants whose norm is at most twice the median
+  participant norm: a point near the honest updates, which one large upload
+  cannot drag away (the plain mean moves by attacker / n)."""
+  norms = jnp.sqrt(jnp.sum(u * u, axis=1))             # inf where the square overflows
+  med = coordinate_median(norms[:, None], mask)[0]
+  inlier = mask & (norms <= 2.0 * med)
+  k = jnp.sum(inlier, dtype=jnp.int32)
+  return jnp.sum(jnp.where(inlier[:, None], u, 0.0), axis=0) / jnp.maximum(k, 1).astype(u.dtype)
+
+
 def krum_scores(u: jax.Array, mask: jax.Array, f: int) -> jax.Array:
   """[m] Krum scores (inf for non-participants): the sum of squared distances
-  to the n - f - 2 nearest other participants (at least 1)."""
+  to the n - f - 2 nearest other participants (at least 1); u finite
+  (finite_participants)."""
+  u = jnp.asarray(u)
   m = u.shape[0]
   n = jnp.sum(mask, dtype=jnp.int32)
-  # distances do not move with a common shift; taking the participants' mean out first
-  # keeps the Gram form ||a||^2 + ||b||^2 - 2ab from cancelling when updates share a
-  # large common part (float32: 24 % error at offset / spread = 1000 before)
-  center = jnp.sum(jnp.where(mask[:, None], u, 0.0), axis=0) / jnp.maximum(n, 1).astype(u.dtype)
-  d2 = pairwise_sq_distances(jnp.where(mask[:, None], u - center, 0.0))
+  # Distances do not move with a common shift. The Gram form ||a||^2 + ||b||^2 - 2ab
+  # cancels in float32 when the rows share a large common part, so the rows are
+  # centred first, on a point near the honest ones (_krum_center): on the plain
+  # mean, one upload 1000x the others put every honest row 1000/n away and the
+  # honest scores off by 53 %, 1e25 picked the attacker. A distance that
+  # overflows (inf - inf = NaN) is far: inf.
+  d2 = pairwise_sq_distances(jnp.where(mask[:, None], u - _krum_center(u, mask), 0.0))
+  d2 = jnp.where(jnp.isnan(d2), jnp.inf, d2)
   others = mask[None, :] & mask[:, None] & ~jnp.eye(m, dtype=bool)
   nearest = jnp.sort(jnp.where(others, d2, jnp.inf), axis=1)
   count = jnp.maximum(n - f - 2, 1)
@@ -89,12 +119,12 @@ def krum_scores(u: jax.Array, mask: jax.Array, f: int) -> jax.Array:
 def krum(u: jax.Array, mask: jax.Array, w: jax.Array | None = None, f: int = 0,
          m_keep: int = 1) -> jax.Array:
   """Krum (m_keep = 1) or Multi-Krum: the plain mean of the m_keep best-scored
-  participants (fewer when fewer take part)."""
+  participants (fewer when fewer take part; never a non-participant)."""
   score = krum_scores(u, mask, f)
   order = jnp.argsort(score)
   n = jnp.sum(mask, dtype=jnp.int32)
   chosen = jnp.zeros(u.shape[0], bool).at[order].set(jnp.arange(u.shape[0]) < jnp.minimum(m_keep, n))
-  return weighted_mean(u, chosen, jnp.ones(u.shape[0], u.dtype))
+  return weighted_mean(u, chosen & mask, jnp.ones(u.shape[0], u.dtype))
 
 
 def outlier_flags(u: jax.Array, mask: jax.Array, z: float = 3.5) -> jax.Array:

@@ -220,3 +220,58 @@ def test_aggregator_config_errors():
     make_config({"aggregator": "mode"})
   # with local DP the rules are post-processing of noised uploads: allowed
   make_config({"aggregator": "median", "dp": "local", "noise_multiplier": 1.0})
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e4, 1e19, 1e25])
+def test_krum_resists_one_huge_upload_as_exact_krum_does(scale):
+  """Found by an audit: centring the Gram distances on the participants' mean let
+  one large upload move that mean, and float32 cancellation then put the honest
+  scores off by 53 % (scale 1e3), up to choosing the attacker (1e25). Against
+  float64 Krum by its definition."""
+  rng = np.random.default_rng(int(np.log10(scale)))
+  n, d, f = 10, 2000, 2
+  for _ in range(5):
+    h = (0.05 + 0.01 * rng.normal(size=(n, d))).astype(np.float32)
+    u = h.copy()
+    u[[3, 6]] = -scale * h[[3, 6]]
+    want = np_krum_scores(u.astype(np.float64), f)
+    got = np.asarray(ra.krum_scores(jnp.asarray(u), jnp.ones(n, bool), f))
+    honest = np.setdiff1d(np.arange(n), [3, 6])
+    np.testing.assert_allclose(got[honest], want[honest], rtol=1e-4)
+    assert int(np.argmin(got)) == int(np.argmin(want)) not in (3, 6)
+
+
+@pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
+                                        "outlier_median", "cluster"])
+def test_robust_rules_drop_non_finite_uploads_and_ignore_masked_slots(aggregator):
+  """A NaN or inf upload is left out by every robust rule (and counted in
+  flagged); a masked slot holding NaN or inf changes nothing (0 * inf was NaN)."""
+  from fedjax_dp.aggregation import make_aggregator
+  rule = make_aggregator(make_config({"aggregator": aggregator, "byzantine_f": 1,
+                                      "clients_per_round": 8, "num_clients": 8,
+                                      "trim_fraction": 0.2}))
+  rng = np.random.default_rng(3)
+  u = rng.normal(size=(9, 5)).astype(np.float32)
+  mask = np.array([1, 1, 1, 1, 1, 1, 0, 0, 0], bool)
+  w = rng.uniform(1, 3, size=9).astype(np.float32)
+  clean, clean_flagged, clean_k = rule(jnp.asarray(u), jnp.asarray(mask), jnp.asarray(w))
+  dirty = u.copy()
+  dirty[6], dirty[7, 2] = np.nan, np.inf                # masked slots
+  dirty = np.concatenate([dirty, [[np.nan, 1, 1, 1, 1], [np.inf, -np.inf, 0, 0, 0]]])
+  dmask = np.concatenate([mask, [True, True]])          # two participants, non-finite
+  dw = np.concatenate([w, [1.0, 1.0]]).astype(np.float32)
+  got, flagged, k = rule(jnp.asarray(dirty), jnp.asarray(dmask), jnp.asarray(dw))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(clean))
+  assert int(flagged) == int(clean_flagged) + 2 and int(k) == int(clean_k)
+
+
+def test_krum_and_byzantine_config_bounds():
+  with pytest.raises(ConfigError, match="'byzantine_f' = 4: Krum needs clients_per_round > 2"):
+    make_config({"aggregator": "krum", "byzantine_f": 4, "clients_per_round": 10})
+  make_config({"aggregator": "krum", "byzantine_f": 3, "clients_per_round": 10})
+  with pytest.raises(ConfigError, match="'multi_krum_m' = 50: at most clients_per_round"):
+    make_config({"aggregator": "multi_krum", "multi_krum_m": 50, "clients_per_round": 10})
+  with pytest.raises(ConfigError, match="'byzantine_fraction' = 0.05: of 10 clients that is no"):
+    make_config({"byzantine_fraction": 0.05, "num_clients": 10})
+  with pytest.raises(ConfigError, match="'byzantine_scale' = 1e\\+39: above float32"):
+    make_config({"byzantine_scale": 1e39})
