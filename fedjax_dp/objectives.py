@@ -17,7 +17,12 @@ The client minimises CE(w; D_i) plus the terms of the configured `algorithm`
   scaffold     (Karimireddy et al. 2020) + <w, c - c_i>, i.e. the gradient step uses
                 g - c_i + c; after training, option II:
                 c_i <- c_i - c + (w^t - w_i) / (K lr), K = local steps; the server
-                sets c <- c + (1/N) sum_{i in S} (c_i' - c_i)
+                sets c <- c + (1/N) sum_{i in S} (c_i' - c_i). Option II assumes
+                plain SGD; with client momentum beta (heavy ball, optax's trace) K
+                steps of a constant gradient g move w by lr g sum_{k=1..K}
+                (1 - beta^k) / (1 - beta), so that sum replaces K (it is K at
+                beta = 0), and c_i stays an estimate of the mean gradient rather
+                than 1 / (1 - beta) of it. A client that ran no step keeps c_i.
   fedadmm      (Gong, Li, Freris 2022)   + <y_i, w - w^t> + rho/2 ||w - w^t||^2; after
                 training y_i <- y_i + rho (w_i - w^t) and the client uploads
                 (w_i - w^t) + y_i / rho (its augmented model less w^t)
@@ -140,6 +145,7 @@ class Objective:
   moon_mu: float = 1.0
   moon_tau: float = 0.5
   rho: float = 0.01
+  momentum: float = 0.0     # the client optimizer's (SCAFFOLD's step count, see above)
 
   @property
   def solo(self) -> bool:
@@ -236,9 +242,11 @@ class Objective:
       state["seen"] = state["seen"] | took_part
     if "scaffold" in self.terms:
       c, c_i = ctx.server_state["control"], state["control"]
-      scale = 1.0 / (jnp.maximum(steps, 1).astype(jnp.float32) * lr)
-      new_c_i = jax.tree.map(lambda ci, cc, d: ci - cc - d * scale, c_i, c, delta)
-      contrib["control"] = jax.tree.map(lambda n, o: jnp.where(took_part, n - o, 0.0), new_c_i, c_i)
+      scale = 1.0 / (jnp.maximum(self.effective_steps(steps), 1e-30) * lr)
+      trained = took_part & (steps > 0)
+      new_c_i = jax.tree.map(lambda ci, cc, d: jnp.where(trained, ci - cc - d * scale, ci),
+                             c_i, c, delta)
+      contrib["control"] = jax.tree.map(lambda n, o: jnp.where(trained, n - o, 0.0), new_c_i, c_i)
       new_c_i = keep(new_c_i, c_i)
       state["control"] = new_c_i
     if self.solo:
@@ -250,6 +258,15 @@ class Objective:
       state["dual"] = new_dual
       upload = jax.tree.map(lambda d, y: d + y / self.rho, delta, new_dual)
     return upload, state, contrib
+
+  def effective_steps(self, steps: jax.Array) -> jax.Array:
+    """sum_{k=1..K} (1 - beta^k) / (1 - beta): how many plain-SGD steps of a
+    constant gradient K momentum steps move as far as (K at beta = 0)."""
+    k = steps.astype(jnp.float32)
+    if self.momentum == 0:
+      return k
+    b = self.momentum
+    return (k - b * (1.0 - b ** k) / (1.0 - b)) / (1.0 - b)
 
   def server_step(self, server_state: dict, contrib_sum: dict, num_clients: int) -> dict:
     if "scaffold" in self.terms:
@@ -264,4 +281,4 @@ def make_objective(cfg) -> Objective:
   return Objective(terms=terms, prox_mu=cfg.prox_mu, contrastive_form=cfg.contrastive_form,
                    mu1=cfg.contrastive_mu1, mu2=cfg.contrastive_mu2, radius=cfg.contrastive_radius,
                    contrastive_tau=cfg.contrastive_tau, moon_mu=cfg.moon_mu, moon_tau=cfg.moon_tau,
-                   rho=cfg.admm_rho)
+                   rho=cfg.admm_rho, momentum=cfg.momentum)

@@ -206,8 +206,11 @@ def reference_rounds(sim, x, y, parts, rounds):
           steps += 1
       delta = jax.tree.map(np.subtract, w, params)
       upload = delta
-      if term == "scaffold":
-        new_c = jax.tree.map(lambda ci, cs, d: ci - cs - d / (steps * lr), c_client[c], c_server,
+      if term == "scaffold" and steps > 0:
+        # option II with momentum: K steps of a constant g move lr g sum_k (1 - b^k) / (1 - b)
+        b = cfg.momentum
+        eff = sum((1 - b ** k) / (1 - b) if b else 1.0 for k in range(1, steps + 1))
+        new_c = jax.tree.map(lambda ci, cs, d: ci - cs - d / (eff * lr), c_client[c], c_server,
                              delta)
         dc_sum = jax.tree.map(lambda s, a, b: s + a - b, dc_sum, new_c, c_client[c])
         c_client[c] = new_c
@@ -305,3 +308,32 @@ def test_solo_run_reports_the_mean_client_accuracy(tmp_path):
   summary = json.load(open(os.path.join(out, "summary.json")))
   assert summary["test_accuracy_is"].startswith("SOLO")
   assert 0.2 < summary["final"]["test_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_scaffold_control_variate_is_the_gradient_under_client_momentum(momentum):
+  """Found by an audit: option II's (w^t - w_i) / (K lr) assumes plain SGD; with
+  momentum 0.5 a constant gradient [1, -2] gave c_i = [1.8, -3.6], 0.9 gave
+  [4.1, -8.3]. K momentum steps of a constant g: c_i must come out g."""
+  from fedjax_dp import client
+  a = {"w": jnp.array([1.0, -2.0])}
+  obj = objectives.Objective(terms=("scaffold",), momentum=momentum)
+  zeros = {"w": jnp.zeros(2)}
+  ctx = objectives.LocalContext(zeros, {"control": zeros}, {"control": zeros})
+  linear = lambda p, xb, yb, mb: (jnp.sum(p["w"] * a["w"]), jnp.float32(0.0))
+  x, y = jnp.zeros((40, 1)), jnp.zeros(40, jnp.int32)
+  res = client.local_train(zeros, jnp.arange(40, dtype=jnp.int32), jnp.int32(40),
+                           jax.random.PRNGKey(0), jnp.float32(0.01), apply_fn=None, x=x, y=y,
+                           epochs=1, batch_size=4, momentum=momentum, loss_fn=linear)
+  assert int(res.steps) == 10
+  _, state, contrib = obj.finish(ctx, res.delta, res.params, res.steps, jnp.float32(0.01),
+                                 jnp.bool_(True))
+  np.testing.assert_allclose(state["control"]["w"], a["w"], rtol=1e-5)
+  np.testing.assert_allclose(contrib["control"]["w"], a["w"], rtol=1e-5)
+  # a client that ran no step keeps its control variate and moves nothing
+  c_i = {"w": jnp.array([0.3, 0.4])}
+  ctx = objectives.LocalContext(zeros, {"control": c_i}, {"control": {"w": jnp.ones(2)}})
+  _, state, contrib = obj.finish(ctx, zeros, zeros, jnp.int32(0), jnp.float32(0.01),
+                                 jnp.bool_(True))
+  np.testing.assert_array_equal(state["control"]["w"], c_i["w"])
+  np.testing.assert_array_equal(contrib["control"]["w"], [0.0, 0.0])
