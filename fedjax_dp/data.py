@@ -88,10 +88,20 @@ def _idx_file(folder: str, stem: str) -> str | None:
 
 
 def _find_idx_folder(name: str, data_dir: str | None) -> tuple[str | None, list[str]]:
+  """The first folder holding all four IDX files. A folder the user named
+  (data_dir, $FEDJAX_DP_DATA, or their subfolders) holding only some of them is an
+  error, not a reason to look further: the search would otherwise train on other
+  data (e.g. the system's Fashion-MNIST) than the folder meant."""
   searched = _idx_candidates(name, data_dir)
-  for folder in searched:
-    if all(_idx_file(folder, stem) for stem in IDX_FILES.values()):
+  named = len(_roots(data_dir)) * (1 + len(_IDX_SUBDIRS[name]))   # they come first
+  for i, folder in enumerate(searched):
+    found = [stem for stem in IDX_FILES.values() if _idx_file(folder, stem)]
+    if len(found) == len(IDX_FILES):
       return folder, searched
+    if found and i < named:
+      missing = [stem for stem in IDX_FILES.values() if stem not in found]
+      raise DataError(f"{folder}: holds {', '.join(found)} but not {', '.join(missing)} "
+                      f"(or .gz): dataset {name!r} needs all four IDX files")
   return None, searched
 
 
@@ -182,6 +192,9 @@ def _load_idx_dataset(name: str, data_dir: str | None) -> Dataset:
                       f"{x_path})")
     if ys.size and ys.max() > 9:
       raise DataError(f"{y_path}: label {int(ys.max())} out of range, expected 0..9")
+  if arrays["train_x"].shape[1:] != arrays["test_x"].shape[1:]:
+    raise DataError(f"{folder}: training images are {arrays['train_x'].shape[1:]} and test "
+                    f"images {arrays['test_x'].shape[1:]}: both splits need one size")
   img = lambda a: (a.astype(np.float32) / 255.0)[..., None]
   return Dataset(name, img(arrays["train_x"]), arrays["train_y"].astype(np.int32),
                  img(arrays["test_x"]), arrays["test_y"].astype(np.int32), 10, folder)
@@ -202,6 +215,9 @@ def _read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
                     "pickled dict with b'data' and b'labels'")
   data = np.asarray(data)
   labels = np.asarray(labels)
+  if data.dtype != np.uint8 or not np.issubdtype(labels.dtype, np.integer):
+    raise DataError(f"{path}: data of dtype {data.dtype} and labels of dtype {labels.dtype}, "
+                    "expected uint8 pixels and integer labels")
   if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
     raise DataError(f"{path}: data of shape {data.shape} with {len(labels)} labels, expected "
                     "[N, 3072] uint8 and N labels")
@@ -255,10 +271,13 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
   if not os.path.isfile(path):
     raise DataError(f"{path}: no such CSV file")
   try:
-    with open(path, newline="") as f:
+    # utf-8-sig: spreadsheet exports start with a byte-order mark
+    with open(path, newline="", encoding="utf-8-sig") as f:
       rows = list(csv.reader(f))
   except UnicodeDecodeError:
     raise DataError(f"{path}: not UTF-8 text, expected a CSV file")
+  except csv.Error as e:
+    raise DataError(f"{path}: not a CSV file this reader takes ({e})")
   if not rows:
     raise DataError(f"{path}: empty file, expected a header row and data rows")
   header = [h.strip() for h in rows[0]]
@@ -285,11 +304,26 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
     labels.append(row[li].strip())
   if len(labels) < 2:
     raise DataError(f"{path}: {len(labels)} data rows, expected at least 2")
-  # Labels may be numbers or names: map their sorted distinct values to 0..K-1.
+  # Labels may be integers or names: map their sorted distinct values to 0..K-1
+  # ("1" and "1.0" are one class; 1.7 is not a class label).
+  if "" in labels:
+    raise DataError(f"{path}: line {labels.index('') + 2}: empty {label_column!r}")
   try:
-    classes = sorted(set(labels), key=float)
+    numbers = [float(v) for v in labels]
   except ValueError:
+    numbers = None
+  if numbers is not None:
+    bad = [v for v, f in zip(labels, numbers) if not (np.isfinite(f) and f == int(f))]
+    if bad:
+      raise DataError(f"{path}: label {bad[0]!r} in column {label_column!r} is not a class "
+                      "(expected integers or names; a continuous target is regression)")
+    labels = [str(int(f)) for f in numbers]
+    classes = sorted(set(labels), key=int)
+  else:
     classes = sorted(set(labels))
+  if len(classes) < 2:
+    raise DataError(f"{path}: column {label_column!r} holds one class ({classes[0]!r}): "
+                    "classification needs at least 2")
   lookup = {c: k for k, c in enumerate(classes)}
   y = np.array([lookup[v] for v in labels], np.int32)
   tr, te = _split(len(y), test_fraction, seed)

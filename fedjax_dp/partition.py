@@ -108,8 +108,8 @@ def partition(labels: np.ndarray, num_clients: int, method: str, *, alpha: float
     raise DataError(f"alpha = {alpha}: must be > 0")
   if quantity_alpha <= 0:
     raise DataError(f"quantity_alpha = {quantity_alpha}: must be > 0")
-  if classes_per_client < 1 or num_clients * classes_per_client > n:
-    raise DataError(f"classes_per_client = {classes_per_client}: must be >= 1 with "
+  if method == "shards" and (classes_per_client < 1 or num_clients * classes_per_client > n):
+    raise DataError(f"classes_per_client = {classes_per_client}: shards needs >= 1 with "
                     f"num_clients * classes_per_client <= {n} examples")
   rng = np.random.default_rng(seed)
   if method == "iid":

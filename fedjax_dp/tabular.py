@@ -92,8 +92,11 @@ def read_tier_map(path: str, features: list[str]) -> np.ndarray:
   """int32 [len(features)] tiers from a `feature,tier` CSV or a JSON object."""
   if not os.path.isfile(path):
     raise TierMapError(f"{path}: no such tier map file")
-  with open(path) as f:
-    text = f.read()
+  try:
+    with open(path, encoding="utf-8-sig") as f:
+      text = f.read()
+  except UnicodeDecodeError:
+    raise TierMapError(f"{path}: not UTF-8 text, expected a feature,tier CSV or a JSON object")
   if path.endswith(".json"):
     try:
       mapping = json.loads(text)

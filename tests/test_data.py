@@ -178,3 +178,52 @@ def test_real_fashion_mnist_files():
   assert ds.x_train.shape == (60000, 28, 28, 1) and ds.x_test.shape == (10000, 28, 28, 1)
   np.testing.assert_array_equal(np.bincount(ds.y_train), [6000] * 10)
   np.testing.assert_array_equal(np.bincount(ds.y_test), [1000] * 10)
+
+
+def test_loader_gaps_found_by_an_audit(tmp_path):
+  """Each of these trained on something else or died with a traceback before."""
+  # a data_dir holding three of the four IDX files: an error, not the system's copy
+  write_mnist_folder(tmp_path / "partial", gz=False)
+  os.remove(tmp_path / "partial" / "t10k-labels-idx1-ubyte")
+  _one_line_error(lambda: load_dataset("fmnist", data_dir=str(tmp_path / "partial")),
+                  "but not t10k-labels-idx1-ubyte", "needs all four IDX files")
+  # training and test images of different sizes
+  write_mnist_folder(tmp_path / "shape", gz=False)
+  write_idx(tmp_path / "shape" / "t10k-images-idx3-ubyte", np.zeros((5, 32, 32)), IMAGE_MAGIC)
+  _one_line_error(lambda: load_dataset("mnist", data_dir=str(tmp_path / "shape")),
+                  "(28, 28) and test images (32, 32)")
+  # CIFAR batches with string labels
+  batches = write_cifar(tmp_path / "cifar-10-batches-py")
+  b = dict(batches["test_batch"])
+  b[b"labels"] = [str(v) for v in b[b"labels"]]
+  with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+    pickle.dump(b, f)
+  _one_line_error(lambda: load_dataset("cifar10", str(tmp_path)), "integer labels")
+  csv_path = tmp_path / "c.csv"
+  rows = "".join(f"{i},{i % 3}\n" for i in range(12))
+  # a byte-order mark (spreadsheet exports): the header still reads 'label'
+  csv_path.write_bytes(b"\xef\xbb\xbfa,label\n" + rows.encode())
+  assert load_dataset("csv", path=str(csv_path)).num_classes == 3
+  # "1" and "1.0" are one class; 1.7, an empty label and a single class are errors
+  csv_path.write_text("a,label\n" + "".join(f"{i},{['1', '1.0', '2'][i % 3]}\n" for i in range(12)))
+  assert load_dataset("csv", path=str(csv_path)).num_classes == 2
+  for labels, message in ((["1", "1.7"], "label '1.7'"), (["1", ""], "empty 'label'"),
+                          (["3", "3"], "holds one class ('3')")):
+    csv_path.write_text("a,label\n" + "".join(f"{i},{labels[i % 2]}\n" for i in range(12)))
+    _one_line_error(lambda: load_dataset("csv", path=str(csv_path)), message)
+  csv_path.write_text("a,label\n" + "9" * 200_000 + ",1\n1,2\n")
+  _one_line_error(lambda: load_dataset("csv", path=str(csv_path)), "field larger than field limit")
+  # a tier map that is not UTF-8
+  from fedjax_dp.tabular import TierMapError, read_tier_map
+  (tmp_path / "tiers.csv").write_bytes(b"feature,tier\n\xff,high\n")
+  with pytest.raises(TierMapError, match="not UTF-8 text"):
+    read_tier_map(str(tmp_path / "tiers.csv"), ["a"])
+
+
+def test_classes_per_client_only_binds_shards():
+  from fedjax_dp.partition import partition
+  labels = np.arange(100) % 10
+  parts = partition(labels, 60, "iid", classes_per_client=2)   # 60 * 2 > 100 is shards' limit
+  assert sorted(np.concatenate(parts).tolist()) == list(range(100))
+  _one_line_error(lambda: partition(labels, 60, "shards", classes_per_client=2),
+                  "classes_per_client = 2: shards needs")
