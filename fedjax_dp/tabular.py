@@ -112,6 +112,9 @@ def read_tier_map(path: str, features: list[str]) -> np.ndarray:
     for i, r in enumerate(rows):
       if len(r) != 2:
         raise TierMapError(f"{path}: row {i + 1} has {len(r)} fields, expected feature,tier")
+      if r[0].strip() in mapping:   # which tier was meant is not ours to guess
+        raise TierMapError(f"{path}: feature {r[0].strip()!r} is mapped twice (row {i + 1}); "
+                           "map each feature once")
       mapping[r[0].strip()] = r[1].strip()
   unknown = [k for k in mapping if k not in features]
   if unknown:

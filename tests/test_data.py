@@ -218,6 +218,9 @@ def test_loader_gaps_found_by_an_audit(tmp_path):
   (tmp_path / "tiers.csv").write_bytes(b"feature,tier\n\xff,high\n")
   with pytest.raises(TierMapError, match="not UTF-8 text"):
     read_tier_map(str(tmp_path / "tiers.csv"), ["a"])
+  (tmp_path / "tiers.csv").write_text("feature,tier\na,high\nb,low\na,public\n")
+  with pytest.raises(TierMapError, match="feature 'a' is mapped twice \\(row 3\\)"):
+    read_tier_map(str(tmp_path / "tiers.csv"), ["a", "b"])
 
 
 def test_classes_per_client_only_binds_shards():
