@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from fedjax_dp import accounting, amplification
 from fedjax_dp.pipeline import keep_count, kept_noise_draw, noise_clip
 
@@ -78,6 +80,9 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
       "for the aggregate in one draw (simulation shortcut with the same distribution of the "
       "aggregate as per-client draws; the guarantee is the per-client mechanism's)")
   clip = noise_clip(cfg)
+  # the std each round, relative to round 0's: the paper's calibration scales with
+  # that round's learning rate (a cosine schedule shrinks the noise round by round)
+  scale = np.ones(max(rounds, 1))
   if cfg.kept_noise == "multiplier":
     std_min = std_max = cfg.kept_noise_multiplier * clip
   else:
@@ -85,12 +90,21 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
     std_min = 2 * cfg.lr * clip / max(client_sizes) * factor
     std_max = 2 * cfg.lr * clip / min(client_sizes) * factor
     report["papers_chain"] = papers_chain(cfg, k, rounds)
-  report["noise_std"] = {"min_over_clients": std_min, "max_over_clients": std_max}
+    from fedjax_dp.simulation import learning_rate_schedule   # simulation imports this module's deps
+    lr_at = learning_rate_schedule(cfg)
+    scale = np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
+  report["noise_std"] = {"min_over_clients": std_min * float(scale.min()),
+                         "max_over_clients": std_max * float(scale.max()),
+                         "over_rounds": ("constant" if scale.min() == scale.max() else
+                                         f"with the learning rate ({cfg.lr_schedule})")}
   complete = (cfg.index_selection in ("random_k", "public_topk") and cfg.final_clip_l2 is not None
-              and std_min > 0)
+              and std_min * float(scale.min()) > 0)
   if complete:
     z = std_min / (2 * cfg.final_clip_l2)  # replace-one sensitivity 2 C_f; the least-noised client
-    eps, order = accounting.epsilon_np(rounds * accounting.gaussian_rdp(z), cfg.ldp_delta)
+    # each round at its own noise: RDP of N(0, (z s_t)^2) is gaussian_rdp(z) / s_t^2
+    rdp = accounting.gaussian_rdp(z) * float(np.sum(1.0 / np.square(scale[:max(rounds, 0)])))
+    eps, order = accounting.epsilon_np(rdp, cfg.ldp_delta)
+    z = z * float(scale.min())                                  # the least-noised round's
     report["accountant"] = {
         "complete": True,
         "epsilon": eps, "order": order, "delta": cfg.ldp_delta,
