@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 from typing import Any
@@ -29,6 +31,15 @@ def write_text_atomic(path: str, text: str) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def csv_text(rows: list[dict]) -> str:
+  """rows (dicts with the same keys) as CSV text with a header row."""
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+  w.writeheader()
+  w.writerows(rows)
+  return buf.getvalue()
 
 
 def save_figure_atomic(fig, path: str, **kwargs) -> None:

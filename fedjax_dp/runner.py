@@ -220,6 +220,21 @@ def _rounds_done(out: str) -> int:
               if "round" in r), default=0)
 
 
+def _config_diff(cfg: Config, saved: Config, free: tuple[str, ...]) -> list[str]:
+  """The config keys whose values differ between cfg and saved, but those in free."""
+  return [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
+          and k not in free]
+
+
+def make_out_folder(out: str) -> None:
+  """Makes --out up front (scripts that sweep runs into it): a path that cannot be
+  a folder fails as a RunError before any run."""
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise RunError(f"--out {out}: cannot make the folder ({e.strerror})") from None
+
+
 def _protected_folders() -> set[str]:
   here = os.path.realpath(os.getcwd())
   out = {here, os.path.realpath(os.path.expanduser("~")), "/"}
@@ -245,9 +260,7 @@ def _prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
   if resume:
     if not os.path.exists(cfg_path):
       raise RunError(f"--resume: {out} holds no run (no config.json)")
-    saved = saved_config(cfg_path)
-    diff = [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
-            and k not in RESUMABLE_CHANGES]
+    diff = _config_diff(cfg, saved_config(cfg_path), RESUMABLE_CHANGES)
     if diff:
       raise RunError(f"--resume: config differs from the run in {out} in {', '.join(diff)} "
                      f"(only {', '.join(RESUMABLE_CHANGES)} may change)")
@@ -287,9 +300,7 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
     return run_experiment(cfg, out, overwrite=overwrite, **kwargs)
   saved = saved_config(cfg_path)
   finished = os.path.exists(os.path.join(out, "summary.json"))
-  free = EXECUTION_KEYS if finished else RESUMABLE_CHANGES
-  diff = [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
-          and k not in free]
+  diff = _config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES)
   if diff and not overwrite:
     shown = "; ".join(f"{k} {getattr(saved, k)!r} there, {getattr(cfg, k)!r} asked"
                       for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")

@@ -24,8 +24,6 @@ Bad input is a one-line error, exit 2.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import os
@@ -42,7 +40,7 @@ use_cpu_devices()
 from fedjax_dp import reporting  # noqa: E402
 from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config, make_config  # noqa: E402
-from fedjax_dp.runner import RunError, run_or_reuse  # noqa: E402
+from fedjax_dp.runner import make_out_folder, run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
     "paper": {},
@@ -239,11 +237,7 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
       lines.append(f"| {name} | {_fmt(m('rounds'))} | {_fmt(m('epsilon_per_round'))} | "
                    f"{_fmt(100 * m('final_accuracy'))} | {paper.get(name, 'n/a')} |")
   plot(kind, rows, args)
-  buf = io.StringIO()
-  w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-  w.writeheader()
-  w.writerows(rows)
-  reporting.write_text_atomic(path, buf.getvalue())
+  reporting.write_text_atomic(path, reporting.csv_text(rows))
   reporting.write_text_atomic(os.path.join(out, f"{kind}.md"), "\n".join(lines) + "\n")
   print(f"results: {path}, {os.path.join(out, kind + '.md')}")
 
@@ -295,11 +289,7 @@ def main(argv=None):
     ap.error(f"--seeds {' '.join(map(str, args.seeds))}: each value at most once")
 
   def go():
-    out = os.path.join(args.out, args.protocol)
-    try:
-      os.makedirs(out, exist_ok=True)
-    except OSError as e:
-      raise RunError(f"--out {args.out}: cannot make the folder ({e.strerror})") from None
+    make_out_folder(os.path.join(args.out, args.protocol))
     rows = {"table4": table4, "ablations": ablations, "alpha": alpha, "budget": budget}[
         args.kind](args)
     write_outputs(args.kind, rows, args)

@@ -18,8 +18,6 @@ table2_LEVEL.png), each replaced whole. Bad input is a one-line error, exit 2.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import os
 import statistics
@@ -36,7 +34,7 @@ from fedjax_dp import reporting  # noqa: E402
 from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
 from fedjax_dp.pipeline import communication  # noqa: E402
-from fedjax_dp.runner import RunError, run_or_reuse  # noqa: E402
+from fedjax_dp.runner import make_out_folder, run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
 ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo"]
@@ -155,14 +153,6 @@ def mu(args) -> list[dict]:
   return rows
 
 
-def csv_text(rows: list[dict]) -> str:
-  buf = io.StringIO()
-  w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-  w.writeheader()
-  w.writerows(rows)
-  return buf.getvalue()
-
-
 def write_outputs(kind: str, rows: list[dict], args) -> None:
   """KIND.csv, KIND.md and the plots, each written whole (temporary file and rename)."""
   os.makedirs(args.out, exist_ok=True)
@@ -191,7 +181,7 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
         rows, args.dataset)
   {"table2": plot_table2, "sparsity": plot_sparsity, "privacy": plot_privacy,
    "mu": plot_mu}[kind](rows, args)
-  reporting.write_text_atomic(path, csv_text(rows))
+  reporting.write_text_atomic(path, reporting.csv_text(rows))
   reporting.write_text_atomic(os.path.join(args.out, f"{kind}.md"), "\n".join(lines) + "\n")
   print(f"results: {path}, {os.path.join(args.out, kind + '.md')}")
 
@@ -382,14 +372,6 @@ def main(argv=None):
     write_outputs(args.kind, rows, args)
     return 0
   return run_guarded(go)
-
-
-def make_out_folder(out: str) -> None:
-  """--out made up front: a path that cannot be a folder fails before any run."""
-  try:
-    os.makedirs(out, exist_ok=True)
-  except OSError as e:
-    raise RunError(f"--out {out}: cannot make the folder ({e.strerror})") from None
 
 
 if __name__ == "__main__":
