@@ -2,14 +2,15 @@
 
 Two figures, never mixed up:
 
-* **The paper's chain** (labelled as the paper's): each client is epsilon-LDP
-  per round with epsilon / k per kept coordinate and the classical Gaussian
-  calibration; shuffling the m reports of a round amplifies to (eps_c, delta)
-  (the tightest valid of FMT 2021 and Erlingsson et al. 2019, else none; none
-  either when the run does not shuffle, `shuffle: none`);
+* **The paper's chain** (labelled as the paper's): (epsilon / k, delta) per kept
+  coordinate by the classical Gaussian calibration, so each client's report is
+  (epsilon, k delta)-LDP per round (basic composition; the paper writes delta);
+  shuffling the m reports of a round amplifies to (eps_c, delta_c) by FMT 2021
+  Thm 3.8, which charges (e^eps_c + 1)(1 + e^-eps / 2) n k delta for the reports'
+  delta (else none; none either when the run does not shuffle, `shuffle: none`);
   sampling clients with rate q amplifies again, eps' = ln(1 + q (e^eps_c - 1)),
-  delta' = q delta; T rounds compose (basic, advanced, optimal). Every step's
-  validity condition is checked and reported.
+  delta' = q delta_c; T rounds compose (basic, advanced, optimal). Every step's
+  validity condition is checked and reported, and a delta >= 1 is vacuous.
 * **The accountant's figure**: what the mechanism as simulated guarantees. It
   exists only when nothing escapes the noise: indices independent of the data
   (`random_k` from the key, `public_topk` from the previous global update) and
@@ -31,42 +32,78 @@ from fedjax_dp import accounting, amplification
 from fedjax_dp.pipeline import keep_count, kept_noise_draw, noise_clip
 
 
+def _checked(b: amplification.Bound) -> dict:
+  """A step's dict, marked invalid (vacuous) where its delta reaches 1."""
+  d = b.to_dict()
+  if b.delta >= 1 and b.valid:
+    d.update(valid=False, reason=f"delta = {b.delta:.4g} >= 1: vacuous")
+  return d
+
+
 def papers_chain(cfg, k: int, rounds: int) -> dict:
-  """The paper's (epsilon, delta) chain, step by step, each with its validity."""
+  """The paper's (epsilon, delta) chain, step by step, each with its validity and its delta.
+
+    1. each kept coordinate: (eps / k, delta) by the classical Gaussian calibration
+       (valid for eps / k < 1);
+    2. the client's report: k coordinates by basic composition, (eps, delta0),
+       delta0 = k delta (the paper writes delta);
+    3. shuffling (eps, delta0) reports: FMT 2021 Thm 3.8, (eps_c, delta_s +
+       (e^eps_c + 1)(1 + e^-eps / 2) n delta0) with delta_s = delta; the pure-eps
+       theorems (Thm 3.1, Erlingsson et al.) do not apply to Gaussian reports.
+       Fixed cohorts: n = m. Poisson cohorts: n is random; a lower bound on n
+       with its failure probability added to delta (amplification.shuffle_poisson).
+       No theorem, or a vacuous one: no amplification, (eps, delta0);
+    4. client sampling with rate q = m / N: (ln(1 + q (e^eps_c - 1)), q delta_c);
+    5. T rounds: the smallest epsilon of basic, advanced and optimal composition
+       (delta' = delta) whose delta is below 1.
+  A step whose delta reaches 1 is marked invalid (vacuous); if every composition's
+  does, the chain has no figure (`vacuous`, epsilon None)."""
   eps, delta = cfg.ldp_epsilon, cfg.ldp_delta
   m, q = cfg.clients_per_round, cfg.clients_per_round / cfg.num_clients
   steps = []
   eps_k = eps / k
-  steps.append({"step": "per-coordinate budget epsilon / k", "epsilon": eps_k,
+  steps.append({"step": "per-coordinate budget epsilon / k", "epsilon": eps_k, "delta": delta,
                 "valid": eps_k < 1,
                 "note": "the classical Gaussian calibration sqrt(2 ln(1.25/delta)) / eps needs "
                         "eps < 1" + ("" if eps_k < 1 else f": violated (epsilon / k = {eps_k:g})")})
+  client = amplification.compose_basic(eps_k, delta, k)
+  delta0 = client.delta
   steps.append({"step": "client LDP per round (k coordinates, basic composition over them)",
-                "epsilon": eps, "delta": delta, "valid": True,
-                "note": "Gaussian noise gives (eps, delta)-LDP, not pure eps-LDP; the pure-eps0 "
-                        "shuffle theorems need the (eps0, delta0) form (FMT 2021 Thm 3.8 pays "
-                        "n delta0)"})
+                **_checked(client),
+                "note": f"(epsilon / k, delta) on each of k = {k} coordinates composes to "
+                        f"(epsilon, k delta) = ({client.epsilon:.4g}, {delta0:.4g}), not "
+                        "(epsilon, delta); Gaussian reports are (eps, delta0)-LDP, never pure"})
   if cfg.shuffle == "none":
     # the paper's chain assumes its shuffler; a run without one gets no amplification
-    shuffled = amplification.Bound(eps, 0.0, "none", valid=False,
+    shuffled = amplification.Bound(eps, delta0, "none", valid=False,
                                    reason="this run does not shuffle (shuffle: none): "
                                           "no amplification")
+  elif delta0 >= 1:
+    shuffled = amplification.Bound(eps, delta0, "none", valid=False,
+                                   reason=f"the reports' delta0 = {delta0:.4g} >= 1: vacuous")
+  elif cfg.sampling == "poisson":
+    shuffled = amplification.shuffle_poisson(eps, cfg.num_clients, q, delta, delta0)
   else:
-    shuffled = amplification.shuffle(eps, m, delta)
-  steps.append({"step": f"shuffling the {m} reports of a round", **shuffled.to_dict()})
-  eps_c = shuffled.epsilon
-  delta_c = shuffled.delta if shuffled.valid else delta
-  sub = amplification.subsample(eps_c, delta_c, q)
-  steps.append({"step": f"client sampling, q = {q:g}", **sub.to_dict()})
+    shuffled = amplification.shuffle(eps, m, delta, delta0)
+  what = (f"shuffling the {m} reports of a round" if cfg.sampling == "fixed" else
+          f"shuffling a round's Poisson cohort (random size, mean {m})")
+  steps.append({"step": what, **_checked(shuffled)})
+  sub = amplification.subsample(shuffled.epsilon, shuffled.delta, q)
+  steps.append({"step": f"client sampling, q = {q:g}", **_checked(sub)})
   composed = [amplification.compose_basic(sub.epsilon, sub.delta, rounds),
               amplification.compose_advanced(sub.epsilon, sub.delta, rounds, delta),
               amplification.compose_optimal(sub.epsilon, sub.delta, rounds, delta)]
-  best = min(composed, key=lambda b: b.epsilon)
-  steps.append({"step": f"{rounds} rounds", **best.to_dict(),
-                "alternatives": [b.to_dict() for b in composed]})
-  return {"label": "the paper's chain (its own analysis; not a guarantee of this mechanism, see "
-                   "not_accounted)",
-          "epsilon": best.epsilon, "delta": best.delta, "steps": steps}
+  usable = [b for b in composed if b.delta < 1]
+  best = min(usable or composed, key=lambda b: b.epsilon)
+  steps.append({"step": f"{rounds} rounds", **_checked(best),
+                "alternatives": [_checked(b) for b in composed]})
+  label = ("the paper's chain (its own analysis, each step's delta as it follows; not a "
+           "guarantee of this mechanism, see not_accounted)")
+  if not usable:
+    return {"label": label + f": vacuous, delta >= 1 after {rounds} rounds", "vacuous": True,
+            "epsilon": None, "delta": best.delta, "steps": steps}
+  return {"label": label, "vacuous": False, "epsilon": best.epsilon, "delta": best.delta,
+          "steps": steps}
 
 
 def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:

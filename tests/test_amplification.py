@@ -82,3 +82,48 @@ def test_two_fold_pure_dp_is_total_variation():
 def test_bad_arguments(call):
   with pytest.raises(ValueError, match="must be"):
     call()
+
+
+def test_shuffling_approximate_dp_reports_pays_for_delta0():
+  """Found by an audit: Gaussian reports are (eps0, delta0)-LDP, and the shuffle bounds
+  for pure eps0-LDP reports gave them delta alone. FMT 2021 Thm 3.8: Thm 3.1's epsilon,
+  delta + (e^eps + 1)(1 + e^-eps0/2) n delta0, by hand; at least 2 n delta0."""
+  pure = amp.shuffle_fmt(1.0, 100000, 1e-6)
+  b = amp.shuffle_fmt(1.0, 100000, 1e-6, delta0=1e-9)
+  want = 1e-6 + (math.exp(pure.epsilon) + 1) * (1 + math.exp(-1.0) / 2) * 100000 * 1e-9
+  assert b.valid and b.epsilon == pure.epsilon and b.delta == pytest.approx(want)
+  assert b.delta >= 1e-6 + 2 * 100000 * 1e-9 and "Thm 3.8" in b.bound
+  # Erlingsson et al. is for pure reports only; the tightest valid is then FMT's
+  e = amp.shuffle_erlingsson(0.5, 10000, 1e-6, delta0=1e-9)
+  assert not e.valid and "pure" in e.reason and (e.epsilon, e.delta) == (0.5, 1e-9)
+  assert amp.shuffle(0.5, 10000, 1e-6, 1e-9) == amp.shuffle_fmt(0.5, 10000, 1e-6, 1e-9)
+  # the issue's cohort: 1,000 reports at delta0 = 121 x 1e-5 is vacuous (delta > 2.4);
+  # no amplification: the reports' own (eps0, delta0), never delta alone
+  v = amp.shuffle(1.0, 1000, 1e-5, 121e-5)
+  assert not v.valid and "vacuous" in v.reason and (v.epsilon, v.delta) == (1.0, 121e-5)
+  assert amp.shuffle(4.0, 100, 1e-5, 1e-7).delta == 1e-7     # no theorem applies: delta0 kept
+
+
+def test_shuffling_a_poisson_cohort_uses_a_lower_bound_on_its_size():
+  """Poisson cohorts have a random size n = 1 + Binomial(N - 1, q): epsilon at the
+  largest n_lo with P(n < n_lo) <= delta, that probability added to delta, E[n] in
+  the delta0 term. n_lo and its probability from the binomial sum directly."""
+  N, q, delta, delta0 = 20000, 0.05, 1e-6, 1e-9
+  cdf, x = 0.0, -1
+  while True:   # P(Binomial(N - 1, q) <= x + 1), summed term by term
+    term = math.exp(math.lgamma(N) - math.lgamma(x + 2) - math.lgamma(N - x - 1)
+                    + (x + 1) * math.log(q) + (N - x - 2) * math.log1p(-q))
+    if cdf + term > delta:
+      break
+    cdf, x = cdf + term, x + 1
+  n_lo, beta = x + 2, cdf
+  b = amp.shuffle_poisson(1.0, N, q, delta, delta0)
+  at_n_lo = amp.shuffle_fmt(1.0, n_lo, delta)
+  assert n_lo < 1 + (N - 1) * q and f"n >= {n_lo} " in b.bound
+  assert b.valid and b.epsilon == pytest.approx(at_n_lo.epsilon)
+  mean_n = 1 + (N - 1) * q
+  want = beta + delta + (math.exp(at_n_lo.epsilon) + 1) * (1 + math.exp(-1.0) / 2) * mean_n * delta0
+  assert b.delta == pytest.approx(want, rel=1e-6)
+  # a cohort too small for any theorem: no amplification, and it says why
+  small = amp.shuffle_poisson(1.0, 20, 0.25, 1e-5, 121e-5)
+  assert not small.valid and "Poisson cohort" in small.reason and small.delta == 121e-5

@@ -27,11 +27,14 @@ def test_papers_chain_by_hand():
   # subsampling by hand, then the best of the compositions
   eps_sub = math.log1p(0.1 * math.expm1(3.0))
   assert chain[3]["epsilon"] == pytest.approx(eps_sub)
-  assert chain[3]["delta"] == pytest.approx(1e-6)
-  want = min(200 * eps_sub,
-             amplification.compose_advanced(eps_sub, 1e-6, 200, 1e-5).epsilon,
-             amplification.compose_optimal(eps_sub, 1e-6, 200, 1e-5).epsilon)
-  assert r["papers_chain"]["epsilon"] == pytest.approx(want)
+  # each report is (3, k delta) = (3, 0.199): sampling keeps a tenth of that delta
+  assert chain[3]["delta"] == pytest.approx(0.1 * k * 1e-5)
+  # 200 rounds: basic and advanced reach delta 1 (vacuous); the optimal one does not
+  sub_delta = 0.1 * k * 1e-5
+  assert not chain[4]["alternatives"][0]["valid"] and not chain[4]["alternatives"][1]["valid"]
+  want = amplification.compose_optimal(eps_sub, sub_delta, 200, 1e-5)
+  assert r["papers_chain"]["epsilon"] == pytest.approx(want.epsilon)
+  assert r["papers_chain"]["delta"] == pytest.approx(1 - (1 - sub_delta) ** 200 * (1 - 1e-5))
   # the paper's std, from the largest client (the least noise)
   std = 2 * 0.01 * 0.05 / 60 * math.sqrt(2 * math.log(1.25e5)) * k / 3.0
   assert r["noise_std"]["min_over_clients"] == pytest.approx(std)
@@ -42,19 +45,79 @@ def test_papers_chain_by_hand():
 
 
 def test_papers_chain_claims_no_shuffling_when_the_run_does_not_shuffle():
-  # 1,000 reports a round with eps0 = 1: FMT 2021 applies, but only if the run shuffles
+  # 1,000 reports a round with eps0 = 1 and k = 20 (200 parameters): FMT 2021 Thm 3.8
+  # applies, but only if the run shuffles
   base = {"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 1.0,
           "coordinate_clip": 0.05, "num_clients": 10000, "clients_per_round": 1000}
-  shuffled = topksdp_report(make_config(base), D, 10, [60] * 10000)["papers_chain"]["steps"][2]
-  fmt = amplification.shuffle_fmt(1.0, 1000, 1e-5)
+  shuffled = topksdp_report(make_config(base), 200, 10, [60] * 10000)["papers_chain"]["steps"][2]
+  fmt = amplification.shuffle_fmt(1.0, 1000, 1e-5, delta0=20e-5)
   assert fmt.valid and fmt.epsilon < 1.0
   assert shuffled["valid"] and shuffled["epsilon"] == pytest.approx(fmt.epsilon)
-  chain = topksdp_report(make_config(dict(base, shuffle="none")), D, 10,
+  assert shuffled["delta"] == pytest.approx(fmt.delta)
+  chain = topksdp_report(make_config(dict(base, shuffle="none")), 200, 10,
                          [60] * 10000)["papers_chain"]["steps"]
   assert not chain[2]["valid"] and "does not shuffle" in chain[2]["reason"]
-  assert chain[2]["epsilon"] == 1.0
+  assert (chain[2]["epsilon"], chain[2]["delta"]) == (1.0, pytest.approx(20e-5))
   assert chain[3]["epsilon"] == pytest.approx(math.log1p(0.1 * math.expm1(1.0)))
-  assert chain[3]["delta"] == pytest.approx(0.1 * 1e-5)
+  assert chain[3]["delta"] == pytest.approx(0.1 * 20e-5)
+
+
+def _chain(d, rounds, **over):
+  cfg = make_config(dict({"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 1.0,
+                          "coordinate_clip": 0.05}, **over))
+  return topksdp_report(cfg, d, rounds, [72] * cfg.num_clients)["papers_chain"]
+
+
+def test_papers_chain_charges_k_delta_per_report():
+  """Found by an audit: k coordinates at (eps / k, delta) compose to (eps, k delta), not
+  (eps, delta). N = 20, m = 5, k = 121 (1,210 parameters at s_local 0.9), 4 rounds:
+  reported (1.43, 1e-5), while the client's report alone is (1, 1.21e-3)."""
+  chain = _chain(1210, 4, num_clients=20, clients_per_round=5)
+  client = chain["steps"][1]
+  assert client["valid"] and client["epsilon"] == pytest.approx(1.0)
+  assert client["delta"] == pytest.approx(121e-5)
+  # independent check of that step: dp-accounting's PLD of 121 (1/121, 1e-5)-DP
+  # mechanisms has delta(eps = 1) = 1 - (1 - 1e-5)^121 ~ 1.209e-3 (just under k delta),
+  # and no finite epsilon at the paper's delta of 1e-5
+  from dp_accounting.pld import common, privacy_loss_distribution as pld
+  composed = pld.from_privacy_parameters(
+      common.DifferentialPrivacyParameters(1.0 / 121, 1e-5)).self_compose(121)
+  assert composed.get_delta_for_epsilon(1.0) == pytest.approx(1 - (1 - 1e-5) ** 121, rel=1e-6)
+  assert composed.get_delta_for_epsilon(1.0) <= client["delta"]
+  assert composed.get_epsilon_for_delta(1e-5) == math.inf
+  # 5 reports: no shuffle theorem, the report's own delta goes on; sampling 1/4; 4 rounds
+  assert not chain["steps"][2]["valid"] and chain["steps"][2]["delta"] == pytest.approx(121e-5)
+  assert chain["steps"][3]["delta"] == pytest.approx(0.25 * 121e-5)
+  assert chain["epsilon"] == pytest.approx(4 * math.log1p(0.25 * math.expm1(1.0)))
+  assert chain["delta"] >= 121e-5 and not chain["vacuous"]
+
+
+@pytest.mark.parametrize("d,m", [(1210, 1000), (200, 5000)])   # k = 121 and k = 20
+def test_papers_chain_shuffle_step_is_vacuous_for_gaussian_reports(d, m):
+  """Found by an audit: 1,000 reports with k = 121 or 5,000 with k = 20: FMT 2021
+  Thm 3.8 charges at least 2 n k delta (> 1) for the reports' delta; the chain gave
+  delta 1e-4. The shuffle step is invalid (vacuous), no amplification is claimed,
+  and the chain goes on from the client's own (eps, k delta)."""
+  for sampling in ("fixed", "poisson"):
+    chain = _chain(d, 90, num_clients=10 * m, clients_per_round=m, sampling=sampling)
+    k = pl.keep_count(d, 0.9)
+    shuffled = chain["steps"][2]
+    assert not shuffled["valid"] and "vacuous" in shuffled["reason"]
+    by_hand = 1e-5 + (math.exp(amplification.shuffle_fmt(1.0, m, 1e-5).epsilon) + 1) * (
+        1 + math.exp(-1.0) / 2) * m * k * 1e-5
+    assert by_hand > 1
+    assert (shuffled["epsilon"], shuffled["delta"]) == (1.0, pytest.approx(k * 1e-5))
+    assert chain["epsilon"] > 4 and chain["delta"] >= 1 - (1 - 0.1 * k * 1e-5) ** 90
+  assert "Poisson cohort" in shuffled["reason"] and "random size" in shuffled["step"]
+
+
+def test_papers_chain_says_vacuous_when_no_composition_has_delta_below_one():
+  # k = 2,000 coordinates at delta 1e-3: each report's k delta is 2 (1 at most); all
+  # clients every round, so no step brings delta below 1
+  chain = _chain(20000, 50, num_clients=20, clients_per_round=20, ldp_delta=1e-3)
+  assert not chain["steps"][1]["valid"] and "vacuous" in chain["steps"][1]["reason"]
+  assert chain["vacuous"] and chain["epsilon"] is None and "vacuous" in chain["label"]
+  assert not chain["steps"][-1]["valid"] and chain["delta"] >= 1
 
 
 @pytest.mark.parametrize("selection", ["random_k", "public_topk"])
