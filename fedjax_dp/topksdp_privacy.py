@@ -25,6 +25,7 @@ Two figures, never mixed up:
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -106,7 +107,75 @@ def papers_chain(cfg, k: int, rounds: int) -> dict:
           "steps": steps}
 
 
-def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
+def gaussian_pair_rdp(s1, s2, dim: int, shift: float,
+                      orders=accounting.DEFAULT_ORDERS) -> np.ndarray:
+  """Renyi divergence D_a(N(m1, s1^2 I_dim) || N(m2, s2^2 I_dim)), ||m1 - m2|| = shift,
+  for each order a > 1 (s1, s2 broadcast against the orders on a last axis):
+
+    s_a^2 = a s2^2 + (1 - a) s1^2 = s1^2 (1 + a (r^2 - 1)),  r = s2 / s1,
+    D_a = a shift^2 / (2 s_a^2) + dim (2 a ln r - ln(1 + a (r^2 - 1))) / (2 (a - 1)),
+
+  the closed form of the univariate Gaussians' divergence, summed over dim
+  independent coordinates (the shift along one of them); infinite where
+  s_a^2 <= 0 (orders a >= s1^2 / (s1^2 - s2^2) when s1 > s2)."""
+  a = np.asarray(orders, np.float64)
+  s1 = np.asarray(s1, np.float64)[..., None]
+  s2 = np.asarray(s2, np.float64)[..., None]
+  r2m1 = (s2 - s1) * (s2 + s1) / s1 ** 2           # r^2 - 1 without cancellation
+  base = 1 + a * r2m1                              # s_a^2 / s1^2
+  with np.errstate(divide="ignore", invalid="ignore"):
+    d = (a * shift ** 2 / (2 * s1 ** 2 * base)
+         + dim * (a * np.log1p(r2m1) - np.log(base)) / (2 * (a - 1)))
+  return np.where(base > 0, d, np.inf)
+
+
+def size_leak(std_one: float, shift: float, k: int, sizes, scale, delta: float) -> dict:
+  """What the paper's noise std reveals about a client's size n_i, as (epsilon, delta)
+  for neighbours whose sizes differ by one example.
+
+  The std of a client of n examples in round t is std_one s_t / n (std_one = 2 lr C
+  factor at round 0's learning rate). For each client size n present and each
+  neighbour pair (n - 1, n), (n, n + 1), over all T rounds, by RDP in each direction:
+    sum_t D_a(N(., (std_one s_t / n1)^2 I_k) || N(., (std_one s_t / n2)^2 I_k)),
+  whose variance part is the same every round (it depends on n2 / n1 only) and
+  whose mean part (shift = the sent vector's sensitivity) scales with 1 / s_t^2.
+  Returns the worst pair, and the same pair's epsilon with the std held fixed
+  (the mean part alone, the accountant's model)."""
+  scale = np.asarray(scale, np.float64)
+  n = np.unique(np.asarray(sizes, np.int64))
+  lo = np.concatenate([n, n[n >= 2] - 1]).astype(np.float64)
+  hi = lo + 1
+  rounds, inv2 = len(scale), float(np.sum(1.0 / np.square(scale)))
+  s_lo, s_hi = std_one / lo, std_one / hi
+
+  def rdp(s1, s2):   # one direction: T rounds of the variance part, the mean part at each std
+    mean = inv2 * gaussian_pair_rdp(s1, s2, 0, shift) if shift else 0.0
+    return rounds * gaussian_pair_rdp(s1, s2, k, 0.0) + mean
+
+  e_fwd, o_fwd = accounting.epsilons_np(rdp(s_lo, s_hi), delta)
+  e_bwd, o_bwd = accounting.epsilons_np(rdp(s_hi, s_lo), delta)
+  eps = np.maximum(e_fwd, e_bwd)
+  i = int(np.argmax(eps))
+  fixed = (accounting.epsilon_np(inv2 * gaussian_pair_rdp(s_hi[i], s_hi[i], 0, shift), delta)[0]
+           if shift else 0.0)
+  return {"epsilon": float(eps[i]), "delta": delta,
+          "order": float(o_fwd[i] if e_fwd[i] >= e_bwd[i] else o_bwd[i]),
+          "n": int(lo[i]), "vs": int(hi[i]), "rounds": rounds,
+          "epsilon_std_fixed": float(fixed),
+          "mean_shift": shift}
+
+
+def topksdp_report(cfg, d: int, rounds: int, client_sizes,
+                   round_lrs: Sequence[float] | None = None) -> dict:
+  """The kept-noise privacy report for a run of `rounds` rounds.
+
+  round_lrs: the learning rate of each round actually run (as the rounds recorded
+  it); the paper's std in round t is then round_lrs[t] / lr times round 0's at lr.
+  Without it the schedule is recomputed from `cfg`, which is wrong for a run
+  resumed with another `rounds` under a schedule that depends on it (cosine)."""
+  if round_lrs is not None and len(round_lrs) != rounds:
+    raise ValueError(f"round_lrs has {len(round_lrs)} entries: expected one per round run "
+                     f"({rounds})")
   k = keep_count(d, cfg.s_local)
   report: dict = {"mechanism": (
       f"top-k with error feedback (k = {k} of {d}, selection {cfg.index_selection}), Gaussian "
@@ -127,13 +196,18 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
     std_min = 2 * cfg.lr * clip / max(client_sizes) * factor
     std_max = 2 * cfg.lr * clip / min(client_sizes) * factor
     report["papers_chain"] = papers_chain(cfg, k, rounds)
-    from fedjax_dp.simulation import learning_rate_schedule   # simulation imports this module's deps
-    lr_at = learning_rate_schedule(cfg)
-    scale = np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
+    if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
+      scale = np.asarray(round_lrs, np.float64) / cfg.lr
+    else:
+      from fedjax_dp.simulation import learning_rate_schedule   # simulation imports this module's deps
+      lr_at = learning_rate_schedule(cfg)
+      scale = np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
   report["noise_std"] = {"min_over_clients": std_min * float(scale.min()),
                          "max_over_clients": std_max * float(scale.max()),
                          "over_rounds": ("constant" if scale.min() == scale.max() else
-                                         f"with the learning rate ({cfg.lr_schedule})")}
+                                         "with the learning rate (" + (
+                                             "as recorded by the rounds" if round_lrs is not None
+                                             else cfg.lr_schedule) + ")")}
   complete = (cfg.index_selection in ("random_k", "public_topk") and cfg.final_clip_l2 is not None
               and std_min * float(scale.min()) > 0)
   if complete:
@@ -147,7 +221,10 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
         "epsilon": eps, "order": order, "delta": cfg.ldp_delta,
         "guarantee": (f"per client against the server: a client taking part in all {rounds} rounds "
                       f"is ({eps:.4g}, {cfg.ldp_delta:g})-DP for replace-one neighbours of its "
-                      "data (RDP; no shuffling or sampling amplification claimed)"),
+                      "data (RDP; no shuffling or sampling amplification claimed)"
+                      + ("; only for neighbours with the same number of examples n_i: the "
+                         "paper's noise std depends on n_i (see size_leak)"
+                         if cfg.kept_noise == "paper" else "")),
         "noise_multiplier": z,
         "why_complete": (f"indices from {'the key' if cfg.index_selection == 'random_k' else 'the previous global update'}"
                          f" (independent of the client's data) and the sent vector clipped to "
@@ -168,4 +245,20 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes) -> dict:
     report["not_accounted"].append(
         "the paper's sensitivity 2 lr C / n_i covers one example in one SGD step, not a client's "
         f"update after {cfg.local_epochs} local epoch(s)")
+    if rounds > 0:
+      # the std 2 lr C factor / n_i is a function of n_i: neighbours that add or remove an
+      # example change the noise level itself, which no fixed-sigma accountant sees
+      shift = 2 * cfg.final_clip_l2 if cfg.final_clip_l2 is not None else 0.0
+      leak = size_leak(std_min * max(client_sizes), shift, k, client_sizes, scale[:rounds],
+                       cfg.ldp_delta)
+      report["size_leak"] = leak
+      relink = (", and re-links a client's layers after the per-layer shuffler"
+                if cfg.shuffle != "none" else "")
+      fixed = (f" (against {leak['epsilon_std_fixed']:.3g} with the std held fixed)" if shift else
+               " from the noise level alone (the sent vector is not clipped: set final_clip_l2)")
+      report["not_accounted"].append(
+          f"the client's size: the noise std 2 lr C factor / n_i reveals n_i{relink}; for "
+          f"neighbours with n = {leak['n']} and {leak['vs']} examples it is "
+          f"({leak['epsilon']:.3g}, {cfg.ldp_delta:g})-DP over {rounds} rounds{fixed} (Renyi "
+          "divergence of Gaussians with different variances)")
   return report

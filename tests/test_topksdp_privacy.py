@@ -8,7 +8,7 @@ import pytest
 
 from fedjax_dp import amplification, pipeline as pl
 from fedjax_dp.config import make_config
-from fedjax_dp.topksdp_privacy import topksdp_report
+from fedjax_dp.topksdp_privacy import gaussian_pair_rdp, topksdp_report
 
 dpa = pytest.importorskip("dp_accounting")
 
@@ -157,6 +157,95 @@ def test_complete_guarantee_follows_the_learning_rate_schedule():
   constant = topksdp_report(make_config(dict(cfg.to_dict(), lr_schedule="constant")), D, 4,
                             [60] * 20)["accountant"]["epsilon"]
   assert acc["epsilon"] > 2 * constant
+
+
+@pytest.mark.parametrize("s1,s2,shift,a", [(1.0, 0.9, 0.5, 2.0), (0.9, 1.0, 0.5, 3.5),
+                                           (1 / 72, 1 / 73, 0.0, 4.1), (1 / 73, 1 / 72, 0.01, 20.0),
+                                           (2.0, 2.0, 1.0, 1.5)])
+def test_gaussian_pair_rdp_is_the_numerical_integral(s1, s2, shift, a):
+  """The closed form of D_a(N(shift, s1^2) || N(0, s2^2)) against ln(int p^a q^(1-a)) / (a - 1)
+  by quadrature, and d coordinates as the sum of d univariate divergences."""
+  from scipy import integrate, stats
+  def divergence(sh):
+    f = lambda x: math.exp(a * stats.norm.logpdf(x, sh, s1) + (1 - a) * stats.norm.logpdf(x, 0, s2))
+    lo, hi = -12 * max(s1, s2) - abs(sh), 12 * max(s1, s2) + abs(sh)
+    return math.log(integrate.quad(f, lo, hi, epsabs=0, epsrel=1e-11, limit=200)[0]) / (a - 1)
+  closed = gaussian_pair_rdp(s1, s2, 1, shift, orders=[a])[0]
+  assert closed == pytest.approx(divergence(shift), rel=1e-6, abs=1e-12)
+  three = gaussian_pair_rdp(s1, s2, 3, shift, orders=[a])[0]
+  assert three == pytest.approx(divergence(shift) + 2 * divergence(0.0), rel=1e-6, abs=1e-12)
+
+
+def test_gaussian_pair_rdp_is_infinite_past_the_variance_limit():
+  # s1 = 1 > s2 = 0.5: finite only for a < s1^2 / (s1^2 - s2^2) = 4/3
+  d = gaussian_pair_rdp(1.0, 0.5, 1, 0.0, orders=[1.2, 1.5, 2.0])
+  assert math.isfinite(d[0]) and np.isinf(d[1:]).all()
+
+
+def test_paper_noise_reveals_the_client_size():
+  """Found by an audit: `kept_noise: paper` sets the std to 2 lr C factor / n_i, so the
+  noise level itself tells n from n + 1. With k = 121 over 40 rounds and the std of a
+  client of 72 examples at noise multiplier z (std / (2 C_f)) whose fixed-sigma epsilon
+  is 0.60, the pair 72 vs 73 is 7.08 (the audit's figures); the report gives the worst
+  neighbour pair, removing an example from the smallest client (71 vs 72), and says
+  the accountant's figure holds only for neighbours with the same n_i."""
+  cfg = make_config({"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 0.01,
+                     "lr": 0.05, "final_clip_l2": 0.5, "index_selection": "random_k",
+                     "num_clients": 20, "clients_per_round": 5, "rounds": 40})
+  k = pl.keep_count(1210, 0.9)
+  assert k == 121
+  r = topksdp_report(cfg, 1210, 40, [72] * 20)
+  factor = math.sqrt(2 * math.log(1.25e5)) * k / 0.01
+  std = lambda n: 2 * 0.05 * 0.5 * factor / n
+  z72 = std(72) / (2 * 0.5)
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  oracle.compose(dpa.GaussianDpEvent(z72), 40)
+  fixed = oracle.get_epsilon(1e-5)
+  assert fixed == pytest.approx(0.60, abs=0.01)
+  assert r["accountant"]["epsilon"] == pytest.approx(fixed, rel=1e-3)   # all clients of 72
+  from fedjax_dp import accounting
+  def pair(n1, n2):
+    both = [40 * (gaussian_pair_rdp(std(a), std(b), k, 0.0)
+                  + gaussian_pair_rdp(std(a), std(b), 0, 1.0)) for a, b in ((n1, n2), (n2, n1))]
+    return max(accounting.epsilon_np(x, 1e-5)[0] for x in both)
+  assert pair(72, 73) == pytest.approx(7.08, abs=0.01)
+  leak = r["size_leak"]
+  assert (leak["n"], leak["vs"]) == (71, 72) and leak["epsilon"] == pytest.approx(pair(71, 72))
+  assert leak["epsilon"] > pair(72, 73) > 10 * fixed
+  assert leak["epsilon_std_fixed"] == pytest.approx(fixed, rel=1e-3)
+  assert "same number of examples n_i" in r["accountant"]["guarantee"]
+  text = [x for x in r["not_accounted"] if "reveals n_i" in x]
+  assert len(text) == 1 and "re-links a client's layers" in text[0] and "7.19" in text[0]
+  # the multiplier's std does not depend on n_i: nothing to list
+  flat = topksdp_report(make_config({"algorithm": "topksdp", "kept_noise": "multiplier",
+                                     "kept_noise_multiplier": 4.0, "final_clip_l2": 0.5,
+                                     "index_selection": "random_k"}), 1210, 40, [72] * 20)
+  assert "size_leak" not in flat and flat["not_accounted"] == []
+
+
+def test_recorded_learning_rates_set_each_rounds_noise():
+  """Found by an audit: after `--resume --set rounds=40` under a cosine schedule the
+  report recomputed every round's noise from the new schedule, though rounds 0-19 ran
+  on the 20-round one. With round_lrs (as run) each round is a Gaussian at its own
+  noise, against dp-accounting's RDP composition."""
+  import math as m
+  cfg = make_config({"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 1.0,
+                     "coordinate_clip": 0.05, "final_clip_l2": 1.0, "index_selection": "random_k",
+                     "lr": 0.1, "lr_schedule": "cosine", "lr_min": 0.0, "rounds": 40})
+  cos = lambda t, T: 0.1 * 0.5 * (1 + m.cos(m.pi * t / T))
+  lrs = [cos(t, 20) for t in range(20)] + [cos(t, 40) for t in range(20, 40)]
+  r = topksdp_report(cfg, D, 40, [60] * 20, round_lrs=lrs)
+  k = pl.keep_count(D, 0.9)
+  z0 = 2 * 0.1 * 1.0 / 60 * m.sqrt(2 * m.log(1.25 / 1e-5)) * k / 1.0 / (2 * 1.0)
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  for lr in lrs:
+    oracle.compose(dpa.GaussianDpEvent(z0 * lr / 0.1))
+  assert r["accountant"]["epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
+  assert r["noise_std"]["over_rounds"] == "with the learning rate (as recorded by the rounds)"
+  recomputed = topksdp_report(cfg, D, 40, [60] * 20)["accountant"]["epsilon"]
+  assert recomputed < r["accountant"]["epsilon"] * 0.99   # the new schedule's noise is larger
+  with pytest.raises(ValueError, match="round_lrs has 39 entries"):
+    topksdp_report(cfg, D, 40, [60] * 20, round_lrs=lrs[:39])
 
 
 def test_final_clip_bounds_the_sent_norm_and_conserves_mass():
