@@ -347,6 +347,17 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(
         f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
         f"({cfg.num_clients})")
+  # delta >= 1/N allows a mechanism that publishes a random client's data outright, and
+  # the (eps, delta) conversion then reports epsilon 0 (N = 20, delta 0.3 gave 0.0)
+  if cfg.dp != "none" and cfg.delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'delta' = {shown('delta')!r} with dp {cfg.dp!r}: must be < 1 / "
+                      f"num_clients = {1 / cfg.num_clients:.4g} (a delta that large allows "
+                      "publishing a client's data outright)")
+  if cfg.kept_noise != "none" and cfg.ldp_delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'ldp_delta' = {shown('ldp_delta')!r} with kept_noise "
+                      f"{cfg.kept_noise!r}: must be < 1 / num_clients = "
+                      f"{1 / cfg.num_clients:.4g} (a delta that large allows publishing a "
+                      "client's data outright)")
   if cfg.max_cohort is not None and cfg.max_cohort < cfg.clients_per_round:
     raise ConfigError(
         f"config key 'max_cohort' = {cfg.max_cohort}: must be >= clients_per_round "

@@ -21,6 +21,14 @@ from fedjax_dp.config import Config, ConfigError, load_config, make_config, pars
     ({"rounds": 0}, "'rounds' = 0: must be >= 1"),
     ({"lr": float("nan")}, "'lr' = nan: expected a finite number"),
     ({"dataset": "csv"}, "'csv_path' is required"),
+    # found by an audit: delta >= 1 / N was accepted and reported epsilon 0.0
+    ({"dp": "central", "noise_multiplier": 1.0, "delta": 0.3},
+     "'delta' = 0.3 with dp 'central': must be < 1 / num_clients = 0.05"),
+    ({"dp": "local", "noise_multiplier": 1.0, "delta": 0.05},
+     "'delta' = 0.05 with dp 'local': must be < 1 / num_clients = 0.05"),
+    ({"algorithm": "topksdp", "kept_noise": "multiplier", "final_clip_l2": 1.0,
+      "ldp_delta": 0.1}, "'ldp_delta' = 0.1 with kept_noise 'multiplier': must be < 1 / "
+                         "num_clients = 0.05"),
 ])
 def test_bad_values_are_named(overrides, fragment):
   with pytest.raises(ConfigError) as e:
@@ -59,3 +67,11 @@ def test_cli_exit_status_two_without_traceback(tmp_path):
   assert proc.returncode == 2
   assert proc.stderr.strip() == "error: config key 'alpha' = -1: must be > 0"
   assert not out.exists()
+
+
+def test_delta_below_one_over_num_clients_is_accepted():
+  # the bound only applies where a delta is used: dp none ignores delta
+  assert make_config({"delta": 0.3}).delta == 0.3
+  assert make_config({"dp": "central", "noise_multiplier": 1.0, "delta": 0.049}).delta == 0.049
+  assert make_config({"algorithm": "topksdp", "kept_noise": "multiplier", "final_clip_l2": 1.0,
+                      "ldp_delta": 0.049}).ldp_delta == 0.049

@@ -142,6 +142,19 @@ def test_missing_dataset_is_a_one_line_error(tmp_path, capsys, monkeypatch):
   assert err.startswith("error: ") and "cifar10" in err and "\n" not in err
 
 
+@pytest.mark.parametrize("extra,message", [
+    # found by an audit: accepted, and the run reported epsilon 0.0
+    (["dp=central", "noise_multiplier=1.0", "delta=0.3"],
+     "error: config key 'delta' = 0.3 with dp 'central': must be < 1 / num_clients = 0.1 (a "
+     "delta that large allows publishing a client's data outright)"),
+])
+def test_audit_refusals_exit_two_with_one_line(tmp_path, capsys, extra, message):
+  out = tmp_path / "r"
+  assert cli(["--out", str(out)] + sets(*extra)) == 2
+  assert capsys.readouterr().err.strip() == message
+  assert not out.exists()
+
+
 SLOW_RUN = ["dataset=digits", "num_clients=30", "clients_per_round=10", "hidden=[64]",
             "batch_size=8", "local_epochs=8", "lr=0.02", "rounds=60", "eval_every=5",
             "checkpoint_every=5", "devices=1", "keep_checkpoints=20"]
