@@ -462,6 +462,13 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with dp {cfg.dp!r}: the DP "
                       "clip comes after the pipeline, so the noise must be drawn per client "
                       "(use 'client' or 'auto')")
+  if cfg.dp == "local" and cfg.s_local > 0 and cfg.index_selection == "topk":
+    # the bytes are a sparse upload's, whose positions are the update's largest, unnoised;
+    # the epsilon is a dense noised vector's
+    raise ConfigError(f"config key 'index_selection' = 'topk' with dp 'local' and s_local "
+                      f"{cfg.s_local:g}: the top-k positions come from the private update and "
+                      "are sent unnoised, outside the local guarantee; use random_k or "
+                      "public_topk")
   if cfg.final_clip_l2 is not None and cfg.s_local == 0:
     raise ConfigError("config key 'final_clip_l2' clips the sent top-k update: needs s_local > 0 "
                       "(without top-k use update_clip_l2)")

@@ -29,6 +29,10 @@ from fedjax_dp.config import Config, ConfigError, load_config, make_config, pars
     ({"algorithm": "topksdp", "kept_noise": "multiplier", "final_clip_l2": 1.0,
       "ldp_delta": 0.1}, "'ldp_delta' = 0.1 with kept_noise 'multiplier': must be < 1 / "
                          "num_clients = 0.05"),
+    # found by an audit: local DP's epsilon is a dense noised vector's, the upload's
+    # top-k positions are the private update's, unnoised
+    ({"dp": "local", "noise_multiplier": 1.0, "s_local": 0.9},
+     "'index_selection' = 'topk' with dp 'local' and s_local 0.9: the top-k positions"),
 ])
 def test_bad_values_are_named(overrides, fragment):
   with pytest.raises(ConfigError) as e:
@@ -75,3 +79,20 @@ def test_delta_below_one_over_num_clients_is_accepted():
   assert make_config({"dp": "central", "noise_multiplier": 1.0, "delta": 0.049}).delta == 0.049
   assert make_config({"algorithm": "topksdp", "kept_noise": "multiplier", "final_clip_l2": 1.0,
                       "ldp_delta": 0.049}).ldp_delta == 0.049
+
+
+def test_local_dp_with_top_k_needs_data_independent_indices():
+  # index_selection defaults to topk but only matters with s_local > 0
+  assert make_config({"dp": "local", "noise_multiplier": 1.0}).s_local == 0
+  for selection in ("random_k", "public_topk"):
+    make_config({"dp": "local", "noise_multiplier": 1.0, "s_local": 0.9,
+                 "index_selection": selection})
+  make_config({"dp": "central", "noise_multiplier": 1.0, "s_local": 0.9})   # a trusted server
+
+
+def test_experiment_configs_still_validate():
+  import glob
+  import os
+  root = os.path.join(os.path.dirname(__file__), "..", "experiments")
+  for path in glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True):
+    load_config(path)

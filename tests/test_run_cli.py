@@ -147,6 +147,11 @@ def test_missing_dataset_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     (["dp=central", "noise_multiplier=1.0", "delta=0.3"],
      "error: config key 'delta' = 0.3 with dp 'central': must be < 1 / num_clients = 0.1 (a "
      "delta that large allows publishing a client's data outright)"),
+    # found by an audit: bytes of a sparse upload, epsilon of a dense noised vector
+    (["dp=local", "noise_multiplier=1.0", "s_local=0.9"],
+     "error: config key 'index_selection' = 'topk' with dp 'local' and s_local 0.9: the top-k "
+     "positions come from the private update and are sent unnoised, outside the local "
+     "guarantee; use random_k or public_topk"),
 ])
 def test_audit_refusals_exit_two_with_one_line(tmp_path, capsys, extra, message):
   out = tmp_path / "r"

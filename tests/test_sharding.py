@@ -192,7 +192,8 @@ def test_resident_state_keeps_a_refused_clients_rows():
   from fedjax_dp.simulation import build_simulation
   x, y, parts = toy_problem(sizes=(9, 12, 7, 10, 8), features=4, seed=2)  # 5 over 2: padded
   base = toy_simulation(x, y, parts, devices=2, dp="local", noise_multiplier=15.0,
-                        target_epsilon=3.0, algorithm="contrastive", s_local=0.5)
+                        target_epsilon=3.0, algorithm="contrastive", s_local=0.5,
+                        index_selection="random_k")   # local DP refuses top-k indices
   sim = build_simulation(base.cfg, base.model, base.store, base.mesh,
                          client_budgets=np.array([1.0, 2.0, 3.0, 1.5, 2.5]))
   state = sim.init_state()
