@@ -420,6 +420,18 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if "scaffold" in terms and cfg.dp != "none":
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r} with dp {cfg.dp!r}: SCAFFOLD's "
                       "control variates are not privatized, so no guarantee would hold")
+  # kept_noise's guarantee covers the noised upload only; of the local terms, SCAFFOLD sends
+  # more (objectives.finish's contribution) and SOLO's models are evaluated, never noised
+  # (fedprox, contrastive, moon and fedadmm keep their extra state on the client)
+  if cfg.kept_noise != "none" and "scaffold" in terms:
+    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r} with algorithm "
+                      f"{cfg.algorithm!r}: SCAFFOLD's control-variate update c_i' - c_i is built "
+                      "from the raw, unclipped update and reaches the server unnoised, so no "
+                      "kept-noise guarantee would hold")
+  if cfg.kept_noise != "none" and "solo" in terms:
+    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r} with algorithm 'solo': "
+                      "SOLO's per-client models are evaluated and never noised, so no kept-noise "
+                      "guarantee would describe the run")
   if cfg.kept_noise != "none":
     if cfg.s_local == 0:
       raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: noise on the kept "

@@ -8,6 +8,11 @@ import pytest
 from fedjax_dp.config import Config, ConfigError, load_config, make_config, parse_set
 
 
+# a complete kept-noise guarantee but for the algorithm
+KEPT = {"s_local": 0.9, "kept_noise": "multiplier", "kept_noise_multiplier": 4.0,
+        "final_clip_l2": 1.0, "index_selection": "random_k"}
+
+
 @pytest.mark.parametrize("overrides,fragment", [
     ({"alpah": 0.5}, "unknown config key 'alpah'"),
     ({"alpha": 0}, "'alpha' = 0: must be > 0"),
@@ -33,6 +38,12 @@ from fedjax_dp.config import Config, ConfigError, load_config, make_config, pars
     # top-k positions are the private update's, unnoised
     ({"dp": "local", "noise_multiplier": 1.0, "s_local": 0.9},
      "'index_selection' = 'topk' with dp 'local' and s_local 0.9: the top-k positions"),
+    # found by an audit: reported the kept-noise guarantee as complete (epsilon 4.73)
+    # while SCAFFOLD's control-variate update reaches the server unnoised
+    (dict(KEPT, algorithm="scaffold"), "'kept_noise' = 'multiplier' with algorithm 'scaffold': "
+                                       "SCAFFOLD's control-variate update"),
+    (dict(KEPT, algorithm="topksdp+scaffold"), "with algorithm 'topksdp+scaffold': SCAFFOLD's"),
+    (dict(KEPT, algorithm="solo"), "'kept_noise' = 'multiplier' with algorithm 'solo'"),
 ])
 def test_bad_values_are_named(overrides, fragment):
   with pytest.raises(ConfigError) as e:
@@ -96,3 +107,9 @@ def test_experiment_configs_still_validate():
   root = os.path.join(os.path.dirname(__file__), "..", "experiments")
   for path in glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True):
     load_config(path)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "contrastive", "topksdp", "moon",
+                                       "fedadmm", "fedprox+contrastive"])
+def test_kept_noise_with_algorithms_that_send_only_the_noised_upload(algorithm):
+  assert make_config(dict(KEPT, algorithm=algorithm)).kept_noise == "multiplier"

@@ -152,6 +152,12 @@ def test_missing_dataset_is_a_one_line_error(tmp_path, capsys, monkeypatch):
      "error: config key 'index_selection' = 'topk' with dp 'local' and s_local 0.9: the top-k "
      "positions come from the private update and are sent unnoised, outside the local "
      "guarantee; use random_k or public_topk"),
+    # found by an audit: the kept-noise guarantee reported as complete (epsilon 4.73)
+    (["algorithm=scaffold", "s_local=0.9", "kept_noise=multiplier", "kept_noise_multiplier=4.0",
+      "final_clip_l2=1.0", "index_selection=random_k"],
+     "error: config key 'kept_noise' = 'multiplier' with algorithm 'scaffold': SCAFFOLD's "
+     "control-variate update c_i' - c_i is built from the raw, unclipped update and reaches the "
+     "server unnoised, so no kept-noise guarantee would hold"),
 ])
 def test_audit_refusals_exit_two_with_one_line(tmp_path, capsys, extra, message):
   out = tmp_path / "r"
