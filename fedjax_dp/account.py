@@ -36,21 +36,31 @@ def pld_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> 
 
   AccountError for a noise multiplier below PLD_MIN_NOISE_MULTIPLIER or when
   dp-accounting runs out of memory (the RDP figure then stands)."""
+  return pld_epsilon_composed(q, [(noise_multiplier, steps)], delta)
+
+
+def pld_epsilon_composed(q: float, events, delta: float) -> float:
+  """Epsilon by dp-accounting's PLD of a sequence of Poisson-subsampled Gaussian
+  steps, events [(noise multiplier, steps)] (runs of equal steps, each composed
+  with a count: T single composes are 1000x slower)."""
   import dp_accounting
   from dp_accounting.pld import pld_privacy_accountant
-  if noise_multiplier < PLD_MIN_NOISE_MULTIPLIER:
-    raise AccountError(f"noise multiplier {noise_multiplier:g}: the PLD accountant needs >= "
-                       f"{PLD_MIN_NOISE_MULTIPLIER:g} (below it its discretisation needs "
-                       "gigabytes); use the RDP accountant")
+  for z, _ in events:
+    if z < PLD_MIN_NOISE_MULTIPLIER:
+      raise AccountError(f"noise multiplier {z:g}: the PLD accountant needs >= "
+                         f"{PLD_MIN_NOISE_MULTIPLIER:g} (below it its discretisation needs "
+                         "gigabytes); use the RDP accountant")
   acc = pld_privacy_accountant.PLDAccountant()
-  event = dp_accounting.GaussianDpEvent(noise_multiplier)
-  if q < 1:
-    event = dp_accounting.PoissonSampledDpEvent(q, event)
   try:
-    acc.compose(event, steps)  # one composition with a count: T composes are 1000x slower
+    for z, steps in events:
+      event = dp_accounting.GaussianDpEvent(z)
+      if q < 1:
+        event = dp_accounting.PoissonSampledDpEvent(q, event)
+      acc.compose(event, int(steps))
     return float(acc.get_epsilon(delta))
   except (MemoryError, OverflowError) as e:
-    raise AccountError(f"noise multiplier {noise_multiplier:g}, {steps} steps: the PLD "
+    zs = ", ".join(f"{z:g}" for z, _ in events)
+    raise AccountError(f"noise multiplier {zs}, {sum(n for _, n in events)} steps: the PLD "
                        f"accountant failed ({type(e).__name__}); use the RDP accountant")
 
 

@@ -126,6 +126,7 @@ class Config:
   rounds: int = 50
   eval_every: int = 5
   seed: int = 0
+  noise_seed: str = "config"
   checkpoint_every: int = 0
   keep_checkpoints: int = 3
   devices: int = 0
@@ -154,6 +155,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "contrastive_form": ("bounded", "moon_params"),
     "index_selection": ("topk", "random_k", "public_topk"),
     "topk_kernel": ("exact", "approx", "threshold", "bisect"),
+    "noise_seed": ("config", "secret"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
     "aggregator": ("mean", "median", "trimmed_mean", "krum", "multi_krum", "outlier_median",
                    "cluster"),

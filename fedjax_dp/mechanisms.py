@@ -14,7 +14,9 @@
     b~ = released / m + 1/2,   C_{t+1} = C_t exp(-eta (b~ - gamma)),
   with m the expected cohort size. The count's sensitivity is 1/2, so the
   pair (update sum, count) is one Gaussian with multiplier z when the
-  updates get z_u = (z^-2 - (2 s)^-2)^(-1/2) (their Theorem 1).
+  updates get z_u = (z^-2 - (2 s)^-2)^(-1/2) (their Theorem 1); with clip
+  parts of weight S (tiers) the pair keeps the parts' multiplier z / sqrt(S)
+  with z_u = (z^-2 - (4 s^2 S)^-1)^(-1/2) (`update_noise_multiplier`).
 """
 
 from __future__ import annotations
@@ -141,15 +143,21 @@ def part_noise_multipliers(layout: ClipLayout, noise_multiplier: float) -> list[
   return [noise_multiplier * s / f for f, s in zip(layout.fractions, scales)]
 
 
-def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
-  """z_u for the clipped updates when the clipped count takes std `count_stddev`:
-  (z^-2 - (2 s)^-2)^(-1/2); the pair then costs what one Gaussian with z does."""
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float,
+                            weight: float = 1.0) -> float:
+  """z_u for the clipped updates when the clipped count takes std `count_stddev`,
+  so that the pair costs what one Gaussian with the updates' planned multiplier
+  z / sqrt(S) does. S = `weight` = sum_p (f_p / scale_p)^2 over the clip parts
+  (1 for flat, per-layer and any isotropic layout): the updates' parts compose to
+  z_u / sqrt(S), the count (sensitivity 1/2) to 2 s, and
+    S / z_u^2 + 1 / (2 s)^2 = S / z^2   <=>   z_u = (z^-2 - (4 s^2 S)^-1)^(-1/2)."""
   if noise_multiplier == 0:
     return 0.0
-  rest = noise_multiplier ** -2 - (2.0 * count_stddev) ** -2
+  rest = noise_multiplier ** -2 - 1.0 / (4.0 * count_stddev ** 2 * weight)
   if rest <= 0:
+    planned = noise_multiplier / math.sqrt(weight)
     raise ValueError(f"clip_count_stddev = {count_stddev:g}: adaptive clipping needs it "
-                     f"> noise_multiplier / 2 = {noise_multiplier / 2:g}")
+                     f"> the accounted noise multiplier / 2 = {planned / 2:g}")
   return rest ** -0.5
 
 

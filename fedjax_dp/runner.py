@@ -15,6 +15,7 @@ import shutil
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import jax
@@ -30,8 +31,9 @@ from fedjax_dp.objectives import parse_algorithm
 from fedjax_dp.partition import partition
 from fedjax_dp import mechanisms
 from fedjax_dp import pipeline
+from fedjax_dp import privacy_log
 from fedjax_dp.simulation import (Simulation, batch_for_eval, budget_limit, build_simulation,
-                                  clip_count_stddev,
+                                  clip_count_stddev, learning_rate_schedule,
                                   local_event_rdp, make_mesh, neighbouring_relation,
                                   noise_multiplier_for, round_event_rdp, sampling_rate)
 from fedjax_dp.store import build_store
@@ -42,6 +44,7 @@ class RunError(RuntimeError):
 
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
+SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
 # how a run is executed, not what it computes (beyond float rounding): a finished
 # run is reused by run_or_reuse whatever these were
 EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
@@ -66,8 +69,10 @@ def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
                    quantity_alpha=cfg.quantity_alpha, seed=cfg.seed)
 
 
-def setup(cfg: Config, ds: Dataset | None = None, mesh=None):
-  """Builds (dataset, partition, simulation) for a config; the Python API's entry point."""
+def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None):
+  """Builds (dataset, partition, simulation) for a config; the Python API's entry point.
+  `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
+  to target_epsilon from round 0 (a resumed run's; simulation.make_privacy)."""
   ds = ds if ds is not None else load_data(cfg)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
@@ -99,7 +104,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None):
     if analysis is not None:
       analysis["client_tier_counts"] = {t: int(np.sum(client_tiers == i))
                                         for i, t in enumerate(("high", "medium", "low"))}
-  sim = build_simulation(cfg, model, store, mesh, tiers, budgets)
+  sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated)
   return ds, parts, dataclasses.replace(sim, analysis=analysis)
 
 
@@ -112,20 +117,22 @@ def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
   return sorted(e for e in ends if start < e <= last)
 
 
-def budget_rounds(cfg: Config) -> int:
+def budget_rounds(cfg: Config, spent=(), accounted: float | None = None) -> int:
   """Rounds the run may take, checked before anything is written.
 
   Central DP with target_epsilon: the most rounds whose accounted epsilon stays
   <= the target (the run stops before passing it). Local DP: all of them (each
   client stops on its own), but one participation must fit in the target. Also
   raises RunError for an unreachable target or an impossible adaptive-clipping
-  set-up."""
+  set-up. `spent`: the released rounds' noise events [(multiplier, rounds)]
+  of a resumed run (privacy_log.noise_events), composed before the rounds to
+  come, which run at `accounted` (default: the config's multiplier)."""
   if cfg.dp == "none":
     return cfg.rounds
   try:
-    z = noise_multiplier_for(cfg)
-    if cfg.adaptive_clipping:
-      mechanisms.update_noise_multiplier(z, clip_count_stddev(cfg))
+    z = noise_multiplier_for(cfg) if accounted is None else accounted
+    if cfg.adaptive_clipping and cfg.clip_parts != "tiers":  # tiers: checked with the layout
+      mechanisms.update_noise_multiplier(z, clip_count_stddev(cfg, z))
   except ValueError as e:  # target epsilon out of reach; count noise too small
     raise RunError(str(e))
   if cfg.target_epsilon is None:
@@ -135,24 +142,98 @@ def budget_rounds(cfg: Config) -> int:
     # participation after setup; central DP skips the round that would pass the target
     return cfg.rounds
   event = local_event_rdp(cfg, z) if cfg.dp == "local" else round_event_rdp(cfg, z)
+  if cfg.dp == "local":
+    spent = ()   # each client's own ledger decides
+  done = sum(n for _, n in spent)
+  before = sum((n * round_event_rdp(cfg, zs) for zs, n in spent), np.zeros_like(event))
   # the in-round float32 ledger rounds up, by at most ~2 ulp (2.4e-7) per round:
   # stop where even that upper bound stays within the target
-  ok = lambda t: accounting.epsilon_np(t * event * (1 + 2.4e-7 * t),
+  ok = lambda t: accounting.epsilon_np((before + (t - done) * event) * (1 + 2.4e-7 * t),
                                        cfg.delta)[0] <= cfg.target_epsilon
-  if not ok(1):
+  if done >= cfg.rounds or not ok(done + 1):
+    if done:
+      return done   # a resumed run whose budget is spent: no round more
     what = "one participation's" if cfg.dp == "local" else "one round's"
     raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below {what} epsilon "
                    f"{accounting.epsilon_np(event, cfg.delta)[0]:.4g} at noise multiplier "
                    f"{z:g}: raise noise_multiplier or target_epsilon")
   if cfg.dp == "local":
     return cfg.rounds
-  lo, hi = 1, cfg.rounds  # epsilon grows with t: find the last t with ok(t)
+  lo, hi = done + 1, cfg.rounds  # epsilon grows with t: find the last t with ok(t)
   if ok(hi):
     return hi
   while hi - lo > 1:
     mid = (lo + hi) // 2
     lo, hi = (mid, hi) if ok(mid) else (lo, mid)
   return lo
+
+
+def calibrated_multiplier(cfg: Config, spent) -> float:
+  """Central DP with target_epsilon: the accounted noise multiplier for the rounds
+  still to run after `spent` [(multiplier, rounds)] were released, so that all
+  `rounds` together stay within the target (the rounds already run keep the
+  noise they had; `noise_multiplier_for` is the case of nothing spent)."""
+  done = sum(n for _, n in spent)
+  if not done:
+    return noise_multiplier_for(cfg)
+  remaining = cfg.rounds - done
+  before = sum(n * round_event_rdp(cfg, z) for z, n in spent)
+  aim = cfg.target_epsilon * (1.0 - 1e-5 - 3e-7 * cfg.rounds)
+  used = accounting.epsilon_np(before, cfg.delta)[0]
+  if remaining <= 0:
+    return spent[-1][0]
+  if used >= aim:
+    raise RunError(f"--resume: the {done} rounds already run spent epsilon {used:.4g} of "
+                   f"target_epsilon {cfg.target_epsilon:g}: no room for more rounds")
+  try:
+    return accounting.calibrate_noise_multiplier(
+        aim, sampling_rate(cfg), remaining, cfg.delta,
+        epsilon_fn=lambda z: accounting.epsilon_np(before + remaining * round_event_rdp(cfg, z),
+                                                   cfg.delta)[0])
+  except ValueError as e:
+    raise RunError(f"--resume: {e} for the {remaining} rounds after the {done} already run")
+
+
+def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> None:
+  """RunError when a resume would run again rounds that were already released
+  (the newest checkpoints were unreadable, or there were none) under another
+  `rounds` that changes what those rounds compute: the learning-rate schedule
+  and a calibrated noise multiplier depend on it. The re-run would then
+  publish other sums under the same cohorts and noise draws, and the noise
+  would no longer hide their difference. With the same `rounds` a re-run
+  repeats the first release bit for bit."""
+  if (cfg.lr_schedule == "constant" and not calibrating) or (cfg.dp == "none"
+                                                            and cfg.kept_noise == "none"):
+    return   # nothing changes, or no noise to reuse
+  ckpt_dir = os.path.join(out, "checkpoints")
+  released = max([_rounds_done(out)] + ckpt.steps(ckpt_dir))
+  if released <= restored:
+    return
+  segments = reporting.read_metrics(os.path.join(out, SEGMENTS)) or [
+      {"from_round": 0, "rounds": saved_config(os.path.join(out, "config.json")).rounds}]
+  ends = [s["from_round"] for s in segments[1:]] + [released]
+  for seg, seg_end in zip(segments, ends):
+    if seg["from_round"] < released and seg_end > restored and seg["rounds"] != cfg.rounds:
+      why = ("lr_schedule " + repr(cfg.lr_schedule) if cfg.lr_schedule != "constant"
+             else "the noise calibrated to target_epsilon")
+      raise RunError(
+          f"--resume: the run would restart from round {restored} (newer checkpoints are "
+          f"unreadable or missing) but rounds up to {released} were already run, some with "
+          f"rounds = {seg['rounds']}; re-running them "
+          f"with rounds = {cfg.rounds} would change them ({why}) under the same noise draws. "
+          f"Resume with --set rounds={seg['rounds']} first (it repeats them exactly), then "
+          "extend")
+
+
+def published_participations(cfg: Config, state) -> int:
+  """The participations that bytes_up/bytes_down and the summary publish. Under
+  central DP with Poisson sampling the realised cohort sizes are private (add/
+  remove-one neighbours change them), so the expected ones are published:
+  clients_per_round per round that ran (skipped rounds released nothing)."""
+  if cfg.dp == "central" and cfg.sampling == "poisson":
+    ran = int(state.round) - int(state.server_state["noise_control"]["skipped"])
+    return cfg.clients_per_round * ran
+  return int(state.participations)
 
 
 def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dict:
@@ -338,20 +419,44 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
                      f"{first:.4g}, more than any client's budget (largest "
                      f"{np.max(sim.client_budgets()):.4g}): raise noise_multiplier or "
                      "target_epsilon")
+  calibrating = cfg.dp == "central" and cfg.noise_multiplier is None
+  calibration = noise_multiplier_for(cfg) if calibrating else None
+  state = sim.init_state()
+  meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
+  plog = privacy_log.empty()
+  if resume:
+    # everything is checked before a file is touched: a refused resume leaves the run as it was
+    if ckpt.steps(ckpt_dir):
+      step, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
+    _check_rerun(out, cfg, int(state.round), calibrating)
+    log(f"resuming {out} from the checkpoint at round {int(state.round)}" if int(state.round)
+        else f"no checkpoint in {out}: starting from round 0")
+    plog = meta.get("privacy_log") if privacy_log.is_valid(meta.get("privacy_log")) else None
+    if plog is None:   # a checkpoint from before the log, or none
+      plog = privacy_log.empty() if int(state.round) == 0 else None
+    if calibrating and plog is not None:
+      saved = meta.get("calibration") or {}
+      # the same rounds: the multiplier the run was calibrated to (bit for bit);
+      # other rounds: the rounds to come calibrated to what is left of the target
+      calibration = (saved["noise_multiplier"] if saved.get("rounds") == cfg.rounds
+                     else calibrated_multiplier(cfg, privacy_log.noise_events(plog)))
+      if calibration != noise_multiplier_for(cfg):
+        _, _, sim = setup(cfg, ds=ds, mesh=mesh, calibrated=calibration)
+        if saved.get("rounds") not in (None, cfg.rounds):
+          used = accounting.epsilon_np(privacy_log.composed_rdp(
+              plog, lambda z: round_event_rdp(cfg, z)), cfg.delta)[0]
+          log(f"rounds {saved['rounds']} -> {cfg.rounds}: the {int(state.round)} rounds run "
+              f"spent epsilon {used:.4g} (RDP) of target_epsilon {cfg.target_epsilon:g}; the "
+              f"rounds to come are calibrated to what is left: accounted noise multiplier "
+              f"{calibration:.6g}")
+    if plog is not None:
+      last = budget_rounds(cfg, privacy_log.noise_events(plog), calibration)
   cfg = _prepare_out(out, cfg, resume, overwrite)
   reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
   eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
   d = num_params(jax.tree.leaves(sim.init_state().params))
   comm = pipeline.communication(cfg, d)  # per participant and round, each way
-
-  state = sim.init_state()
-  meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
   if resume:
-    if ckpt.steps(ckpt_dir):
-      step, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
-      log(f"resuming {out} from the checkpoint at round {step}")
-    else:
-      log(f"no checkpoint in {out}: starting from round 0")
     rows = [r for r in reporting.read_metrics(metrics_path) if r["round"] <= int(state.round)]
     reporting.rewrite_metrics(metrics_path, rows)
   else:
@@ -372,12 +477,16 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   if last < cfg.rounds:
     log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
         f"would pass target_epsilon {cfg.target_epsilon:g}")
+  # which `rounds` each stretch of rounds ran under (a re-run must not differ: _check_rerun)
+  reporting.append_metrics(os.path.join(out, SEGMENTS), {"from_round": start,
+                                                         "rounds": cfg.rounds})
   chunk_times: list[tuple[int, float]] = []
   wall0 = time.perf_counter() - meta["wall_s"]
   loss_sum, examples = meta["loss_sum"], meta["examples"]
   unclipped, clip_seen = meta.get("unclipped", 0.0), meta.get("clip_seen", 0.0)
   flagged, clusters, agg_rounds = (meta.get("flagged", 0.0), meta.get("clusters", 0.0),
                                    meta.get("agg_rounds", 0))
+  nonfinite = meta.get("nonfinite", 0)
   bar = _progress(progress, cfg.rounds, start)
   r = start
   # the rounds keep the per-client state in their own layout from chunk to
@@ -386,6 +495,9 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   for end in chunk_ends(start, cfg, last):
     t = time.perf_counter()
     state, stats = sim.run_working(state, end - r)
+    if plog is not None:
+      plog = privacy_log.append(plog, stats, sim.privacy.event_multipliers)
+    nonfinite += int(np.sum(stats.nonfinite))
     loss_sum += float(np.sum(stats.loss_sum))  # one host transfer per chunk
     examples += float(np.sum(stats.examples))
     unclipped += float(np.sum(stats.unclipped))
@@ -418,12 +530,13 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
         acc, test_loss = (float(v) for v in solo_eval(models, *eval_data, label_dist))
       else:
         acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
-      participations = int(state.participations)
+      participations = published_participations(cfg, state)
       row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
              "train_loss": loss_sum / examples if examples else None,
              **spent_epsilon(sim, state),
              **({"clip_norm": float(state.clip_norm),
-                 "unclipped_fraction": unclipped / clip_seen if clip_seen else None}
+                 "unclipped_fraction": unclipped / clip_seen if clip_seen else None,
+                 "nonfinite_uploads": int(nonfinite)}
                 if cfg.dp != "none" else {}),
              **aggregator_metrics(cfg, flagged, clusters, agg_rounds),
              "bytes_up": participations * comm["bytes_per_client_up"],
@@ -432,37 +545,85 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       reporting.append_metrics(metrics_path, row)
       rows.append(row)
       loss_sum = examples = unclipped = clip_seen = flagged = clusters = 0.0
-      agg_rounds = 0
+      agg_rounds = nonfinite = 0
       bar.set_postfix(acc=f"{acc:.4f}")
     if checkpointing:
       ckpt.save(ckpt_dir, end, ordered,
                 {"wall_s": time.perf_counter() - wall0, "loss_sum": loss_sum,
                  "examples": examples, "unclipped": unclipped, "clip_seen": clip_seen,
-                 "flagged": flagged, "clusters": clusters, "agg_rounds": agg_rounds},
+                 "flagged": flagged, "clusters": clusters, "agg_rounds": agg_rounds,
+                 "nonfinite": nonfinite, "privacy_log": plog,
+                 **({"calibration": {"rounds": cfg.rounds, "noise_multiplier": calibration}}
+                    if calibrating else {})},
                 keep=cfg.keep_checkpoints)
     if all_spent:
       break
   bar.close()
   state = sim.to_client_order(state)
 
-  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm)
+  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm, plog)
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
   summary["plots"] = reporting.plot_metrics(rows, out)
   return summary
 
 
-def privacy_report(cfg: Config, sim: Simulation, state) -> dict:
-  """What is guaranteed (the accountant's figure), how, and what is not accounted."""
-  report = _privacy_report(cfg, sim, state)
+def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None,
+                   assume: bool = True) -> dict:
+  """What is guaranteed (the accountant's figure), how, and what is not accounted.
+
+  `plog`: the run's privacy_log (what each round released). Without it, and
+  `assume` (the Python API on a state that `sim` ran from round 0), every round
+  is taken to have run with `sim`'s noise, which the report says; with
+  `assume` False (a run resumed from a checkpoint older than the log) the
+  figures that need the log are left out, also said."""
+  assumed = False
+  if plog is None and assume and cfg.dp != "none" and sim.privacy.schedule == "static":
+    plog = _assumed_log(cfg, sim, state)
+    assumed = True
+  report = _privacy_report(cfg, sim, state, plog)
+  if assumed:
+    report["noise_events_source"] = ("assumed: no per-round record was given, so every round "
+                                     "is taken to have run with this simulation's noise")
   if cfg.kept_noise != "none":
     from fedjax_dp.topksdp_privacy import topksdp_report
     d = num_params(jax.tree.leaves(state.params))
     sizes = [int(n) for n in np.asarray(sim.store.client_count)]
-    report["kept_noise"] = topksdp_report(cfg, d, int(state.round), sizes)
+    # each round's noise at the learning rate it ran with (a resume may change the schedule)
+    lrs = privacy_log.round_lrs(plog) if plog is not None else None
+    report["kept_noise"] = topksdp_report(cfg, d, int(state.round), sizes, round_lrs=lrs)
     if cfg.dp == "none":
       report["note"] = ("no user-level DP (dp none); the client-side noise on kept coordinates "
                         "is reported under kept_noise")
+  if cfg.dp != "none" or cfg.kept_noise != "none":
+    report["assumes"] = assumptions(cfg)
   return report
+
+
+def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
+  """A privacy_log of `state`'s rounds all at `sim`'s static noise (and lr schedule)."""
+  skipped = int(state.server_state["noise_control"]["skipped"])
+  released = int(state.round) - skipped if cfg.dp == "central" else 0
+  lr_at = learning_rate_schedule(cfg)
+  stats = dict(event=np.zeros(released, np.int32),
+               lr=np.asarray([lr_at(t) for t in range(int(state.round))], np.float32),
+               nonfinite=0)
+  return privacy_log.append(privacy_log.empty(), SimpleNamespace(**stats),
+                            sim.privacy.event_multipliers)
+
+
+def assumptions(cfg: Config) -> list[str]:
+  """What every guarantee of the run takes for granted about things outside it."""
+  seed = ("noise_seed 'secret': the noise and cohort keys come from the operating system's "
+          "entropy and are not in config.json; the checkpoints hold the run key and so must "
+          "stay as secret as the noise" if cfg.noise_seed == "secret" else
+          f"the seed ({cfg.seed}, published in config.json) and the checkpoints stay secret: "
+          "every noise draw and cohort is a function of the seed, so anyone who has it can "
+          "subtract the noise from two released models (noise_seed 'secret' draws the keys "
+          "from the operating system instead)")
+  return [seed,
+          "the checkpoints also hold unnoised per-client state (error-feedback residuals, "
+          "control variates, local models, per-client ledgers) and the unnoised diagnostics: "
+          "they are the server's private working state, not releases"]
 
 
 def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None:
@@ -480,12 +641,14 @@ def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> Non
   report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
 
 
-def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
+def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None) -> dict:
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
   skipped = int(state.server_state["noise_control"]["skipped"])
   rounds = int(state.round) - skipped   # rounds that ran (skipped ones released nothing)
+  if plog is not None and cfg.dp == "central":
+    assert privacy_log.released_rounds(plog) == rounds, (plog, rounds)
   z = sim.noise_multiplier
   eps, order = sim.epsilons(state)
   report = {
@@ -497,9 +660,11 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
       "target_epsilon": cfg.target_epsilon,
       "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
       "not_accounted": [
-          "metrics.jsonl's train_loss (and unclipped_fraction, with adaptive clipping) are "
-          "computed from the clients' data without noise: simulator diagnostics, not outputs "
-          "the epsilon covers"],
+          "metrics.jsonl's train_loss, unclipped_fraction and nonfinite_uploads (uploads with "
+          "a NaN or inf, sent as zero) are computed from the clients' data without noise: "
+          "simulator diagnostics, not outputs the epsilon covers",
+          "summary.json's data section (clients, examples per client, training and test "
+          "examples) is computed from the data without noise"],
   }
   if cfg.clip_parts == "per_layer":
     layout = sim.privacy.layout
@@ -511,9 +676,10 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
   if cfg.clip_parts == "tiers":
     layout = sim.privacy.layout
     z = sim.noise_multiplier
+    z_u = sim.privacy.update_noise_multiplier   # z, raised by adaptive clipping's count
     report["tiers"] = {
-        name: {"clip_norm": f * cfg.clip_norm, "noise_std": z * cfg.clip_norm * m,
-               "noise_multiplier": z * m / f}
+        name: {"clip_norm": f * cfg.clip_norm, "noise_std": z_u * cfg.clip_norm * m,
+               "noise_multiplier": z_u * m / f}
         for name, f, m in zip(layout.names, layout.fractions, layout.noise_scales)}
     report["effective_noise_multiplier"] = sim.privacy.accounted_noise_multiplier
     report["clip_parts_note"] = (
@@ -541,15 +707,40 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
           "target_quantile": cfg.target_quantile, "clip_lr": cfg.clip_lr,
           "count_stddev": sim.privacy.count_stddev,
           "update_noise_multiplier": sim.privacy.update_noise_multiplier,
+          "accounted_noise_multiplier": sim.privacy.accounted_noise_multiplier,
           "final_clip_norm": float(state.clip_norm),
-          "note": "the noised clipped-count query is accounted: updates and count together "
-                  "are one Gaussian with noise_multiplier"}
+          "note": "the noised clipped-count query is accounted: the updates' noise "
+                  "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
+                  "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"}
+    events = privacy_log.noise_events(plog) if plog is not None else None
+    if events is not None:
+      report["noise_events"] = [{"accounted_noise_multiplier": m, "rounds": n}
+                                for m, n in events]
+      if len({m for m, _ in events}) > 1:
+        report["noise_events_note"] = (
+            "the rounds ran at different accounted multipliers (a noise schedule, or a resume "
+            "that calibrated the rounds after it to what was left of target_epsilon); every "
+            "figure composes each round at its own")
     if cfg.accountant == "pld" and z > 0 and rounds > 0:
-      from fedjax_dp.account import pld_epsilon
-      # the composed parts' multiplier (tiers: less than z), as the RDP ledger charges
-      z_pld = sim.privacy.accounted_noise_multiplier
-      _add_pld(report, lambda: pld_epsilon(sampling_rate(cfg), z_pld, rounds, cfg.delta),
-               "rdp ledger in the round; final figure by dp-accounting's PLD")
+      if events is None:
+        report["pld_epsilon"] = None
+        report["pld_note"] = ("no PLD figure: the run resumed from a checkpoint without the "
+                              "per-round record; epsilon is the RDP ledger's")
+      else:
+        from fedjax_dp.account import pld_epsilon_composed
+        # each released round's composed multiplier (tiers: less than z), as the ledger charges
+        _add_pld(report, lambda: pld_epsilon_composed(sampling_rate(cfg), events, cfg.delta),
+                 "rdp ledger in the round; final figure by dp-accounting's PLD")
+    if cfg.sampling == "poisson":
+      report["q_configured"] = cfg.clients_per_round / cfg.num_clients
+      report["q_note"] = ("q is the rate the sampler really draws with (float32 "
+                          "uniforms on a 2^-23 grid), which the accountant charges")
+      report["published_cohort_sizes"] = (
+          "expected only: bytes_up, bytes_down and participations count clients_per_round per "
+          "round (the realised Poisson cohort sizes depend on who is in the data)")
+      report["not_accounted"].append(
+          "summary.json's cohort_overflow counts Poisson draws beyond max_cohort, a function "
+          "of the realised cohort sizes")
     overflow = int(state.cohort_overflow)
     if overflow:
       report["not_accounted"].append(
@@ -632,6 +823,12 @@ def _privacy_report(cfg: Config, sim: Simulation, state) -> dict:
     report["not_accounted"].append(
         "the tier map comes from the sensitivity analyzer, which reads every client's data "
         "without noise; the choice of tiers (and so of noise per feature) is not covered")
+  if cfg.client_budgets == "allocated":
+    report["not_accounted"].append(
+        "client_budgets 'allocated': each client's budget is computed without noise from every "
+        "client's example count" + (" and the sensitivity analyzer's scores of their raw data"
+                                    if cfg.tier_source == "analyzer" else "")
+        + ", and it decides when each client stops taking part")
   if z == 0:
     report["note"] = "noise_multiplier 0: no differential-privacy guarantee (epsilon infinite)"
   return report
@@ -644,7 +841,7 @@ def _progress(enabled: bool, total: int, initial: int):
 
 
 def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s, d,
-             comm) -> dict:
+             comm, plog=None) -> dict:
   sizes = [len(p) for p in parts]
   per_round = [t / n for n, t in chunk_times[1:]] or [t / n for n, t in chunk_times]
   final = rows[-1] if rows else {}
@@ -657,7 +854,7 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
           if "solo" in parse_algorithm(cfg.algorithm)[0] else
           "the server model's accuracy on the whole test set"),
       "rounds": int(state.round),
-      "privacy": privacy_report(cfg, sim, state),
+      "privacy": privacy_report(cfg, sim, state, plog, assume=False),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
           **comm,
@@ -665,7 +862,7 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
                   "bitmap for a sparse update, whichever is smaller, plus SCAFFOLD's dense "
                   "control variates (SOLO sends nothing); the down link counts one round's "
                   "broadcast per participant (not the updates a returning client missed)",
-          "participations": int(state.participations),
+          "participations": published_participations(cfg, state),
           "num_params": d,
       },
       "timing": {

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -83,6 +84,14 @@ class RoundStats(NamedTuple):
   spent: jax.Array         # int32 cohort draws refused because the client's budget is spent
   flagged: jax.Array       # int32 uploads the aggregator flagged as outliers or left out
   clusters: jax.Array      # int32 clusters the `cluster` aggregator formed (0 otherwise)
+  event: jax.Array         # int32 what the round released, for the host's privacy log:
+                           # the index into Privacy.event_multipliers of the noise the
+                           # accountant charged (central DP; local DP: 0 when anyone took
+                           # part, static noise), -1 when nothing was released, -2 for
+                           # local DP's scheduled noise (composed in the clients' ledgers)
+  lr: jax.Array            # float32 the clients' learning rate this round
+  nonfinite: jax.Array     # int32 uploads with a NaN or inf, replaced by zero before the
+                           # mechanism (DP or kept noise; unnoised diagnostic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +113,9 @@ class Privacy:
   event_table: Any = None          # np [SCORE_GRID, orders]: central DP's round RDP at controller
                                    # outputs k / (SCORE_GRID - 1) (adaptive noise)
   stop_in_round: bool = False      # central DP: a round that would pass target_epsilon is skipped
+  event_multipliers: tuple = ()    # float64: the accounted multiplier of each event a round can
+                                   # release (RoundStats.event indexes it): one with static
+                                   # noise, central DP's SCORE_GRID tabulated ones with a schedule
 
   def tier_scales(self) -> tuple[float, ...]:
     """The static per-part noise multipliers (all 1 without tiers)."""
@@ -157,7 +169,13 @@ class Simulation:
     return jax.device_put(tree, NamedSharding(self.mesh, P()))
 
   def init_state(self) -> SimState:
-    return self.replicate(init_state(self.cfg, self.model))
+    """Round 0's state. With noise_seed 'secret' the run key (cohorts, training,
+    noise) comes from the operating system's entropy: neither the seed nor
+    config.json then tells the noise; the model's initialisation stays seeded."""
+    state = init_state(self.cfg, self.model)
+    if self.cfg.noise_seed == "secret":
+      state = state._replace(key=secret_run_key())
+    return self.replicate(state)
 
   def epsilons(self, state: SimState):
     """(epsilon, optimal order) spent, by the in-round RDP ledger, as float64 numpy:
@@ -204,6 +222,11 @@ class Simulation:
     return self.run_chunk(state, self.store, num_rounds)
 
 
+def secret_run_key() -> jax.Array:
+  """A uint32[2] PRNG key from the operating system's entropy (os.urandom)."""
+  return jnp.asarray(np.frombuffer(os.urandom(8), np.uint32))
+
+
 def init_state(cfg: Config, model: Model) -> SimState:
   key = jax.random.PRNGKey(cfg.seed)
   params = model.init(jax.random.fold_in(key, MODEL_INIT))
@@ -244,7 +267,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                   aggregate_noise: bool, robust_aggregator: Callable | None,
                   malicious: np.ndarray | None, attack: tuple[str, float],
                   cluster_threshold: float | None = None, resident: bool = False,
-                  keep_rows: bool = True):
+                  keep_rows: bool = True, guard_nonfinite: bool = False):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
@@ -254,6 +277,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   With `resident`, client_state is instead this device's rows in the resident
   layout, [local_cohort, ...], row i that of slot i
   (map_clients_with_resident_state), and comes back the same way.
+  guard_nonfinite: an upload with a NaN or inf is replaced by zero before the
+  mechanism (clipping, local noise, the pipeline's noise) and counted.
   keep_rows: a slot that does not take part returns its state row unchanged.
   False where no real client's row can be one: the replicated table drops
   those slots' writes, and a resident table's only such slots are padding
@@ -301,6 +326,13 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
                                                took_part, keep_rows)
+    bad = jnp.zeros((), bool)
+    if guard_nonfinite:
+      # C / ||u|| of a NaN or inf update is NaN, and one NaN upload would make the
+      # released sum NaN (delta of order q instead of 1e-5): the mechanism sends zero
+      bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(upload)]))
+      upload = jax.tree.map(lambda a: jnp.where(bad, jnp.zeros_like(a), a), upload)
+      bad = bad & took_part
     owed = ()
     if client_pipeline is not None:
       flat, unravel = ravel_pytree(upload)
@@ -315,12 +347,12 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
     if not sum_in_loop:
-      return (res._replace(delta=upload, params=()), contrib, owed), cstate
+      return (res._replace(delta=upload, params=()), contrib, owed, bad), cstate
     w = weight_of(count, took_part)
     summed = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
       summed["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
-    return ((res._replace(delta=(), params=()), contrib, ()), summed), cstate
+    return ((res._replace(delta=(), params=()), contrib, (), bad), summed), cstate
 
   args = (rows, counts, keys, cohort_mask, cohort_ids)
   batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
@@ -337,9 +369,9 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     out, client_state = map_clients_with_state(one, args, client_state, cohort_ids, write_ids,
                                                batch, sums)
   if sum_in_loop:
-    (res, contribs, owed), sums = out
+    (res, contribs, owed, nonfinite), sums = out
   else:
-    res, contribs, owed = out
+    res, contribs, owed, nonfinite = out
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   unclipped = jnp.zeros((), jnp.int32)
@@ -425,7 +457,9 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
                      participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
                      unclipped=jax.lax.psum(unclipped, "clients"),
-                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters)
+                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
+                     event=jnp.zeros((), jnp.int32), lr=jnp.asarray(lr, jnp.float32),
+                     nonfinite=jax.lax.psum(jnp.sum(nonfinite, dtype=jnp.int32), "clients"))
   return mean_delta, stats, client_state, contrib_sum, cluster_info
 
 
@@ -551,7 +585,8 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
 
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                      mesh: Mesh | None = None, feature_tiers=None,
-                     client_budgets=None, resident_state: bool | None = None) -> Simulation:
+                     client_budgets=None, resident_state: bool | None = None,
+                     calibrated: float | None = None) -> Simulation:
   """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
   `client_budgets` [num_clients]: per-client target epsilons (local DP).
 
@@ -562,7 +597,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   order) and no row crosses devices. That is the simulation's working layout:
   `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
   client order (replicated) at the ends of its chunk. Same numbers either
-  way; False forces the replicated table (map_clients_with_state)."""
+  way; False forces the replicated table (map_clients_with_state).
+  `calibrated`: see make_privacy."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   if cfg.sampling == "fixed":
@@ -591,7 +627,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     home_pos = np.zeros(cfg.num_clients, np.int32)   # client -> its slot
     home_pos[home_ids[home_mask]] = np.flatnonzero(home_mask)
 
-  privacy = make_privacy(cfg, model, feature_tiers)
+  privacy = make_privacy(cfg, model, feature_tiers, calibrated)
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   objective = objectives.make_objective(cfg)
@@ -615,6 +651,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize"
                                  else None),
               resident=resident_state,
+              guard_nonfinite=privacy.mode != "none" or (client_pipeline is not None
+                                                         and cfg.kept_noise != "none"),
               # only a refused client's row must survive: the replicated table
               # drops non-participants' writes, resident padding rows are junk
               keep_rows=resident_state and (privacy.stop_in_round or (
@@ -639,6 +677,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       overflow = cohort.overflow
     ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
     round_event = event_rdp
+    event_index = jnp.int32(0)   # into privacy.event_multipliers
     scales = jnp.ones((1,), jnp.float32)
     if privacy.mode != "none":
       # this round's noise, set by the controller from earlier released updates
@@ -652,7 +691,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
         # tabulated at grid scores; noise falls as the score grows, so rounding the
         # score up charges at most the noise actually used
         k = jnp.ceil(nc["score"] * (SCORE_GRID - 1) - 1e-6).astype(jnp.int32)
-        round_event = jnp.asarray(privacy.event_table, jnp.float32)[jnp.clip(k, 0, SCORE_GRID - 1)]
+        event_index = jnp.clip(k, 0, SCORE_GRID - 1)
+        round_event = jnp.asarray(privacy.event_table, jnp.float32)[event_index]
         round_event = round_event * (1.0 + 1e-6)
     skip = jnp.zeros((), bool)
     if privacy.stop_in_round:
@@ -683,7 +723,14 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
         state.client_state, state.server_state, store.x, store.y, store.client_index,
         store.client_count)
     server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
-    stats = stats._replace(spent=spent + skip.astype(jnp.int32))
+    if privacy.mode == "central":   # the noise is released even when nobody took part
+      released = jnp.where(skip, -1, event_index)
+    elif privacy.mode == "local":
+      released = jnp.where(stats.participants > 0, 0 if privacy.schedule == "static" else -2, -1)
+    else:
+      released = jnp.int32(-1)
+    stats = stats._replace(spent=spent + skip.astype(jnp.int32),
+                           event=jnp.asarray(released, jnp.int32))
     clip_norm = state.clip_norm
     if privacy.mode == "central":
       # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
@@ -790,7 +837,18 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
 
 
 def sampling_rate(cfg: Config) -> float:
-  return cfg.clients_per_round / cfg.num_clients
+  """The rate a client joins a round with: m / N (fixed-size cohorts), or under
+  Poisson sampling the rate `sample_cohort` really draws with, which the
+  accountant charges (`poisson_rate_used`)."""
+  q = cfg.clients_per_round / cfg.num_clients
+  return poisson_rate_used(q) if cfg.sampling == "poisson" else q
+
+
+def poisson_rate_used(q: float) -> float:
+  """P(u < float32(q)) for jax.random.bernoulli's u, uniform on the grid j / 2^23
+  (float32 mantissa bits), j = 0 .. 2^23 - 1: ceil(float32(q) 2^23) / 2^23, exact
+  in float64. It differs from q by at most 2^-23 (e.g. 0.1 -> 0.10000002384)."""
+  return min(1.0, math.ceil(float(np.float32(q)) * 2.0 ** 23) / 2.0 ** 23)
 
 
 def budget_limit(target_epsilon: float) -> float:
@@ -799,8 +857,13 @@ def budget_limit(target_epsilon: float) -> float:
   return target_epsilon * (1 - 1e-5)
 
 
-def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
-  """Resolves the config's DP keys: clip layout, noise multipliers, the accounted event."""
+def make_privacy(cfg: Config, model: Model, feature_tiers=None,
+                 calibrated: float | None = None) -> Privacy:
+  """Resolves the config's DP keys: clip layout, noise multipliers, the accounted event.
+
+  `calibrated`: under central DP with target_epsilon, the accounted multiplier to
+  use instead of calibrating from round 0 (a resumed run keeps the multiplier its
+  rounds were calibrated to; see runner.calibrated_multiplier)."""
   if cfg.dp == "none":
     return Privacy()
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
@@ -822,38 +885,52 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None) -> Privacy:
   if cfg.noise_multiplier is None and cfg.dp == "central":
     # calibrate the accounted multiplier to target_epsilon, then the base z so that
     # even the least-noise rounds (score 1) stay within it
-    z = noise_multiplier_for(cfg) / ratio(1.0)
+    z = (noise_multiplier_for(cfg) if calibrated is None else calibrated) / ratio(1.0)
   else:
     z = noise_multiplier_for(cfg)
   count_stddev = 0.0
   z_update = z
-  if cfg.adaptive_clipping:
-    count_stddev = clip_count_stddev(cfg)
-    z_update = mechanisms.update_noise_multiplier(z, count_stddev)
   # per-part bounds with isotropic noise compose to one Gaussian with multiplier z
   z_accounted = accounting.effective_noise_multiplier(
       mechanisms.part_noise_multipliers(layout, z)) if z > 0 else 0.0
+  if cfg.adaptive_clipping and z > 0:
+    # the count query is one more Gaussian on the same record (sensitivity 1/2,
+    # multiplier 2 s); the updates' noise is raised so that the pair composes to
+    # z_accounted, whatever the parts' weights (tiers: z_accounted = z / sqrt(S))
+    weight = (z / z_accounted) ** 2     # S = sum_p (f_p / scale_p)^2
+    count_stddev = clip_count_stddev(cfg, z_accounted)
+    try:
+      z_update = mechanisms.update_noise_multiplier(z, count_stddev, weight)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    # composed from the noise actually applied, not assumed: (S / z_u^2 + 1/(2 s)^2)^(-1/2)
+    z_accounted = accounting.effective_noise_multiplier(
+        mechanisms.part_noise_multipliers(layout, z_update) + [2.0 * count_stddev])
   event = (local_event_rdp(cfg, z_accounted) if cfg.dp == "local"
            else round_event_rdp(cfg, z_accounted))
   table = None
+  multipliers = (z_accounted,)
   if cfg.dp == "central" and cfg.noise_schedule != "static" and z > 0:
-    table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, z * ratio(k / (SCORE_GRID - 1))))
-                      for k in range(SCORE_GRID)])
+    # (config.py refuses adaptive clipping with a schedule: no count part here)
+    multipliers = tuple(z * ratio(k / (SCORE_GRID - 1)) for k in range(SCORE_GRID))
+    table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, m)) for m in multipliers])
   return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,
-                 noise_multiplier=z, accounted_noise_multiplier=z_accounted, event_rdp=event, target_epsilon=cfg.target_epsilon,
+                 noise_multiplier=z, accounted_noise_multiplier=z_accounted, event_rdp=event,
+                 target_epsilon=cfg.target_epsilon,
                  delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev,
-                 schedule=cfg.noise_schedule, event_table=table,
+                 schedule=cfg.noise_schedule, event_table=table, event_multipliers=multipliers,
                  stop_in_round=(cfg.dp == "central" and cfg.target_epsilon is not None
                                 and (cfg.clip_parts == "tiers" or cfg.noise_schedule != "static")))
 
 
-def clip_count_stddev(cfg: Config) -> float:
+def clip_count_stddev(cfg: Config, accounted_multiplier: float | None = None) -> float:
   """Std of the noise on the clipped count. Default: Andrew et al.'s m / 20, raised
-  to the noise multiplier z where that is larger (small cohorts), so that the
-  updates' noise grows by at most (1 - 1/4)^(-1/2) = 1.155x."""
+  to the accounted noise multiplier where that is larger (small cohorts, or tiers
+  whose composed multiplier is above z), so that the updates' noise grows by at
+  most (1 - 1/4)^(-1/2) = 1.155x."""
   if cfg.clip_count_stddev is not None:
     return cfg.clip_count_stddev
-  z = noise_multiplier_for(cfg)
+  z = noise_multiplier_for(cfg) if accounted_multiplier is None else accounted_multiplier
   return max(cfg.clients_per_round / 20.0, z)
 
 

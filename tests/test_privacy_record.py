@@ -1,0 +1,212 @@
+"""Accounting follows what the rounds applied (issue 18): the per-round record,
+resumes that change `rounds`, adaptive clipping with tiers, non-finite uploads,
+the secret noise seed and the Poisson rate the sampler really uses."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dp import privacy_log
+from fedjax_dp.cli import main
+from fedjax_dp.runner import RunError, privacy_report, run_experiment
+from fedjax_dp.config import make_config
+from tests.helpers import toy_problem, toy_simulation
+
+dpa = pytest.importorskip("dp_accounting")
+
+BASE = {"dataset": "digits", "num_clients": 40, "clients_per_round": 4, "sampling": "poisson",
+        "hidden": [8], "batch_size": 32, "lr": 0.05, "devices": 1, "dp": "central",
+        "clip_norm": 0.5, "accountant": "pld", "eval_every": 2, "checkpoint_every": 2}
+
+
+def run(out, resume=False, **over):
+  return run_experiment(make_config({**BASE, **over}), str(out), resume=resume, progress=False,
+                        log=lambda m: None)
+
+
+def oracle(events, q, delta=1e-5, pld=True):
+  acc = dpa.pld.PLDAccountant() if pld else dpa.rdp.RdpAccountant()
+  for z, n in events:
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), n)
+  return acc.get_epsilon(delta)
+
+
+def test_resume_with_more_rounds_calibrates_only_the_rounds_to_come(tmp_path):
+  # finding 2: the PLD report re-derived every round at the new multiplier (2.68 for 3.25)
+  first = run(tmp_path / "r", rounds=4, target_epsilon=8.0)["privacy"]
+  z1 = first["noise_multiplier"]
+  second = run(tmp_path / "r", resume=True, rounds=10, target_epsilon=8.0)["privacy"]
+  events = [(e["accounted_noise_multiplier"], e["rounds"]) for e in second["noise_events"]]
+  assert events[0] == (z1, 4) and events[1][1] == 6 and events[1][0] > z1
+  q = second["q"]
+  assert second["pld_epsilon"] == pytest.approx(oracle(events, q), rel=1e-3)
+  rdp = oracle(events, q, pld=False)
+  assert rdp <= 8.0 and rdp == pytest.approx(8.0, rel=2e-3)   # the rest of the target, used
+  assert second["epsilon"] <= 8.0 and not second["stopped_by_budget"]
+
+
+def test_a_resumed_extension_repeats_bit_for_bit_after_a_checkpoint_fallback(tmp_path):
+  run(tmp_path / "r", rounds=4, target_epsilon=8.0)
+  full = run(tmp_path / "r", resume=True, rounds=8, target_epsilon=8.0)
+  rows = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
+  # the newest checkpoint lost: rounds 7-8 run again under the calibration saved at round 6
+  shutil.rmtree(tmp_path / "r" / "checkpoints" / "8")
+  os.remove(tmp_path / "r" / "summary.json")
+  again = run(tmp_path / "r", resume=True, rounds=8, target_epsilon=8.0)
+  rows2 = [json.loads(x) for x in open(tmp_path / "r" / "metrics.jsonl")]
+  assert [r["test_loss"] for r in rows2] == [r["test_loss"] for r in rows]
+  assert again["privacy"]["noise_events"] == full["privacy"]["noise_events"]
+
+
+def test_a_rerun_under_other_rounds_and_a_schedule_is_refused(tmp_path, capsys):
+  # finding 15: rounds 3-4 would re-run with another learning rate under the same noise
+  out = tmp_path / "r"
+  run(out, rounds=4, noise_multiplier=1.0, lr_schedule="cosine", lr_min=0.01)
+  shutil.rmtree(out / "checkpoints" / "4")
+  before = {p: open(out / p, "rb").read() for p in ("config.json", "metrics.jsonl")}
+  with pytest.raises(RunError, match="rounds=4 first"):
+    run(out, resume=True, rounds=8, noise_multiplier=1.0, lr_schedule="cosine", lr_min=0.01)
+  assert {p: open(out / p, "rb").read() for p in before} == before   # nothing touched
+  argv = ["run", "--resume", "--no-progress", "--out", str(out)]
+  for k, v in {**BASE, "rounds": 8, "noise_multiplier": 1.0, "lr_schedule": "cosine",
+               "lr_min": 0.01}.items():
+    argv += ["--set", f"{k}={json.dumps(v) if isinstance(v, list) else v}"]
+  assert main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "rounds=4" in err[0]
+  # the way out it names: redo rounds 3-4 as they were, then extend
+  run(out, resume=True, rounds=4, noise_multiplier=1.0, lr_schedule="cosine", lr_min=0.01)
+  done = run(out, resume=True, rounds=8, noise_multiplier=1.0, lr_schedule="cosine",
+             lr_min=0.01)
+  assert done["rounds"] == 8
+
+
+def applied_multiplier(sim):
+  """The accounted multiplier of the noise the round draws: the parts' std over
+  their bounds and the count's std over its sensitivity 1/2, composed."""
+  p, layout = sim.privacy, sim.privacy.layout
+  parts = [p.update_noise_multiplier * m / f
+           for f, m in zip(layout.fractions, layout.noise_scales or (1.0,) * len(layout.fractions))]
+  count = [2 * p.count_stddev] if p.adaptive else []
+  return sum(z ** -2.0 for z in parts + count) ** -0.5
+
+
+@pytest.mark.parametrize("tier", [0, 1, 4])   # high (S = 1/4), medium (1), metadata (S = 100)
+def test_adaptive_clipping_with_tiers_is_charged_what_it_applies(tier):
+  # finding 1: with every feature in one tier of multiplier m, S = 1 / m^2; for S < 1 the
+  # count noise sized against the base z made the pair noisier than... less noisy than charged
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
+  tiers = np.full(6, tier)
+  from fedjax_dp.tabular import TIERS
+  sim = toy_simulation(x, y, parts, hidden=[16], dp="central", noise_multiplier=1.0,
+                       clip_parts="tiers", feature_tiers=tiers, rest_tier=TIERS[tier],
+                       sampling="poisson", clients_per_round=3, accountant="pld",
+                       adaptive_clipping=True)
+  m = sim.cfg.tier_noise_multipliers[tier]
+  assert sim.privacy.accounted_noise_multiplier == pytest.approx(m, rel=1e-9)   # z / sqrt(S)
+  assert applied_multiplier(sim) == pytest.approx(m, rel=1e-9)
+  state, _ = sim.run_rounds(sim.init_state(), 5)
+  report = privacy_report(sim.cfg, sim, state)
+  assert report["pld_epsilon"] == pytest.approx(oracle([(applied_multiplier(sim), 5)],
+                                                       report["q"]), rel=1e-3)
+  tier_report = next(iter(report["tiers"].values()))
+  assert tier_report["noise_std"] == pytest.approx(
+      sim.privacy.update_noise_multiplier * sim.cfg.clip_norm * m)
+
+
+def test_a_nonfinite_update_is_sent_as_zero_and_counted():
+  # finding 5: one example at 3e38 made C / ||u|| NaN and the released model NaN
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
+  x = x.copy()
+  x[parts[1][0]] = 3e38
+  for dp in ("central", "local"):
+    sim = toy_simulation(x, y, parts, dp=dp, noise_multiplier=1.0, clients_per_round=4,
+                         lr=1.0)
+    state, stats = sim.run_rounds(sim.init_state(), 2)
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(state.params)), dp
+    assert np.asarray(stats.nonfinite).tolist() == [1, 1], dp
+  clean = toy_simulation(*toy_problem(sizes=(8, 9, 10, 11)), dp="central", noise_multiplier=1.0,
+                         clients_per_round=4)
+  assert np.asarray(clean.run_rounds(clean.init_state(), 1)[1].nonfinite).tolist() == [0]
+
+
+def test_the_record_composes_to_the_ledger():
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13))
+  sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=1.0, sampling="poisson",
+                       clients_per_round=2, noise_schedule="convergence")
+  log, state = privacy_log.empty(), sim.init_state()
+  for _ in range(3):
+    state, stats = sim.run_rounds(state, 2)
+    log = privacy_log.append(log, stats, sim.privacy.event_multipliers)
+  from fedjax_dp.simulation import round_event_rdp
+  host = privacy_log.composed_rdp(log, lambda z: round_event_rdp(sim.cfg, z))
+  np.testing.assert_allclose(np.asarray(state.ledger, np.float64), host, rtol=1e-5)
+  assert privacy_log.released_rounds(log) == 6 and len(privacy_log.round_lrs(log)) == 6
+
+
+def test_secret_noise_seed_draws_the_run_key_from_the_system(tmp_path):
+  x, y, parts = toy_problem()
+  a = toy_simulation(x, y, parts, noise_seed="secret", dp="central", noise_multiplier=1.0)
+  s1, s2 = a.init_state(), a.init_state()
+  assert not np.array_equal(np.asarray(s1.key), np.asarray(s2.key))
+  seeded = toy_simulation(x, y, parts, dp="central", noise_multiplier=1.0).init_state()
+  for u, v in zip(jax.tree.leaves(s1.params), jax.tree.leaves(seeded.params)):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))   # the public init stays seeded
+  summary = run(tmp_path / "s", rounds=2, noise_multiplier=1.0, noise_seed="secret")
+  assert "noise_seed 'secret'" in summary["privacy"]["assumes"][0]
+  seeded_summary = run(tmp_path / "p", rounds=2, noise_multiplier=1.0)
+  assert "stay secret" in seeded_summary["privacy"]["assumes"][0]
+
+
+def test_poisson_sampling_is_accounted_at_the_rate_it_draws_with():
+  from fedjax_dp.simulation import poisson_rate_used
+  q = 0.1
+  key = jax.random.PRNGKey(3)
+  u = np.asarray(jax.random.uniform(key, (1 << 16,)), np.float64)
+  assert np.all(u * 2 ** 23 == np.round(u * 2 ** 23))   # the 2^-23 grid
+  drawn = np.asarray(jax.random.bernoulli(key, q, (1 << 16,)))
+  np.testing.assert_array_equal(drawn, u < np.float32(q))
+  # P(j / 2^23 < float32(q)) by counting the grid points below it
+  below = np.ceil(np.float64(np.float32(q)) * 2 ** 23)
+  assert poisson_rate_used(q) == below / 2 ** 23 > q
+  assert poisson_rate_used(0.5) == 0.5 and poisson_rate_used(1.0) == 1.0
+
+
+def test_poisson_central_dp_publishes_expected_cohort_sizes(tmp_path):
+  summary = run(tmp_path / "b", rounds=4, noise_multiplier=1.0)
+  rows = [json.loads(x) for x in open(tmp_path / "b" / "metrics.jsonl")]
+  per = summary["communication"]["bytes_per_client_up"]
+  assert [r["bytes_up"] for r in rows] == [4 * 2 * per, 4 * 4 * per]
+  assert summary["communication"]["participations"] == 16
+  assert "expected" in summary["privacy"]["published_cohort_sizes"]
+
+
+def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_path):
+  # finding 3: after a resume to more rounds under a cosine schedule, the earlier
+  # rounds' kept noise was recomputed from the new schedule (3.26 reported, 3.57 right)
+  import optax
+  from fedjax_dp.models import num_params
+  from fedjax_dp.topksdp_privacy import topksdp_report
+  over = dict(dp="none", accountant="rdp", s_local=0.9, index_selection="random_k",
+              final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=1.0, lr=0.05,
+              lr_schedule="cosine", lr_min=0.01, sampling="fixed")
+  run(tmp_path / "k", rounds=4, **over)
+  summary = run(tmp_path / "k", resume=True, rounds=8, **over)
+  # what each round ran with: rounds 0-3 under a 4-round cosine, 4-7 under an 8-round one
+  lrs = [float(optax.cosine_decay_schedule(0.05, decay_steps=r, alpha=0.2)(t))
+         for r, ts in ((4, range(4)), (8, range(4, 8))) for t in ts]
+  cfg = make_config({**BASE, **over, "rounds": 8})
+  sizes = json.load(open(tmp_path / "k" / "summary.json"))["data"]["client_examples"]
+  from fedjax_dp.runner import setup
+  _, parts, sim = setup(cfg)
+  d = num_params(jax.tree.leaves(sim.init_state().params))
+  expected = topksdp_report(cfg, d, 8, [len(p) for p in parts], round_lrs=lrs)
+  got = summary["privacy"]["kept_noise"]["accountant"]["epsilon"]
+  assert got == pytest.approx(expected["accountant"]["epsilon"], rel=1e-6)
+  stale = topksdp_report(cfg, d, 8, [len(p) for p in parts])   # today's schedule for all
+  assert got > stale["accountant"]["epsilon"] * 1.01
+  assert sizes["min"] == min(len(p) for p in parts)
