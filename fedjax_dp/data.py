@@ -1,8 +1,10 @@
 """Dataset loaders: numpy arrays plus metadata, from standard files, with one-line errors.
 
 Images come back as float32 [N, H, W, C] in [0, 1]; tabular data as float32
-[N, d] standardized with the training set's mean and deviation. Labels are
-int32 [N] in 0..num_classes-1.
+[N, d], scaled by `scale_features` as `feature_scaling` says: 'pooled' (the
+default of `load_dataset`: the training set's mean and deviation) or 'none'
+(raw). 'per_client' needs the partition, so `runner.setup` applies it after
+partitioning. Labels are int32 [N] in 0..num_classes-1.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Dataset:
   feature_names: tuple[str, ...] = ()
   feature_tiers: np.ndarray | None = None
   sensitive: np.ndarray | None = None
+  # how x_train and x_test were standardised (FEATURE_SCALINGS); images: 'none'
+  feature_scaling: str = "none"
 
   @property
   def input_shape(self) -> tuple[int, ...]:
@@ -44,6 +48,9 @@ class Dataset:
 
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
             "breast_cancer")
+# the datasets whose features are standardised (images are scaled to [0, 1] by a fixed rule)
+TABULAR = ("csv", "synthetic", "healthcare", "breast_cancer")
+FEATURE_SCALINGS = ("pooled", "per_client", "none")
 
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
@@ -249,10 +256,78 @@ def _split(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndar
   return perm[n_test:], perm[:n_test]
 
 
+def _moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Per-column mean and deviation of x's rows; a constant column's deviation is 1."""
+  mean, std = x.mean(0), x.std(0)
+  return mean, np.where(std > 0, std, 1.0)
+
+
 def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  mean, std = train.mean(0), train.std(0)
-  std = np.where(std > 0, std, 1.0)
+  mean, std = _moments(train)
   return ((train - mean) / std).astype(np.float32), ((test - mean) / std).astype(np.float32)
+
+
+def scale_features(x_train: np.ndarray, x_test: np.ndarray, parts: list[np.ndarray] | None,
+                   mode: str) -> tuple[np.ndarray, np.ndarray]:
+  """Standardises tabular features [N, d]; returns float32 (x_train, x_test).
+
+  With mu(S), sigma(S) the per-column mean and deviation of the rows S (sigma = 1
+  for a constant column):
+
+    pooled      x_i <- (x_i - mu(T)) / sigma(T) for every training and test row,
+                T = all training rows. Every client's rows enter mu(T) and sigma(T),
+                so one client's data moves every client's inputs.
+    per_client  x_i <- (x_i - mu(P_k)) / sigma(P_k) for i in P_k = parts[k], client k's
+                rows: a client's inputs depend on its own data only. The test set is
+                standardised with its own statistics, x_j <- (x_j - mu(E)) / sigma(E)
+                over the test rows E, like one more client doing the same: it reads no
+                training client's data, and needs no public statistics (which csv data
+                does not have). Computed in float64 from x as given.
+    none        x as given (raw), as float32.
+
+  parts: disjoint index arrays into x_train (needed for per_client only); a row in
+  no part is never trained on and stays raw.
+  """
+  if mode == "pooled":
+    return _standardize(x_train, x_test)
+  if mode == "none":
+    return x_train.astype(np.float32), x_test.astype(np.float32)
+  if mode != "per_client":
+    raise DataError(f"feature_scaling {mode!r}: allowed values are "
+                    f"{', '.join(FEATURE_SCALINGS)}")
+  if parts is None:
+    raise DataError("feature_scaling 'per_client' needs the partition (parts): each client "
+                    "standardises its own rows")
+  rows = np.concatenate([np.asarray(p, np.int64) for p in parts]) if parts else np.zeros(0, int)
+  if len(np.unique(rows)) != len(rows):
+    raise DataError("feature_scaling 'per_client': a training row is in more than one client's "
+                    "part; the parts must be disjoint")
+  out = x_train.astype(np.float32)
+  for p in parts:
+    if len(p):
+      x = x_train[p].astype(np.float64)
+      mean, std = _moments(x)
+      out[p] = ((x - mean) / std).astype(np.float32)
+  test = x_test.astype(np.float64)
+  mean, std = _moments(test)
+  return out, ((test - mean) / std).astype(np.float32)
+
+
+def apply_feature_scaling(ds: Dataset, parts: list[np.ndarray], mode: str) -> Dataset:
+  """ds with its features scaled by `mode`, after partitioning into `parts`.
+
+  `load_dataset` applies 'pooled' and 'none' itself (pooled from the loader's raw
+  precision); 'per_client' is applied here to data loaded with 'none'. Data
+  loaded with another scaling than `mode` is an error: it cannot be undone."""
+  if ds.feature_scaling == mode:
+    return ds
+  if mode == "per_client" and ds.feature_scaling == "none":
+    x_train, x_test = scale_features(ds.x_train, ds.x_test, parts, mode)
+    return dataclasses.replace(ds, x_train=x_train, x_test=x_test, feature_scaling=mode)
+  load_as = "none" if mode == "per_client" else mode
+  raise DataError(f"dataset {ds.name!r} was loaded with feature_scaling {ds.feature_scaling!r} "
+                  f"but the config resolves it to {mode!r}: load it with runner.load_data(cfg) "
+                  f"or load_dataset(..., feature_scaling={load_as!r})")
 
 
 def _load_digits(seed: int) -> Dataset:
@@ -327,7 +402,6 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
   lookup = {c: k for k, c in enumerate(classes)}
   y = np.array([lookup[v] for v in labels], np.int32)
   tr, te = _split(len(y), test_fraction, seed)
-  xtr, xte = _standardize(x[tr], x[te])
   names = tuple(header[i] for i in feats)
   tiers = None
   if tier_map:
@@ -336,7 +410,7 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
       tiers = read_tier_map(tier_map, list(names))
     except TierMapError as e:
       raise DataError(str(e))
-  return Dataset("csv", xtr, y[tr], xte, y[te], max(len(classes), 2), path,
+  return Dataset("csv", x[tr], y[tr], x[te], y[te], max(len(classes), 2), path,
                  feature_names=names, feature_tiers=tiers)
 
 
@@ -346,8 +420,7 @@ def _load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
     raise DataError(f"healthcare: num_examples={num_examples}; expected >= 10")
   x, y, tiers, names, sensitive = healthcare_data(num_examples, seed)
   tr, te = _split(len(y), 0.2, seed)
-  xtr, xte = _standardize(x[tr], x[te])
-  return Dataset("healthcare", xtr, y[tr], xte, y[te], 3, f"generated (seed {seed})",
+  return Dataset("healthcare", x[tr], y[tr], x[te], y[te], 3, f"generated (seed {seed})",
                  feature_names=tuple(names), feature_tiers=tiers, sensitive=sensitive)
 
 
@@ -355,8 +428,7 @@ def _load_breast_cancer(seed: int = 0) -> Dataset:
   from fedjax_dp.tabular import breast_cancer_data
   x, y, names = breast_cancer_data()
   tr, te = _split(len(y), 0.2, seed)
-  xtr, xte = _standardize(x[tr], x[te])
-  return Dataset("breast_cancer", xtr, y[tr], xte, y[te], 2, "scikit-learn load_breast_cancer",
+  return Dataset("breast_cancer", x[tr], y[tr], x[te], y[te], 2, "scikit-learn load_breast_cancer",
                  feature_names=tuple(names))
 
 
@@ -373,17 +445,13 @@ def _load_synthetic(num_examples: int = 10000, num_features: int = 32, num_class
   n_test = max(1, num_examples // 5)
   y = rng.integers(0, num_classes, size=num_examples + n_test).astype(np.int32)
   x = (means[y] + rng.normal(size=(len(y), num_features))).astype(np.float32)
-  xtr, xte = _standardize(x[:num_examples], x[num_examples:])
-  return Dataset("synthetic", xtr, y[:num_examples], xte, y[num_examples:], num_classes,
+  return Dataset("synthetic", x[:num_examples], y[:num_examples], x[num_examples:],
+                 y[num_examples:], num_classes,
                  f"generated (seed {seed})")
 
 
-def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **options) -> Dataset:
-  """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
-  synthetic (num_examples, num_features, num_classes), healthcare (num_examples)."""
-  if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
-    # an explicit folder that is not there is a typo, not a reason to look elsewhere
-    raise DataError(f"data_dir {data_dir!r} is not a folder")
+def _load_raw(name: str, data_dir: str | None, seed: int, options: dict) -> Dataset:
+  """The dataset as read: tabular features raw, in the loader's precision."""
   if name == "digits":
     return _load_digits(seed)
   if name in ("mnist", "fmnist"):
@@ -399,3 +467,30 @@ def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0, **opt
   if name == "breast_cancer":
     return _load_breast_cancer(seed)
   raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+
+
+def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,
+                 feature_scaling: str | None = None, **options) -> Dataset:
+  """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
+  synthetic (num_examples, num_features, num_classes), healthcare (num_examples).
+
+  feature_scaling (tabular datasets): 'pooled' (None: the default) or 'none', applied
+  by `scale_features`; 'per_client' needs the partition: load with 'none', then
+  `apply_feature_scaling` (runner.setup does both). Images take None or 'none'."""
+  if name in DATASETS and name not in TABULAR and feature_scaling not in (None, "none"):
+    raise DataError(f"feature_scaling {feature_scaling!r} with dataset {name!r}: images are "
+                    f"scaled to [0, 1] by a fixed rule; only {', '.join(TABULAR)} are "
+                    "standardised")
+  if name in TABULAR and feature_scaling not in (None, "pooled", "none"):
+    raise DataError(f"feature_scaling {feature_scaling!r}: load_dataset takes 'pooled' or "
+                    "'none' ('per_client' needs the partition: load with 'none', then "
+                    "apply_feature_scaling)")
+  if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
+    # an explicit folder that is not there is a typo, not a reason to look elsewhere
+    raise DataError(f"data_dir {data_dir!r} is not a folder")
+  ds = _load_raw(name, data_dir, seed, options)
+  if name not in TABULAR:
+    return ds
+  mode = feature_scaling or "pooled"
+  x_train, x_test = scale_features(ds.x_train, ds.x_test, None, mode)
+  return dataclasses.replace(ds, x_train=x_train, x_test=x_test, feature_scaling=mode)
