@@ -36,6 +36,7 @@ class Config:
   synthetic_features: int = 32
   synthetic_classes: int = 10
   healthcare_examples: int = 5000
+  feature_scaling: str = "auto"
   # federation
   num_clients: int = 20
   clients_per_round: int = 10
@@ -147,6 +148,7 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
                 "breast_cancer"),
+    "feature_scaling": ("auto", "pooled", "per_client", "none"),
     "sampling": ("fixed", "poisson"),
     "partition": ("iid", "dirichlet", "shards", "quantity", "dirichlet_client"),
     "model": ("mlp", "cnn"),
@@ -488,6 +490,11 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
                       "(without top-k use update_clip_l2)")
   if cfg.index_selection == "public_topk" and cfg.s_local == 0:
     raise ConfigError("config key 'index_selection' = 'public_topk': needs s_local > 0")
+  from fedjax_dp.data import TABULAR
+  if cfg.feature_scaling != "auto" and cfg.dataset not in TABULAR:
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      f"{cfg.dataset!r}: images are scaled to [0, 1] by a fixed rule; only "
+                      f"{', '.join(TABULAR)} are standardised (leave it 'auto')")
   if cfg.dataset == "csv" and not cfg.csv_path:
     raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
 

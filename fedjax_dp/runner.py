@@ -25,7 +25,7 @@ from fedjax_dp import accounting
 from fedjax_dp import checkpoint as ckpt
 from fedjax_dp import reporting
 from fedjax_dp.config import Config, ConfigError, make_config
-from fedjax_dp.data import Dataset, load_dataset
+from fedjax_dp.data import TABULAR, Dataset, apply_feature_scaling, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.objectives import parse_algorithm
 from fedjax_dp.partition import partition
@@ -51,7 +51,31 @@ EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
                   "client_parallelism", "client_batch", "eval_batch_size")
 
 
+def resolved_feature_scaling(cfg: Config) -> str:
+  """cfg.feature_scaling with 'auto' resolved: 'pooled' when dp is 'none', 'per_client'
+  under DP (pooled statistics would carry every client's raw data into every client's
+  inputs without noise); image datasets are never standardised: 'none'."""
+  if cfg.feature_scaling != "auto":
+    return cfg.feature_scaling
+  if cfg.dataset not in TABULAR:
+    return "none"
+  return "pooled" if cfg.dp == "none" else "per_client"
+
+
+def data_not_accounted(cfg: Config) -> list[str]:
+  """The privacy report's not_accounted lines the data preparation causes (none
+  without DP): pooled standardisation under DP."""
+  if cfg.dp == "none" or resolved_feature_scaling(cfg) != "pooled":
+    return []
+  return ["feature_scaling 'pooled': the standardisation mean and deviation are computed from "
+          "every client's raw training data without noise, so one client's data moves every "
+          "client's inputs in every round; that influence is not covered by epsilon (use "
+          "feature_scaling 'per_client' or 'none')"]
+
+
 def load_data(cfg: Config) -> Dataset:
+  """The config's dataset, scaled as far as it can be before partitioning: pooled or
+  none; per_client data comes back raw ('none'), for setup to scale per client."""
   options: dict[str, Any] = {}
   if cfg.dataset == "csv":
     options = dict(path=cfg.csv_path, label_column=cfg.label_column, tier_map=cfg.tier_map_path)
@@ -60,7 +84,9 @@ def load_data(cfg: Config) -> Dataset:
                    num_classes=cfg.synthetic_classes)
   elif cfg.dataset == "healthcare":
     options = dict(num_examples=cfg.healthcare_examples)
-  return load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed, **options)
+  mode = resolved_feature_scaling(cfg)
+  return load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed,
+                      feature_scaling="none" if mode == "per_client" else mode, **options)
 
 
 def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
@@ -71,6 +97,10 @@ def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
 
 def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None):
   """Builds (dataset, partition, simulation) for a config; the Python API's entry point.
+
+  The returned dataset's features are scaled as resolved_feature_scaling(cfg) says
+  (per_client: each client's rows with its own statistics, after partitioning); a
+  `ds` passed in must come from load_data(cfg) (or load_dataset with that scaling).
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
   to target_epsilon from round 0 (a resumed run's; simulation.make_privacy)."""
   ds = ds if ds is not None else load_data(cfg)
@@ -83,7 +113,8 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
     raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
                       "data has no sensitivity tiers (use dataset healthcare, or csv with "
                       "tier_map_path)")
-  parts = client_partition(cfg, ds)
+  parts = client_partition(cfg, ds)   # labels only: the same under every scaling
+  ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
   model = make_model(cfg.model, ds.input_shape, ds.num_classes, cfg.hidden)
   store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size)
   tiers, analysis, budgets = ds.feature_tiers, None, None
@@ -290,6 +321,9 @@ def saved_config(path: str) -> Config:
       values = json.load(f)
     if not isinstance(values, dict):
       raise ValueError("not a JSON object")
+    if "feature_scaling" not in values and values.get("dataset") in TABULAR:
+      # written before the key existed, when tabular data was always pooled
+      values = dict(values, feature_scaling="pooled")
     return make_config(values)
   except (OSError, ValueError, ConfigError) as e:
     raise RunError(f"--resume: {path} is not a valid run config ({str(e).splitlines()[0]})")
@@ -302,9 +336,19 @@ def _rounds_done(out: str) -> int:
 
 
 def _config_diff(cfg: Config, saved: Config, free: tuple[str, ...]) -> list[str]:
-  """The config keys whose values differ between cfg and saved, but those in free."""
-  return [k for k in dataclasses.asdict(cfg) if getattr(cfg, k) != getattr(saved, k)
+  """The config keys whose values differ between cfg and saved, but those in free
+  (feature_scaling compared as resolved: 'auto' is 'pooled' without DP)."""
+  value = lambda c, k: resolved_feature_scaling(c) if k == "feature_scaling" else getattr(c, k)
+  return [k for k in dataclasses.asdict(cfg) if value(cfg, k) != value(saved, k)
           and k not in free]
+
+
+def _shown(cfg: Config, key: str) -> str:
+  """A config value for a message: feature_scaling 'auto' with what it resolves to."""
+  value = repr(getattr(cfg, key))
+  if key == "feature_scaling" and cfg.feature_scaling == "auto":
+    value += f" ({resolved_feature_scaling(cfg)})"
+  return value
 
 
 def make_out_folder(out: str) -> None:
@@ -383,7 +427,7 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
   finished = os.path.exists(os.path.join(out, "summary.json"))
   diff = _config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES)
   if diff and not overwrite:
-    shown = "; ".join(f"{k} {getattr(saved, k)!r} there, {getattr(cfg, k)!r} asked"
+    shown = "; ".join(f"{k} {_shown(saved, k)} there, {_shown(cfg, k)} asked"
                       for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
     raise RunError(f"{out} holds a run with other settings ({shown}): pass --overwrite to "
                    "rerun it, or choose another --out")
@@ -441,7 +485,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
       calibration = (saved["noise_multiplier"] if saved.get("rounds") == cfg.rounds
                      else calibrated_multiplier(cfg, privacy_log.noise_events(plog)))
       if calibration != noise_multiplier_for(cfg):
-        _, _, sim = setup(cfg, ds=ds, mesh=mesh, calibrated=calibration)
+        _, _, sim = setup(cfg, mesh=mesh, calibrated=calibration)   # ds is scaled
         if saved.get("rounds") not in (None, cfg.rounds):
           used = accounting.epsilon_np(privacy_log.composed_rdp(
               plog, lambda z: round_event_rdp(cfg, z)), cfg.delta)[0]
@@ -871,7 +915,8 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
           "seconds_per_round_median": statistics.median(per_round) if per_round else None,
       },
       "model": {"name": cfg.model, "params": d},
-      "data": {"dataset": cfg.dataset, "source": ds.source, "train_examples": len(ds.y_train),
+      "data": {"dataset": cfg.dataset, "source": ds.source,
+               "feature_scaling": ds.feature_scaling, "train_examples": len(ds.y_train),
                "test_examples": len(ds.y_test), "clients": len(parts),
                "client_examples": {"min": min(sizes), "median": float(np.median(sizes)),
                                    "max": max(sizes)}},
