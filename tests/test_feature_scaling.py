@@ -83,7 +83,7 @@ def test_a_neighbour_moves_every_client_under_pooled():
     _assert_others_unchanged("pooled")
   x, _, parts, x_test = _problem(seed=1)
   x2, k = _neighbour(x, parts)
-  a, b = scale_features(x, x_test, parts, "pooled")[0], scale_features(x2, x_test, parts, "pooled")[0]
+  a, b = (scale_features(v, x_test, parts, "pooled")[0] for v in (x, x2))
   assert all(not np.array_equal(a[p], b[p]) for j, p in enumerate(parts) if j != k)
 
 
