@@ -867,6 +867,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None) -> d
     report["not_accounted"].append(
         "the tier map comes from the sensitivity analyzer, which reads every client's data "
         "without noise; the choice of tiers (and so of noise per feature) is not covered")
+  report["not_accounted"] += data_not_accounted(cfg)
   if cfg.client_budgets == "allocated":
     report["not_accounted"].append(
         "client_budgets 'allocated': each client's budget is computed without noise from every "

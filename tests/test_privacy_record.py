@@ -210,3 +210,13 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
   stale = topksdp_report(cfg, d, 8, [len(p) for p in parts])   # today's schedule for all
   assert got > stale["accountant"]["epsilon"] * 1.01
   assert sizes["min"] == min(len(p) for p in parts)
+
+
+def test_pooled_scaling_under_dp_is_listed_as_not_accounted(tmp_path):
+  # finding 7: pooled standardisation lets one client's data move every client's inputs
+  over = dict(dataset="breast_cancer", num_clients=10, clients_per_round=5, rounds=1,
+              noise_multiplier=1.0, accountant="rdp", eval_every=1, checkpoint_every=0)
+  pooled = run(tmp_path / "p", feature_scaling="pooled", **over)["privacy"]["not_accounted"]
+  own = run(tmp_path / "c", **over)["privacy"]["not_accounted"]    # auto: per_client under DP
+  assert any("feature_scaling 'pooled'" in x for x in pooled)
+  assert not any("feature_scaling" in x for x in own)
