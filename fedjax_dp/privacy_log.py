@@ -27,23 +27,23 @@ def empty() -> dict:
   return {"noise": [], "lr": [], "nonfinite": 0}
 
 
-def _extend(runs: list, values: Iterable[float]) -> list:
-  runs = [list(r) for r in runs]
+def _extend(runs: list, values: Iterable[float]) -> None:
+  """Appends `values` to `runs` in place (a copy per chunk grew as rounds^2)."""
   for v in values:
     if runs and runs[-1][0] == v:
       runs[-1][1] += 1
     else:
       runs.append([v, 1])
-  return runs
 
 
 def append(log: dict, stats, event_multipliers) -> dict:
-  """The log after a chunk whose RoundStats (leaves [rounds]) are `stats`."""
+  """Adds a chunk whose RoundStats (leaves [rounds]) are `stats` to `log` (in
+  place) and returns it."""
   events = np.asarray(stats.event).reshape(-1)
-  released = [float(event_multipliers[k]) for k in events if k >= 0]
-  lrs = [float(v) for v in np.asarray(stats.lr, np.float32).reshape(-1)]
-  return {"noise": _extend(log["noise"], released), "lr": _extend(log["lr"], lrs),
-          "nonfinite": int(log["nonfinite"]) + int(np.sum(stats.nonfinite))}
+  _extend(log["noise"], [float(event_multipliers[k]) for k in events if k >= 0])
+  _extend(log["lr"], [float(v) for v in np.asarray(stats.lr, np.float32).reshape(-1)])
+  log["nonfinite"] = int(log["nonfinite"]) + int(np.sum(stats.nonfinite))
+  return log
 
 
 def noise_events(log: dict) -> list[tuple[float, int]]:

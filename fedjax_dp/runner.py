@@ -148,16 +148,17 @@ def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
   return sorted(e for e in ends if start < e <= last)
 
 
-def budget_rounds(cfg: Config, spent=(), accounted: float | None = None) -> int:
+def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
+                  accounted: float | None = None) -> int:
   """Rounds the run may take, checked before anything is written.
 
   Central DP with target_epsilon: the most rounds whose accounted epsilon stays
   <= the target (the run stops before passing it). Local DP: all of them (each
   client stops on its own), but one participation must fit in the target. Also
   raises RunError for an unreachable target or an impossible adaptive-clipping
-  set-up. `spent`: the released rounds' noise events [(multiplier, rounds)]
-  of a resumed run (privacy_log.noise_events), composed before the rounds to
-  come, which run at `accounted` (default: the config's multiplier)."""
+  set-up. A resumed run passes what its `done` rounds spent (`spent_rdp`
+  [orders], the restored ledger); the rounds to come run at `accounted`
+  (default: the config's multiplier)."""
   if cfg.dp == "none":
     return cfg.rounds
   try:
@@ -173,10 +174,9 @@ def budget_rounds(cfg: Config, spent=(), accounted: float | None = None) -> int:
     # participation after setup; central DP skips the round that would pass the target
     return cfg.rounds
   event = local_event_rdp(cfg, z) if cfg.dp == "local" else round_event_rdp(cfg, z)
-  if cfg.dp == "local":
-    spent = ()   # each client's own ledger decides
-  done = sum(n for _, n in spent)
-  before = sum((n * round_event_rdp(cfg, zs) for zs, n in spent), np.zeros_like(event))
+  if cfg.dp == "local" or spent_rdp is None:
+    spent_rdp, done = np.zeros_like(event), 0   # local DP: each client's own ledger decides
+  before = np.asarray(spent_rdp, np.float64)
   # the in-round float32 ledger rounds up, by at most ~2 ulp (2.4e-7) per round:
   # stop where even that upper bound stays within the target
   ok = lambda t: accounting.epsilon_np((before + (t - done) * event) * (1 + 2.4e-7 * t),
@@ -199,30 +199,115 @@ def budget_rounds(cfg: Config, spent=(), accounted: float | None = None) -> int:
   return lo
 
 
-def calibrated_multiplier(cfg: Config, spent) -> float:
-  """Central DP with target_epsilon: the accounted noise multiplier for the rounds
-  still to run after `spent` [(multiplier, rounds)] were released, so that all
-  `rounds` together stay within the target (the rounds already run keep the
-  noise they had; `noise_multiplier_for` is the case of nothing spent)."""
-  done = sum(n for _, n in spent)
-  if not done:
-    return noise_multiplier_for(cfg)
+def calibrated_multiplier(cfg: Config, spent_rdp: np.ndarray, done: int) -> float:
+  """Central DP with target_epsilon: the accounted noise multiplier for the
+  `rounds - done` rounds still to run after `done` rounds spent `spent_rdp`
+  [orders] (the restored ledger), so that all `rounds` together stay within the
+  target. The rounds already run keep the noise they had; `noise_multiplier_for`
+  is the case of nothing spent."""
   remaining = cfg.rounds - done
-  before = sum(n * round_event_rdp(cfg, z) for z, n in spent)
   aim = cfg.target_epsilon * (1.0 - 1e-5 - 3e-7 * cfg.rounds)
-  used = accounting.epsilon_np(before, cfg.delta)[0]
-  if remaining <= 0:
-    return spent[-1][0]
+  used = accounting.epsilon_np(spent_rdp, cfg.delta)[0]
   if used >= aim:
     raise RunError(f"--resume: the {done} rounds already run spent epsilon {used:.4g} of "
                    f"target_epsilon {cfg.target_epsilon:g}: no room for more rounds")
   try:
     return accounting.calibrate_noise_multiplier(
         aim, sampling_rate(cfg), remaining, cfg.delta,
-        epsilon_fn=lambda z: accounting.epsilon_np(before + remaining * round_event_rdp(cfg, z),
-                                                   cfg.delta)[0])
+        epsilon_fn=lambda z: accounting.epsilon_np(
+            spent_rdp + remaining * round_event_rdp(cfg, z), cfg.delta)[0])
   except ValueError as e:
     raise RunError(f"--resume: {e} for the {remaining} rounds after the {done} already run")
+
+
+SECRET_KEY = "run_key.secret"   # noise_seed 'secret': the run key, for a restart from round 0
+RELEASED = "released.json"      # the last round any output (metrics, checkpoint) came from
+
+
+def _save_secret_key(out: str, key) -> None:
+  """Writes the run key (owner-only) before any round runs: a restart from round
+  0 must draw the same noise, or re-run rounds would be released twice."""
+  path = os.path.join(out, SECRET_KEY)
+  tmp = path + ".tmp"
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+  with os.fdopen(fd, "w") as f:
+    json.dump([int(v) for v in np.asarray(key)], f)
+  os.replace(tmp, path)
+
+
+def _released_round(out: str) -> int:
+  """The last round any output of the run came from: metrics rows, checkpoints
+  (readable or not), the summary and the high-water mark (never lowered)."""
+  marks = [_rounds_done(out)] + ckpt.steps(os.path.join(out, "checkpoints"))
+  for name in (RELEASED, "summary.json"):
+    try:
+      with open(os.path.join(out, name)) as f:
+        marks.append(int(json.load(f)["rounds" if name == "summary.json" else "round"]))
+    except (OSError, ValueError, KeyError, TypeError):
+      pass
+  return max(marks)
+
+
+def _mark_released(out: str, end: int) -> None:
+  """Raises the high-water mark (it survives a resume that cuts metrics.jsonl back)."""
+  try:
+    with open(os.path.join(out, RELEASED)) as f:
+      mark = int(json.load(f)["round"])
+  except (OSError, ValueError, KeyError, TypeError):
+    mark = 0
+  if end > mark:
+    reporting.write_json_atomic(os.path.join(out, RELEASED), {"round": end})
+
+
+def _restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: bool):
+  """A resume's (state, meta, privacy_log, calibrated multiplier): the newest
+  readable checkpoint (or round 0), checked against what was released, with
+  the noise multiplier the rounds to come run at. RunError, nothing written,
+  when the resume would change released rounds."""
+  ckpt_dir = os.path.join(out, "checkpoints")
+  meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
+  if ckpt.steps(ckpt_dir):
+    _, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
+  restored = int(state.round)
+  if cfg.noise_seed == "secret" and restored == 0:
+    state = _restore_secret_key(out, sim, state)
+  _check_rerun(out, cfg, restored, calibrating)
+  log(f"resuming {out} from the checkpoint at round {restored}" if restored
+      else f"no checkpoint in {out}: starting from round 0")
+  plog = meta.get("privacy_log") if privacy_log.is_valid(meta.get("privacy_log")) else None
+  if plog is None and restored == 0:
+    plog = privacy_log.empty()   # else a checkpoint from before the log: no PLD figure
+  if not calibrating:
+    return state, meta, plog, None
+  segments = reporting.read_metrics(os.path.join(out, SEGMENTS))
+  current = [g for g in segments if g["from_round"] <= restored]
+  saved = current[-1] if current else (meta.get("calibration") or {})
+  if saved.get("rounds") == cfg.rounds and saved.get("noise_multiplier") is not None:
+    return state, meta, plog, saved["noise_multiplier"]   # as the rounds ran, bit for bit
+  if restored == 0 or restored >= cfg.rounds:
+    return state, meta, plog, noise_multiplier_for(cfg)
+  # other rounds: the rounds to come calibrated to what the ledger (digest-checked) left
+  spent = np.asarray(state.ledger, np.float64)
+  calibration = calibrated_multiplier(cfg, spent, restored)
+  log(f"rounds {saved.get('rounds')} -> {cfg.rounds}: the {restored} rounds run spent "
+      f"epsilon {accounting.epsilon_np(spent, cfg.delta)[0]:.4g} (RDP) of target_epsilon "
+      f"{cfg.target_epsilon:g}; the rounds to come are calibrated to what is left: accounted "
+      f"noise multiplier {calibration:.6g}")
+  return state, meta, plog, calibration
+
+
+def _restore_secret_key(out: str, sim: Simulation, state):
+  """Round 0 of a noise_seed 'secret' run restarts with the key it ran with."""
+  try:
+    with open(os.path.join(out, SECRET_KEY)) as f:
+      key = np.asarray(json.load(f), np.uint32).reshape(2)
+  except (OSError, ValueError):
+    if _released_round(out) > 0:
+      raise RunError(f"--resume: {out} has no readable checkpoint and no {SECRET_KEY}: with "
+                     "noise_seed 'secret' a restart would release its rounds again under new "
+                     "noise, which no epsilon covers; start a new run") from None
+    return state
+  return state._replace(key=sim.replicate(jax.numpy.asarray(key)))
 
 
 def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> None:
@@ -236,8 +321,7 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
   if (cfg.lr_schedule == "constant" and not calibrating) or (cfg.dp == "none"
                                                             and cfg.kept_noise == "none"):
     return   # nothing changes, or no noise to reuse
-  ckpt_dir = os.path.join(out, "checkpoints")
-  released = max([_rounds_done(out)] + ckpt.steps(ckpt_dir))
+  released = _released_round(out)
   if released <= restored:
     return
   segments = reporting.read_metrics(os.path.join(out, SEGMENTS)) or [
@@ -247,13 +331,16 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
     if seg["from_round"] < released and seg_end > restored and seg["rounds"] != cfg.rounds:
       why = ("lr_schedule " + repr(cfg.lr_schedule) if cfg.lr_schedule != "constant"
              else "the noise calibrated to target_epsilon")
-      raise RunError(
-          f"--resume: the run would restart from round {restored} (newer checkpoints are "
-          f"unreadable or missing) but rounds up to {released} were already run, some with "
-          f"rounds = {seg['rounds']}; re-running them "
-          f"with rounds = {cfg.rounds} would change them ({why}) under the same noise draws. "
-          f"Resume with --set rounds={seg['rounds']} first (it repeats them exactly), then "
-          "extend")
+      head = (f"--resume: the run would restart from round {restored} (newer checkpoints are "
+              f"unreadable or missing) but rounds up to {released} were already released, "
+              f"some with rounds = {seg['rounds']}; re-running them with rounds = {cfg.rounds} "
+              f"would change them ({why}) under the same noise draws")
+      if seg["rounds"] >= released and cfg.checkpoint_every:
+        raise RunError(f"{head}. Resume with --set rounds={seg['rounds']} first (it repeats "
+                       "them exactly), then extend")
+      raise RunError(f"{head}, and no resume can repeat them as they ran (they ran under "
+                     "several `rounds`, or no checkpoint would mark them): start a new run "
+                     "with another --out")
 
 
 def published_participations(cfg: Config, state) -> int:
@@ -470,47 +557,13 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   plog = privacy_log.empty()
   if resume:
     # everything is checked before a file is touched: a refused resume leaves the run as it was
-    if ckpt.steps(ckpt_dir):
-      step, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
-    _check_rerun(out, cfg, int(state.round), calibrating)
-    log(f"resuming {out} from the checkpoint at round {int(state.round)}" if int(state.round)
-        else f"no checkpoint in {out}: starting from round 0")
-    plog = meta.get("privacy_log") if privacy_log.is_valid(meta.get("privacy_log")) else None
-    if plog is None:   # a checkpoint from before the log, or none
-      plog = privacy_log.empty() if int(state.round) == 0 else None
-    if calibrating and plog is not None:
-      saved = meta.get("calibration") or {}
-      # the same rounds: the multiplier the run was calibrated to (bit for bit);
-      # other rounds: the rounds to come calibrated to what is left of the target
-      calibration = (saved["noise_multiplier"] if saved.get("rounds") == cfg.rounds
-                     else calibrated_multiplier(cfg, privacy_log.noise_events(plog)))
-      if calibration != noise_multiplier_for(cfg):
-        _, _, sim = setup(cfg, mesh=mesh, calibrated=calibration)   # ds is scaled
-        if saved.get("rounds") not in (None, cfg.rounds):
-          used = accounting.epsilon_np(privacy_log.composed_rdp(
-              plog, lambda z: round_event_rdp(cfg, z)), cfg.delta)[0]
-          log(f"rounds {saved['rounds']} -> {cfg.rounds}: the {int(state.round)} rounds run "
-              f"spent epsilon {used:.4g} (RDP) of target_epsilon {cfg.target_epsilon:g}; the "
-              f"rounds to come are calibrated to what is left: accounted noise multiplier "
-              f"{calibration:.6g}")
-    if plog is not None:
-      last = budget_rounds(cfg, privacy_log.noise_events(plog), calibration)
+    state, meta, plog, calibration = _restore(out, cfg, sim, state, log, calibrating)
+    if calibration != (noise_multiplier_for(cfg) if calibrating else None):
+      _, _, sim = setup(cfg, mesh=mesh, calibrated=calibration)   # ds is scaled: reload
+    if cfg.dp == "central":
+      last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
+                           calibration)
   cfg = _prepare_out(out, cfg, resume, overwrite)
-  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
-  eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
-  d = num_params(jax.tree.leaves(sim.init_state().params))
-  comm = pipeline.communication(cfg, d)  # per participant and round, each way
-  if resume:
-    rows = [r for r in reporting.read_metrics(metrics_path) if r["round"] <= int(state.round)]
-    reporting.rewrite_metrics(metrics_path, rows)
-  else:
-    rows = []
-
-  solo_eval = label_dist = None
-  if "solo" in parse_algorithm(cfg.algorithm)[0]:
-    from fedjax_dp.simulation import make_solo_evaluate
-    solo_eval = make_solo_evaluate(sim.model)
-    label_dist = client_label_distribution(ds, parts)
   start = int(state.round)
   summary_path = os.path.join(out, "summary.json")
   if resume and start >= last and os.path.exists(summary_path):
@@ -518,12 +571,28 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     log(f"{out} has already run its {start} rounds: nothing to do")
     with open(summary_path) as f:
       return json.load(f)
+  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
+  if cfg.noise_seed == "secret" and start == 0:
+    _save_secret_key(out, state.key)
+  # which `rounds` (and calibration) each stretch of rounds ran under (_check_rerun)
+  reporting.append_metrics(os.path.join(out, SEGMENTS), {
+      "from_round": start, "rounds": cfg.rounds, "noise_multiplier": calibration})
+  eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
+  d = num_params(jax.tree.leaves(sim.init_state().params))
+  comm = pipeline.communication(cfg, d)  # per participant and round, each way
+  rows = []
+  if resume:
+    rows = [r for r in reporting.read_metrics(metrics_path) if r["round"] <= start]
+    reporting.rewrite_metrics(metrics_path, rows)
+
+  solo_eval = label_dist = None
+  if "solo" in parse_algorithm(cfg.algorithm)[0]:
+    from fedjax_dp.simulation import make_solo_evaluate
+    solo_eval = make_solo_evaluate(sim.model)
+    label_dist = client_label_distribution(ds, parts)
   if last < cfg.rounds:
     log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
         f"would pass target_epsilon {cfg.target_epsilon:g}")
-  # which `rounds` each stretch of rounds ran under (a re-run must not differ: _check_rerun)
-  reporting.append_metrics(os.path.join(out, SEGMENTS), {"from_round": start,
-                                                         "rounds": cfg.rounds})
   chunk_times: list[tuple[int, float]] = []
   wall0 = time.perf_counter() - meta["wall_s"]
   loss_sum, examples = meta["loss_sum"], meta["examples"]
@@ -587,6 +656,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
              "bytes_down": participations * comm["bytes_per_client_down"],
              "wall_s": round(time.perf_counter() - wall0, 4)}
       reporting.append_metrics(metrics_path, row)
+      _mark_released(out, end)
       rows.append(row)
       loss_sum = examples = unclipped = clip_seen = flagged = clusters = 0.0
       agg_rounds = nonfinite = 0
@@ -600,34 +670,50 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
                  **({"calibration": {"rounds": cfg.rounds, "noise_multiplier": calibration}}
                     if calibrating else {})},
                 keep=cfg.keep_checkpoints)
+      _mark_released(out, end)
     if all_spent:
       break
   bar.close()
   state = sim.to_client_order(state)
 
-  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm, plog)
+  # the run ended before `rounds`: only a budget stops it (the last round, or a skip)
+  skipped = int(state.server_state["noise_control"]["skipped"]) if cfg.dp != "none" else 0
+  stopped = int(state.round) - skipped < cfg.rounds
+  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm, plog,
+                     stopped)
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
   summary["plots"] = reporting.plot_metrics(rows, out)
   return summary
 
 
 def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None,
-                   assume: bool = True) -> dict:
+                   assume: bool = True, stopped_by_budget: bool | None = None) -> dict:
   """What is guaranteed (the accountant's figure), how, and what is not accounted.
 
   `plog`: the run's privacy_log (what each round released). Without it, and
   `assume` (the Python API on a state that `sim` ran from round 0), every round
   is taken to have run with `sim`'s noise, which the report says; with
   `assume` False (a run resumed from a checkpoint older than the log) the
-  figures that need the log are left out, also said."""
+  figures that need the log are left out, also said. The assumed record is
+  checked against the state's ledger: where they differ, no figure is built
+  from it. `stopped_by_budget`: whether a budget ended the run before `rounds`
+  (run_experiment knows; default: whether a round was skipped for it)."""
   assumed = False
   if plog is None and assume and cfg.dp != "none" and sim.privacy.schedule == "static":
     plog = _assumed_log(cfg, sim, state)
     assumed = True
-  report = _privacy_report(cfg, sim, state, plog)
-  if assumed:
+    if cfg.dp == "central" and not _log_matches_ledger(cfg, plog, state):
+      plog, assumed = None, "mismatch"
+  report = _privacy_report(cfg, sim, state, plog, stopped_by_budget)
+  if assumed == "mismatch":
+    report["noise_events_source"] = ("none: no per-round record was given, and this "
+                                     "simulation's noise does not compose to the state's ledger "
+                                     "(the state did not come from it): only the ledger's "
+                                     "epsilon is given")
+  elif assumed:
     report["noise_events_source"] = ("assumed: no per-round record was given, so every round "
-                                     "is taken to have run with this simulation's noise")
+                                     "is taken to have run with this simulation's noise (it "
+                                     "composes to the state's ledger)")
   if cfg.kept_noise != "none":
     from fedjax_dp.topksdp_privacy import topksdp_report
     d = num_params(jax.tree.leaves(state.params))
@@ -641,6 +727,16 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
   if cfg.dp != "none" or cfg.kept_noise != "none":
     report["assumes"] = assumptions(cfg)
   return report
+
+
+def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
+  """The record's RDP against the in-round ledger (float32, rounded up by at most
+  ~2.4e-7 per round): equal to that rounding, where the ledger is finite."""
+  host = privacy_log.composed_rdp(plog, lambda z: round_event_rdp(cfg, z))
+  ledger = np.asarray(state.ledger, np.float64)
+  ok = np.isfinite(ledger) & np.isfinite(host)
+  return bool(np.all(np.isfinite(ledger) == np.isfinite(host))
+              and np.allclose(ledger[ok], host[ok], rtol=1e-5, atol=1e-7))
 
 
 def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
@@ -685,7 +781,8 @@ def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> Non
   report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
 
 
-def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None) -> dict:
+def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
+                    stopped_by_budget: bool | None = None) -> dict:
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
@@ -742,7 +839,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None) -> d
         "neighbouring": neighbouring_relation(cfg),
         "epsilon": _finite(eps), "order": float(order) if _finite(eps) is not None else None,
         "ledger": np.asarray(state.ledger, np.float64).tolist(),
-        "stopped_by_budget": rounds < cfg.rounds,
+        "stopped_by_budget": (skipped > 0 if stopped_by_budget is None
+                              else bool(stopped_by_budget)),
         "rounds_skipped_by_budget": skipped,
     })
     if cfg.adaptive_clipping:
@@ -886,7 +984,7 @@ def _progress(enabled: bool, total: int, initial: int):
 
 
 def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s, d,
-             comm, plog=None) -> dict:
+             comm, plog=None, stopped: bool | None = None) -> dict:
   sizes = [len(p) for p in parts]
   per_round = [t / n for n, t in chunk_times[1:]] or [t / n for n, t in chunk_times]
   final = rows[-1] if rows else {}
@@ -899,7 +997,8 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
           if "solo" in parse_algorithm(cfg.algorithm)[0] else
           "the server model's accuracy on the whole test set"),
       "rounds": int(state.round),
-      "privacy": privacy_report(cfg, sim, state, plog, assume=False),
+      "privacy": privacy_report(cfg, sim, state, plog, assume=False,
+                                stopped_by_budget=stopped),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
           **comm,

@@ -220,3 +220,74 @@ def test_pooled_scaling_under_dp_is_listed_as_not_accounted(tmp_path):
   own = run(tmp_path / "c", **over)["privacy"]["not_accounted"]    # auto: per_client under DP
   assert any("feature_scaling 'pooled'" in x for x in pooled)
   assert not any("feature_scaling" in x for x in own)
+
+
+def test_a_crashed_resume_keeps_the_mark_of_what_was_released(tmp_path):
+  # audit: a resume that crashed after cutting metrics.jsonl back lost the record that
+  # rounds 3-6 were released; the next resume re-ran them at another calibration
+  out = tmp_path / "r"
+  run(out, rounds=6, target_epsilon=8.0)
+  for step in ("4", "6"):
+    shutil.rmtree(out / "checkpoints" / step)
+  rows = [x for x in open(out / "metrics.jsonl") if json.loads(x)["round"] <= 2]
+  open(out / "metrics.jsonl", "w").writelines(rows)   # as the crashed resume left it
+  os.remove(out / "summary.json")
+  with pytest.raises(RunError, match="rounds up to 6 were already released"):
+    run(out, resume=True, rounds=10, target_epsilon=8.0)
+
+
+def test_a_secret_key_run_restarts_from_round_zero_with_its_own_key(tmp_path):
+  # audit: with noise_seed secret and no checkpoint, a resume re-ran the released
+  # rounds under a fresh key: a second, independent release of each
+  out = tmp_path / "s"
+  over = dict(rounds=4, noise_multiplier=1.0, noise_seed="secret", checkpoint_every=0)
+  run(out, **over)
+  first = open(out / "metrics.jsonl").read()
+  assert oct(os.stat(out / "run_key.secret").st_mode & 0o777) == "0o600"
+  os.remove(out / "summary.json")
+  run(out, resume=True, **over)
+  assert open(out / "metrics.jsonl").read().split("wall_s")[0] == first.split("wall_s")[0]
+  assert ([json.loads(x)["test_loss"] for x in open(out / "metrics.jsonl")]
+          == [json.loads(x)["test_loss"] for x in first.splitlines()])
+  os.remove(out / "run_key.secret")
+  os.remove(out / "summary.json")
+  with pytest.raises(RunError, match="run_key.secret"):
+    run(out, resume=True, **over)
+
+
+def test_a_checkpoint_without_the_record_is_calibrated_from_its_ledger(tmp_path):
+  # audit: a checkpoint whose meta lacks the log (older runs, a damaged meta) recalibrated
+  # every round from zero and passed the target (2.49 for 2.0)
+  out = tmp_path / "o"
+  run(out, rounds=4, target_epsilon=4.0)
+  for meta in (out / "checkpoints").glob("*/meta/metadata"):
+    values = json.loads(meta.read_text())
+    values.pop("privacy_log"), values.pop("calibration")
+    meta.write_text(json.dumps(values))
+  os.remove(out / "segments.jsonl")
+  summary = run(out, resume=True, rounds=8, target_epsilon=4.0)["privacy"]
+  assert summary["epsilon"] <= 4.0 and summary["pld_epsilon"] is None
+  assert "pld_note" in summary
+
+
+def test_a_run_without_checkpoints_under_a_schedule_says_it_cannot_be_extended(tmp_path):
+  out = tmp_path / "c"
+  over = dict(noise_multiplier=1.0, lr_schedule="cosine", lr_min=0.01, checkpoint_every=0)
+  run(out, rounds=4, **over)
+  with pytest.raises(RunError, match="start a new run"):
+    run(out, resume=True, rounds=6, **over)
+
+
+def test_the_python_api_report_checks_its_assumption_against_the_ledger():
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13))
+  common = dict(dp="central", sampling="poisson", clients_per_round=2, accountant="pld",
+                rounds=10)
+  sim = toy_simulation(x, y, parts, noise_multiplier=1.0, **common)
+  state, _ = sim.run_rounds(sim.init_state(), 3)
+  report = privacy_report(sim.cfg, sim, state)
+  assert report["noise_events_source"].startswith("assumed")
+  assert report["pld_epsilon"] == pytest.approx(oracle([(1.0, 3)], report["q"]), rel=1e-3)
+  assert not report["stopped_by_budget"]          # 3 of 10 rounds run: nothing stopped it
+  other = toy_simulation(x, y, parts, noise_multiplier=3.0, **common)
+  report = privacy_report(other.cfg, other, state)   # a state this simulation did not make
+  assert report["noise_events_source"].startswith("none") and report["pld_epsilon"] is None
