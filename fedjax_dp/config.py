@@ -500,12 +500,16 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
 
 
 def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
-  """Returns a validated Config: `base` (or the defaults) with `overrides` applied."""
+  """Returns a validated Config: `base` (or the defaults) with `overrides` applied.
+  An algorithm's PRESETS fill the keys `overrides` leave out, on the defaults or
+  when `overrides` names the algorithm; a `base` (a saved, resolved config) keeps
+  its own values (a resumed topksdp run with s_global 0 stays at 0)."""
   values = (base or Config()).to_dict()
   raw = dict(overrides or {})
   algorithm = str(raw.get("algorithm", values["algorithm"]))
   for name, preset in PRESETS.items():
-    if name in [a.strip() for a in algorithm.split("+")]:
+    if name in [a.strip() for a in algorithm.split("+")] and (base is None
+                                                               or "algorithm" in raw):
       values.update({k: v for k, v in preset.items() if k not in raw})
   for key, value in raw.items():
     if key not in _FIELDS:

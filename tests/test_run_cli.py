@@ -303,3 +303,15 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
     acc, _ = make_solo_evaluate(sim.model)(state.client_state["model"], *eval_data,
                                            runner.client_label_distribution(ds, parts))
     assert read_rows(out)[-1]["test_accuracy"] == pytest.approx(float(acc), abs=1e-6)
+
+
+def test_resume_keeps_a_preset_key_the_run_overrode(tmp_path):
+  # found by a helper: the topksdp preset (s_global 0.9) was re-applied over the saved
+  # s_global 0, and the resume was refused as a config change
+  out = str(tmp_path / "t")
+  common = ["--no-progress", "--out", out, "--set", "algorithm=topksdp", "--set", "s_global=0",
+            "--set", "hidden=[8]", "--set", "devices=1", "--set", "eval_every=1",
+            "--set", "checkpoint_every=1"]
+  assert main(["run", *common, "--set", "rounds=1"]) == 0
+  assert main(["run", "--resume", "--no-progress", "--out", out, "--set", "rounds=2"]) == 0
+  assert json.load(open(os.path.join(out, "config.json")))["s_global"] == 0
