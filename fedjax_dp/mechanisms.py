@@ -112,12 +112,19 @@ def noise_std_per_leaf(layout: ClipLayout, std, tree, scales=None) -> list:
 
 
 def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
-  """(clipped update, L2 norm before clipping) for one client's update."""
+  """(clipped update, L2 norm before clipping) for one client's update.
+
+  An update whose norm is not finite (a NaN or inf in it, or squares past
+  float32's range) is sent as zero: C / ||u|| would make it NaN, and one NaN
+  upload makes the whole released sum NaN. The select fuses with the scaling."""
   if len(layout.fractions) == 1:
-    return clipping.l2_clip(update, clip_norm)
-  bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
-  clipped, norms = clipping.per_part_clip(update, layout.part_of_leaf, bounds)
-  return clipped, jnp.sqrt(jnp.sum(jnp.square(norms)))
+    clipped, norm = clipping.l2_clip(update, clip_norm)
+  else:
+    bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
+    clipped, norms = clipping.per_part_clip(update, layout.part_of_leaf, bounds)
+    norm = jnp.sqrt(jnp.sum(jnp.square(norms)))
+  finite = jnp.isfinite(norm)
+  return jax.tree.map(lambda x: jnp.where(finite, x, 0.0), clipped), norm
 
 
 def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std,

@@ -277,8 +277,9 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   With `resident`, client_state is instead this device's rows in the resident
   layout, [local_cohort, ...], row i that of slot i
   (map_clients_with_resident_state), and comes back the same way.
-  guard_nonfinite: an upload with a NaN or inf is replaced by zero before the
-  mechanism (clipping, local noise, the pipeline's noise) and counted.
+  guard_nonfinite: an upload's NaN or inf coordinates enter the client pipeline
+  (its clips, noise and residual) as zero; under DP, clip_update sends an update
+  whose norm is not finite as zero. Both are counted.
   keep_rows: a slot that does not take part returns its state row unchanged.
   False where no real client's row can be one: the replicated table drops
   those slots' writes, and a resident table's only such slots are padding
@@ -327,14 +328,15 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
                                                took_part, keep_rows)
     bad = jnp.zeros((), bool)
-    if guard_nonfinite:
-      # C / ||u|| of a NaN or inf update is NaN, and one NaN upload would make the
-      # released sum NaN (delta of order q instead of 1e-5): the mechanism sends zero
-      bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(upload)]))
-      upload = jax.tree.map(lambda a: jnp.where(bad, jnp.zeros_like(a), a), upload)
-      bad = bad & took_part
     owed = ()
     if client_pipeline is not None:
+      if guard_nonfinite:
+        # a NaN or inf would reach the noise, the residual and the released sum: such
+        # coordinates enter the pipeline as zero, whose clips then bound the upload as
+        # any other (the select fuses into the ravel; the count is one read of it)
+        bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(upload)]))
+        upload = jax.tree.map(lambda a: jnp.where(jnp.isfinite(a), a, 0.0), upload)
+        bad = bad & took_part
       flat, unravel = ravel_pytree(upload)
       stage_ctx = pipeline_lib.StageContext(
           key=jax.random.fold_in(pipeline_key, cid), num_examples=count, lr=lr,
@@ -382,6 +384,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, privacy.layout))(
         res.delta)
     unclipped = jnp.sum((norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
+    nonfinite = nonfinite | (~jnp.isfinite(norms) & cohort_mask)   # sent as zero: clip_update
     if privacy.mode == "local":
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
@@ -651,8 +654,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize"
                                  else None),
               resident=resident_state,
-              guard_nonfinite=privacy.mode != "none" or (client_pipeline is not None
-                                                         and cfg.kept_noise != "none"),
+              guard_nonfinite=client_pipeline is not None and (privacy.mode != "none"
+                                                              or cfg.kept_noise != "none"),
               # only a refused client's row must survive: the replicated table
               # drops non-participants' writes, resident padding rows are junk
               keep_rows=resident_state and (privacy.stop_in_round or (

@@ -129,6 +129,14 @@ def test_a_nonfinite_update_is_sent_as_zero_and_counted():
     state, stats = sim.run_rounds(sim.init_state(), 2)
     assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(state.params)), dp
     assert np.asarray(stats.nonfinite).tolist() == [1, 1], dp
+  kept = toy_simulation(x, y, parts, clients_per_round=4, lr=1.0, s_local=0.5,
+                        index_selection="random_k", final_clip_l2=0.1, kept_noise="multiplier",
+                        kept_noise_multiplier=1.0)   # dp none: TopkSDP-FL's own mechanism
+  state, stats = kept.run_rounds(kept.init_state(), 2)
+  assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree.leaves(state.params))
+  assert np.asarray(stats.nonfinite).tolist() == [1, 1]
+  assert all(np.all(np.isfinite(np.asarray(v)))   # the residuals too
+             for v in jax.tree.leaves(state.client_state["pipeline"]))
   clean = toy_simulation(*toy_problem(sizes=(8, 9, 10, 11)), dp="central", noise_multiplier=1.0,
                          clients_per_round=4)
   assert np.asarray(clean.run_rounds(clean.init_state(), 1)[1].nonfinite).tolist() == [0]
