@@ -456,13 +456,17 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
       total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
                                           else mask_f, dtype=jnp.float32), "clients")
       mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+  # the integer counts in one all-reduce: a separate psum for the non-finite count
+  # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
+  participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
+      jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
+      jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
   stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
-                     participants=jax.lax.psum(jnp.sum(cohort_mask, dtype=jnp.int32), "clients"),
-                     unclipped=jax.lax.psum(unclipped, "clients"),
+                     participants=participants, unclipped=unclipped,
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
                      event=jnp.zeros((), jnp.int32), lr=jnp.asarray(lr, jnp.float32),
-                     nonfinite=jax.lax.psum(jnp.sum(nonfinite, dtype=jnp.int32), "clients"))
+                     nonfinite=nonfinite)
   return mean_delta, stats, client_state, contrib_sum, cluster_info
 
 
