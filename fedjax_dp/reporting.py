@@ -12,9 +12,14 @@ METRIC_KEYS = ("round", "test_accuracy", "test_loss", "train_loss", "epsilon", "
                "bytes_up", "bytes_down", "wall_s")
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-  """Writes JSON through a temporary file and a rename: a reader never sees half a file."""
+def write_json_atomic(path: str, obj: Any, mode: int | None = None) -> None:
+  """Writes JSON through a temporary file and a rename: a reader never sees half a file.
+  `mode`: the file's permission bits from its creation on (e.g. 0o600 for a secret)."""
   tmp = f"{path}.tmp"
+  if mode is not None:
+    if os.path.exists(tmp):
+      os.remove(tmp)   # os.open's mode applies only to a file it creates
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
   with open(tmp, "w") as f:
     json.dump(obj, f, indent=2, sort_keys=True)
     f.write("\n")

@@ -29,11 +29,10 @@ from fedjax_dp.data import TABULAR, Dataset, apply_feature_scaling, load_dataset
 from fedjax_dp.models import make_model, num_params
 from fedjax_dp.objectives import parse_algorithm
 from fedjax_dp.partition import partition
-from fedjax_dp import mechanisms
 from fedjax_dp import pipeline
 from fedjax_dp import privacy_log
 from fedjax_dp.simulation import (Simulation, batch_for_eval, budget_limit, build_simulation,
-                                  clip_count_stddev, learning_rate_schedule,
+                                  learning_rate_schedule,
                                   local_event_rdp, make_mesh, neighbouring_relation,
                                   noise_multiplier_for, round_event_rdp, sampling_rate)
 from fedjax_dp.store import build_store
@@ -155,17 +154,15 @@ def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
   Central DP with target_epsilon: the most rounds whose accounted epsilon stays
   <= the target (the run stops before passing it). Local DP: all of them (each
   client stops on its own), but one participation must fit in the target. Also
-  raises RunError for an unreachable target or an impossible adaptive-clipping
-  set-up. A resumed run passes what its `done` rounds spent (`spent_rdp`
+  raises RunError for an unreachable target (make_privacy refuses an impossible
+  adaptive-clipping set-up, with the clip layout). A resumed run passes what its `done` rounds spent (`spent_rdp`
   [orders], the restored ledger); the rounds to come run at `accounted`
   (default: the config's multiplier)."""
   if cfg.dp == "none":
     return cfg.rounds
   try:
     z = noise_multiplier_for(cfg) if accounted is None else accounted
-    if cfg.adaptive_clipping and cfg.clip_parts != "tiers":  # tiers: checked with the layout
-      mechanisms.update_noise_multiplier(z, clip_count_stddev(cfg, z))
-  except ValueError as e:  # target epsilon out of reach; count noise too small
+  except ValueError as e:  # target epsilon out of reach
     raise RunError(str(e))
   if cfg.target_epsilon is None:
     return cfg.rounds
@@ -220,6 +217,7 @@ def calibrated_multiplier(cfg: Config, spent_rdp: np.ndarray, done: int) -> floa
     raise RunError(f"--resume: {e} for the {remaining} rounds after the {done} already run")
 
 
+FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0
 SECRET_KEY = "run_key.secret"   # noise_seed 'secret': the run key, for a restart from round 0
 RELEASED = "released.json"      # the last round any output (metrics, checkpoint) came from
 
@@ -227,35 +225,30 @@ RELEASED = "released.json"      # the last round any output (metrics, checkpoint
 def _save_secret_key(out: str, key) -> None:
   """Writes the run key (owner-only) before any round runs: a restart from round
   0 must draw the same noise, or re-run rounds would be released twice."""
-  path = os.path.join(out, SECRET_KEY)
-  tmp = path + ".tmp"
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-  with os.fdopen(fd, "w") as f:
-    json.dump([int(v) for v in np.asarray(key)], f)
-  os.replace(tmp, path)
+  reporting.write_json_atomic(os.path.join(out, SECRET_KEY),
+                              [int(v) for v in np.asarray(key)], mode=0o600)
+
+
+def _round_in(path: str, key: str) -> int:
+  """The integer `key` of a JSON file (0 when it is missing or unreadable)."""
+  try:
+    with open(path) as f:
+      return int(json.load(f)[key])
+  except (OSError, ValueError, KeyError, TypeError):
+    return 0
 
 
 def _released_round(out: str) -> int:
   """The last round any output of the run came from: metrics rows, checkpoints
   (readable or not), the summary and the high-water mark (never lowered)."""
-  marks = [_rounds_done(out)] + ckpt.steps(os.path.join(out, "checkpoints"))
-  for name in (RELEASED, "summary.json"):
-    try:
-      with open(os.path.join(out, name)) as f:
-        marks.append(int(json.load(f)["rounds" if name == "summary.json" else "round"]))
-    except (OSError, ValueError, KeyError, TypeError):
-      pass
-  return max(marks)
+  return max([_rounds_done(out), _round_in(os.path.join(out, RELEASED), "round"),
+              _round_in(os.path.join(out, "summary.json"), "rounds")]
+             + ckpt.steps(os.path.join(out, "checkpoints")))
 
 
 def _mark_released(out: str, end: int) -> None:
   """Raises the high-water mark (it survives a resume that cuts metrics.jsonl back)."""
-  try:
-    with open(os.path.join(out, RELEASED)) as f:
-      mark = int(json.load(f)["round"])
-  except (OSError, ValueError, KeyError, TypeError):
-    mark = 0
-  if end > mark:
+  if end > _round_in(os.path.join(out, RELEASED), "round"):
     reporting.write_json_atomic(os.path.join(out, RELEASED), {"round": end})
 
 
@@ -265,7 +258,7 @@ def _restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: bo
   the noise multiplier the rounds to come run at. RunError, nothing written,
   when the resume would change released rounds."""
   ckpt_dir = os.path.join(out, "checkpoints")
-  meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
+  meta = dict(FRESH_META)
   if ckpt.steps(ckpt_dir):
     _, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
   restored = int(state.round)
@@ -343,13 +336,18 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
                      "with another --out")
 
 
+def rounds_skipped(cfg: Config, state) -> int:
+  """Rounds a budget skipped inside the compiled round (they released nothing)."""
+  return int(state.server_state["noise_control"]["skipped"]) if cfg.dp != "none" else 0
+
+
 def published_participations(cfg: Config, state) -> int:
   """The participations that bytes_up/bytes_down and the summary publish. Under
   central DP with Poisson sampling the realised cohort sizes are private (add/
   remove-one neighbours change them), so the expected ones are published:
   clients_per_round per round that ran (skipped rounds released nothing)."""
   if cfg.dp == "central" and cfg.sampling == "poisson":
-    ran = int(state.round) - int(state.server_state["noise_control"]["skipped"])
+    ran = int(state.round) - rounds_skipped(cfg, state)
     return cfg.clients_per_round * ran
   return int(state.participations)
 
@@ -551,14 +549,14 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
                      f"{np.max(sim.client_budgets()):.4g}): raise noise_multiplier or "
                      "target_epsilon")
   calibrating = cfg.dp == "central" and cfg.noise_multiplier is None
-  calibration = noise_multiplier_for(cfg) if calibrating else None
+  calibration = from_zero = noise_multiplier_for(cfg) if calibrating else None
   state = sim.init_state()
-  meta = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}
+  meta = dict(FRESH_META)
   plog = privacy_log.empty()
   if resume:
     # everything is checked before a file is touched: a refused resume leaves the run as it was
     state, meta, plog, calibration = _restore(out, cfg, sim, state, log, calibrating)
-    if calibration != (noise_multiplier_for(cfg) if calibrating else None):
+    if calibration != from_zero:
       _, _, sim = setup(cfg, mesh=mesh, calibrated=calibration)   # ds is scaled: reload
     if cfg.dp == "central":
       last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
@@ -677,8 +675,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   state = sim.to_client_order(state)
 
   # the run ended before `rounds`: only a budget stops it (the last round, or a skip)
-  skipped = int(state.server_state["noise_control"]["skipped"]) if cfg.dp != "none" else 0
-  stopped = int(state.round) - skipped < cfg.rounds
+  stopped = int(state.round) - rounds_skipped(cfg, state) < cfg.rounds
   summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm, plog,
                      stopped)
   reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
@@ -741,8 +738,7 @@ def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
 
 def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
   """A privacy_log of `state`'s rounds all at `sim`'s static noise (and lr schedule)."""
-  skipped = int(state.server_state["noise_control"]["skipped"])
-  released = int(state.round) - skipped if cfg.dp == "central" else 0
+  released = int(state.round) - rounds_skipped(cfg, state) if cfg.dp == "central" else 0
   lr_at = learning_rate_schedule(cfg)
   stats = dict(event=np.zeros(released, np.int32),
                lr=np.asarray([lr_at(t) for t in range(int(state.round))], np.float32),
@@ -786,7 +782,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
   if cfg.dp == "none":
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
-  skipped = int(state.server_state["noise_control"]["skipped"])
+  skipped = rounds_skipped(cfg, state)
   rounds = int(state.round) - skipped   # rounds that ran (skipped ones released nothing)
   if plog is not None and cfg.dp == "central":
     assert privacy_log.released_rounds(plog) == rounds, (plog, rounds)

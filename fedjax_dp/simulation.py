@@ -930,15 +930,14 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
                                 and (cfg.clip_parts == "tiers" or cfg.noise_schedule != "static")))
 
 
-def clip_count_stddev(cfg: Config, accounted_multiplier: float | None = None) -> float:
+def clip_count_stddev(cfg: Config, accounted_multiplier: float) -> float:
   """Std of the noise on the clipped count. Default: Andrew et al.'s m / 20, raised
   to the accounted noise multiplier where that is larger (small cohorts, or tiers
   whose composed multiplier is above z), so that the updates' noise grows by at
   most (1 - 1/4)^(-1/2) = 1.155x."""
   if cfg.clip_count_stddev is not None:
     return cfg.clip_count_stddev
-  z = noise_multiplier_for(cfg) if accounted_multiplier is None else accounted_multiplier
-  return max(cfg.clients_per_round / 20.0, z)
+  return max(cfg.clients_per_round / 20.0, accounted_multiplier)
 
 
 def local_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
