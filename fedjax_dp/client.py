@@ -48,7 +48,7 @@ def epoch_orders(key: jax.Array, count: jax.Array, max_n: int, epochs: int) -> j
 
 def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, lr: jax.Array, *,
                 apply_fn: Callable, x: jax.Array, y: jax.Array, epochs: int, batch_size: int,
-                momentum: float, loss_fn: Callable | None = None) -> LocalResult:
+                momentum, loss_fn: Callable | None = None) -> LocalResult:
   """Trains from `params` on one client's data and returns the model delta.
 
   index_row [max_n] int32 indices into x/y; count: n_i (0 for an empty slot,
@@ -60,7 +60,10 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
   steps_per_epoch = (count + batch_size - 1) // batch_size
   total_steps = epochs * steps_per_epoch
   orders = epoch_orders(key, count, max_n, epochs)
-  opt = optax.sgd(learning_rate=lr, momentum=momentum if momentum > 0 else None)
+  # momentum may be a traced array (hyperparameters as data); None or 0 turns it off
+  if momentum is not None and not isinstance(momentum, jax.Array) and momentum <= 0:
+    momentum = None
+  opt = optax.sgd(learning_rate=lr, momentum=momentum)
 
   if loss_fn is None:
     def loss_fn(p, xb, yb, mb):

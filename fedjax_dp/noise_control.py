@@ -62,8 +62,10 @@ def convergence_score(diffs: jax.Array, seen: jax.Array, lam: float) -> jax.Arra
   return jnp.where(full, jnp.exp(-lam * jnp.sum(diffs)), 0.0)
 
 
-def observe(state: dict, update: jax.Array, lam: float, ema: float, measure: str) -> dict:
-  """Feeds the round's released global update [d] to the controller."""
+def observe(state: dict, update: jax.Array, lam: float, ema: float, measure: str,
+            ema_rest=None) -> dict:
+  """Feeds the round's released global update [d] to the controller. `ema_rest`:
+  1 - ema (pass it with a traced ema: 1 - float32(ema) rounds differently)."""
   prev = state["prev_update"]
   if measure == "update_diff":
     m = jnp.linalg.norm(update - prev)
@@ -74,7 +76,7 @@ def observe(state: dict, update: jax.Array, lam: float, ema: float, measure: str
   diffs = jnp.where(state["seen"] > 0, jnp.roll(state["diffs"], 1).at[0].set(m), state["diffs"])
   s = convergence_score(diffs, seen, lam)
   return {**state, "prev_update": update, "diffs": diffs, "seen": seen,
-          "score": ema * state["score"] + (1.0 - ema) * s}
+          "score": ema * state["score"] + (1.0 - ema if ema_rest is None else ema_rest) * s}
 
 
 def noise_scales(schedule: str, score, tier_scales, beta: float):

@@ -19,12 +19,17 @@ def server_optimizer_name(cfg: Config) -> str:
   return parse_algorithm(cfg.algorithm)[1]
 
 
-def make_server_optimizer(cfg: Config) -> optax.GradientTransformation:
+def make_server_optimizer(cfg: Config, lr=None, momentum=None) -> optax.GradientTransformation:
+  """The optimizer; `lr` and `momentum` (default: the config's) may be traced
+  arrays (hyperparameters as data: hparams.py). Adam's betas and eps stay
+  constants: optax computes 1 - beta from them, which rounds differently from
+  a float32 array's."""
   name = server_optimizer_name(cfg)
+  lr = cfg.server_lr if lr is None else lr
   if name == "sgd":
-    return optax.sgd(cfg.server_lr)
+    return optax.sgd(lr)
   if name == "momentum":
-    return optax.sgd(cfg.server_lr, momentum=cfg.server_momentum)
+    return optax.sgd(lr, momentum=cfg.server_momentum if momentum is None else momentum)
   if name == "adam":
-    return optax.adam(cfg.server_lr, b1=cfg.server_beta1, b2=cfg.server_beta2, eps=cfg.server_eps)
+    return optax.adam(lr, b1=cfg.server_beta1, b2=cfg.server_beta2, eps=cfg.server_eps)
   raise ValueError(f"unknown server optimizer {name!r} (allowed: sgd, momentum, adam)")

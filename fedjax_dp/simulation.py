@@ -36,6 +36,7 @@ from fedjax_dp import accounting
 from fedjax_dp import aggregation
 from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
+from fedjax_dp import hparams as hparams_lib
 from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
@@ -140,6 +141,16 @@ def learning_rate_schedule(cfg: Config) -> Callable[[jax.Array], jax.Array]:
   return optax.cosine_decay_schedule(cfg.lr, decay_steps=cfg.rounds, alpha=cfg.lr_min / cfg.lr)
 
 
+def round_learning_rate(hp: dict, round_index: jax.Array, schedule: str, rounds: int):
+  """learning_rate_schedule's value from the hyperparameters as data (hparams.py):
+  optax's cosine decay, lr (span c + alpha), with the same roundings."""
+  if schedule == "constant":
+    return hp["lr"]
+  count = jnp.minimum(round_index, float(rounds))
+  cosine = 0.5 * (1 + jnp.cos(jnp.pi * count / float(rounds)))
+  return hp["lr"] * (hp["lr_span"] * cosine ** 1.0 + hp["lr_alpha"])
+
+
 @dataclasses.dataclass(frozen=True)
 class Simulation:
   """A compiled federated simulation: build with `build_simulation`."""
@@ -149,14 +160,17 @@ class Simulation:
   mesh: Mesh
   cohort_capacity: int        # cohort slots per round, padded to a multiple of the mesh size
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
-  run_chunk: Callable         # (working state, store, length) -> (working state, RoundStats [length])
+  run_chunk: Callable         # (working state, store, hparams, length) -> (state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
   privacy: Privacy = Privacy()
+  hparams: Any = None         # the round's numeric hyperparameters (hparams.py), replicated
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
   # client order <-> the layout the compiled rounds keep the per-client state in
   # (identity but with resident state; see build_simulation)
   to_working: Callable = lambda state: state
   to_client_order: Callable = lambda state: state
+  feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
+  calibrated: float | None = None   # as given to build_simulation
 
   @property
   def noise_multiplier(self) -> float:
@@ -168,14 +182,50 @@ class Simulation:
     (so the first and later calls share one compilation)."""
     return jax.device_put(tree, NamedSharding(self.mesh, P()))
 
-  def init_state(self) -> SimState:
+  def init_state(self, hparams: dict | None = None) -> SimState:
     """Round 0's state. With noise_seed 'secret' the run key (cohorts, training,
     noise) comes from the operating system's entropy: neither the seed nor
-    config.json then tells the noise; the model's initialisation stays seeded."""
+    config.json then tells the noise; the model's initialisation stays seeded.
+    `hparams` (hparams_for): the clip norm the run starts from."""
     state = init_state(self.cfg, self.model)
     if self.cfg.noise_seed == "secret":
       state = state._replace(key=secret_run_key())
+    if hparams is not None:
+      state = state._replace(clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32))
     return self.replicate(state)
+
+  def hparams_for(self, **overrides) -> dict:
+    """The round's hyperparameters with config keys changed (hparams.NUMERIC_KEYS):
+    runs on this simulation's compiled round without recompiling. Derived entries
+    (the RDP a round is charged, budget limits) are recomputed from the new values,
+    so the ledger charges what the round applies. Start a run with a changed
+    clip_norm from `init_state(hp)`; the host's
+    privacy log must take the event multipliers of `privacy_for(**overrides)`."""
+    return hparams_lib.round_hparams(*self._config_and_privacy(overrides))
+
+  def privacy_for(self, **overrides) -> Privacy:
+    """make_privacy of the config with `overrides` (see hparams_for)."""
+    return self._config_and_privacy(overrides)[1]
+
+  def _config_and_privacy(self, overrides: dict):
+    from fedjax_dp.config import make_config
+    bad = sorted(set(overrides) - set(hparams_lib.NUMERIC_KEYS))
+    if bad:
+      raise ConfigError(f"hparams_for: {', '.join(bad)} shape the compiled round (a new "
+                        "simulation is needed); the keys that are data are "
+                        f"{', '.join(hparams_lib.NUMERIC_KEYS)}")
+    cfg = make_config(overrides, base=self.cfg)
+    hparams_lib.check_same_structure(self.cfg, cfg)
+    recalibrate = {"target_epsilon", "delta", "noise_multiplier"} & set(overrides)
+    privacy = make_privacy(cfg, self.model, self.feature_tiers,
+                           None if recalibrate else self.calibrated)
+    if self.privacy.client_budgets is not None:
+      privacy = dataclasses.replace(privacy, client_budgets=self.privacy.client_budgets)
+    if (privacy.layout, privacy.stop_in_round, len(privacy.event_multipliers)) != (
+        self.privacy.layout, self.privacy.stop_in_round, len(self.privacy.event_multipliers)):
+      raise ConfigError(f"hparams_for: {overrides} change the privacy set-up's structure; "
+                        "build a new simulation")
+    return cfg, privacy
 
   def epsilons(self, state: SimState):
     """(epsilon, optimal order) spent, by the in-round RDP ledger, as float64 numpy:
@@ -208,18 +258,23 @@ class Simulation:
       return None
     return np.full(self.cfg.num_clients, self.cfg.target_epsilon)
 
-  def run_rounds(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
+  def run_rounds(self, state: SimState, num_rounds: int,
+                 hparams: dict | None = None) -> tuple[SimState, RoundStats]:
     """num_rounds rounds in one compiled chunk; `state` (donated) and the result
-    hold the per-client state in client order."""
-    state, stats = self.run_working(self.to_working(state), num_rounds)
+    hold the per-client state in client order. `hparams`: see hparams_for
+    (default: the config's)."""
+    state, stats = self.run_working(self.to_working(state), num_rounds, hparams)
     return self.to_client_order(state), stats
 
-  def run_working(self, state: SimState, num_rounds: int) -> tuple[SimState, RoundStats]:
+  def run_working(self, state: SimState, num_rounds: int,
+                  hparams: dict | None = None) -> tuple[SimState, RoundStats]:
     """run_rounds on a state in the working layout (`to_working`), returned in it.
     A loop over many chunks converts once at each end (and where it reads the
     per-client state: `to_client_order` copies): with resident state, each
     conversion moves the whole per-client table between devices."""
-    return self.run_chunk(state, self.store, num_rounds)
+    hp = self.hparams if hparams is None else self.replicate(
+        jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), hparams))
+    return self.run_chunk(state, self.store, hp, num_rounds)
 
 
 def secret_run_key() -> jax.Array:
@@ -259,7 +314,7 @@ def init_state(cfg: Config, model: Model) -> SimState:
                   clip_norm=jnp.float32(cfg.clip_norm))
 
 
-def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noise_scales,
+def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_norm, noise_scales,
                   client_noise_factor, client_state, server_state, x, y, client_index,
                   client_count, *, train_one: Callable,
                   objective: objectives.Objective, model: Model, parallelism: str,
@@ -284,6 +339,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   False where no real client's row can be one: the replicated table drops
   those slots' writes, and a resident table's only such slots are padding
   (static) unless clients can be refused (budgets, a skipped round).
+  client_hp: this round's client hyperparameters (hparams.py): lr, update_noise
+  (local DP), momentum (where the client optimizer has momentum).
   Returns (aggregate, stats, client state, the psum of the objective's server
   contributions), all but a resident client state identical on all devices.
   noise_scales [parts]: this round's local noise std per part, over
@@ -304,6 +361,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
   params = jax.lax.pcast(params, "clients", to="varying")
+  lr = client_hp["lr"]
   counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
   rows = client_index[cohort_ids]
   client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
@@ -324,7 +382,8 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     start = cstate["model"] if objective.solo else params
     ctx = objectives.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
-    res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn)
+    res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn,
+                    momentum=client_hp.get("momentum"))
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
                                                took_part, keep_rows)
     bad = jnp.zeros((), bool)
@@ -388,7 +447,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     if privacy.mode == "local":
       deltas = mechanisms.add_client_noise(deltas, cohort_ids,
                                            jax.random.fold_in(round_key, LOCAL_NOISE),
-                                           privacy.update_noise_multiplier * clip_norm,
+                                           client_hp["update_noise"] * clip_norm,
                                            privacy.layout, noise_scales,
                                            client_noise_factor[cohort_ids])
   if malicious is not None:
@@ -465,7 +524,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                      examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
                      participants=participants, unclipped=unclipped,
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
-                     event=jnp.zeros((), jnp.int32), lr=jnp.asarray(lr, jnp.float32),
+                     event=jnp.zeros((), jnp.int32), lr=lr,
                      nonfinite=nonfinite)
   return mean_delta, stats, client_state, contrib_sum, cluster_info
 
@@ -642,7 +701,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
-                      batch_size=cfg.batch_size, momentum=cfg.momentum)
+                      batch_size=cfg.batch_size)
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, objective=objective, model=model,
               parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy,
@@ -668,11 +727,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(),
                 P("clients") if resident_state else P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P()))
-  server_opt = server_lib.make_server_optimizer(cfg)
-  lr_at = learning_rate_schedule(cfg)
-  event_rdp = privacy.event_rdp
 
-  def round_fn(state: SimState, store: FederatedStore) -> tuple[SimState, RoundStats]:
+  def round_fn(state: SimState, store: FederatedStore, hp: dict) -> tuple[SimState, RoundStats]:
     round_key = jax.random.fold_in(state.key, state.round)
     if resident_state:  # everyone, each on the device that holds its state
       ids, mask, overflow = jnp.asarray(home_ids), jnp.asarray(home_mask), jnp.int32(0)
@@ -683,29 +739,29 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                padded_capacity)
       overflow = cohort.overflow
     ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
-    round_event = event_rdp
+    round_event = hp.get("event_rdp")
     event_index = jnp.int32(0)   # into privacy.event_multipliers
     scales = jnp.ones((1,), jnp.float32)
     if privacy.mode != "none":
       # this round's noise, set by the controller from earlier released updates
       nc = state.server_state["noise_control"]
       scales = noise_control.noise_scales(privacy.schedule, nc["score"], privacy.tier_scales(),
-                                          cfg.convergence_beta)
+                                          hp["convergence_beta"])
       if privacy.schedule != "static" and privacy.mode == "local":
-        round_event = noise_control.local_event_rdp(privacy.update_noise_multiplier,
+        round_event = noise_control.local_event_rdp(hp["update_noise"],
                                                     privacy.layout.fractions, scales)
       elif privacy.schedule != "static":
         # tabulated at grid scores; noise falls as the score grows, so rounding the
         # score up charges at most the noise actually used
         k = jnp.ceil(nc["score"] * (SCORE_GRID - 1) - 1e-6).astype(jnp.int32)
         event_index = jnp.clip(k, 0, SCORE_GRID - 1)
-        round_event = jnp.asarray(privacy.event_table, jnp.float32)[event_index]
+        round_event = hp["event_table"][event_index]
         round_event = round_event * (1.0 + 1e-6)
     skip = jnp.zeros((), bool)
     if privacy.stop_in_round:
       # central DP: a round that would pass the target is not run (nothing released)
       skip = accounting.epsilon(accounting.compose(ledger, round_event),
-                                privacy.delta)[0] > budget_limit(privacy.target_epsilon)
+                                hp["delta"])[0] > hp["budget_limit"]
       mask = mask & ~skip
     factor = jnp.ones((cfg.num_clients,), jnp.float32)
     client_event = round_event   # what one participation costs: [orders] or [slots, orders]
@@ -713,20 +769,22 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       cn = state.server_state["cluster_noise"]
       factor = noise_control.cluster_noise_factors(cn["size"], cn["median"])
       # RDP of a Gaussian goes as 1 / z^2; nudged up past the float32 rounding
-      event32 = (accounting.event_to_float32(round_event) if isinstance(round_event, np.ndarray)
-                 else round_event)
-      client_event = (jnp.asarray(event32, jnp.float32)[None, :]
+      client_event = (round_event[None, :]
                       / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
     if privacy.mode == "local" and privacy.target_epsilon is not None:
       # a client takes part only if its own ledger stays within its budget after it
       after = accounting.compose(ledger[ids], client_event)
-      budget = (jnp.asarray(privacy.client_budgets, jnp.float32)[ids]
-                if privacy.client_budgets is not None else privacy.target_epsilon)
-      within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(budget)
+      within = accounting.epsilon(after, hp["delta"])[0] <= hp["client_budget_limits"][ids]
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
+    client_hp = {"lr": round_learning_rate(hp, state.round, cfg.lr_schedule, cfg.rounds)}
+    if cfg.momentum > 0:
+      client_hp["momentum"] = hp["momentum"]
+    if privacy.mode == "local":
+      client_hp["update_noise"] = hp["update_noise"]
+    clip_norm = state.clip_norm if privacy.adaptive else hp["clip_norm"]
     mean_delta, stats, client_state, contrib_sum, cluster_info = client_phase(
-        state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales, factor,
+        state.params, ids, mask, client_hp, round_key, clip_norm, scales, factor,
         state.client_state, state.server_state, store.x, store.y, store.client_index,
         store.client_count)
     server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
@@ -738,12 +796,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       released = jnp.int32(-1)
     stats = stats._replace(spent=spent + skip.astype(jnp.int32),
                            event=jnp.asarray(released, jnp.int32))
-    clip_norm = state.clip_norm
     if privacy.mode == "central":
       # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
       # updates, divided by the expected cohort size q N = clients_per_round
       # (a fixed denominator: the realised size is itself private).
-      std = privacy.update_noise_multiplier * clip_norm
+      std = hp["update_noise"] * clip_norm
       mean_delta = jax.tree.map(
           lambda d: d / cfg.clients_per_round,
           gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
@@ -754,7 +811,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
         clip_norm = mechanisms.adaptive_clip_norm(
             clip_norm, stats.unclipped - 0.5 * stats.participants,
             jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
-            cfg.target_quantile, cfg.clip_lr, privacy.count_stddev)
+            hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
     elif privacy.mode == "local":
       # only real slots write: padded slots carry client id 0, and a second write to
       # client 0's row (its old ledger) could win over its update (found with 4 devices)
@@ -780,16 +837,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
           "median": jnp.where(jnp.any(all_mask), median, cn["median"])}}
     if privacy.mode != "none":
       nc = server_state["noise_control"]
-      z_round = privacy.update_noise_multiplier * noise_control.base_factor(
-          privacy.schedule, nc["score"], cfg.convergence_beta)
-      paper_eps = (noise_control.paper_round_epsilon(z_round, cfg.delta)
-                   if privacy.update_noise_multiplier > 0 else jnp.inf)
+      z_round = hp["update_noise"] * noise_control.base_factor(
+          privacy.schedule, nc["score"], hp["convergence_beta"])
+      paper_eps = hp["paper_epsilon_scale"] / z_round   # +inf without noise
       scatter = jnp.where(mask, ids, cfg.num_clients)
       observed = nc
       if privacy.schedule != "static":  # a static schedule never reads the controller
         observed = noise_control.observe(nc, ravel_pytree(mean_delta)[0],
-                                         cfg.convergence_lambda, cfg.noise_ema,
-                                         cfg.convergence_measure)
+                                         hp["convergence_lambda"], hp["noise_ema"],
+                                         cfg.convergence_measure, hp["noise_ema_rest"])
       # a round nobody took part in released nothing: the controller sees nothing
       observed = jax.tree.map(lambda new, old: jnp.where((stats.participants == 0) | skip, old,
                                                          new), observed, nc)
@@ -800,6 +856,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                                                                 paper_eps)
       server_state = {**server_state, "noise_control": observed}
     pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
+    server_opt = server_lib.make_server_optimizer(cfg, hp["server_lr"], hp["server_momentum"])
     updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if objective.solo:  # no aggregation: the server model never moves
@@ -818,9 +875,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                client_state=client_state, server_state=server_state)
     return new_state, stats
 
-  @partial(jax.jit, static_argnums=(2,), donate_argnums=(0,))
-  def run_chunk(state: SimState, store: FederatedStore, length: int):
-    return jax.lax.scan(lambda s, _: round_fn(s, store), state, None, length=length)
+  @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
+  def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
+    return jax.lax.scan(lambda s, _: round_fn(s, store, hp), state, None, length=length)
 
   layouts = {}
   if resident_state:
@@ -837,10 +894,12 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
             client_state=to_clients(state.client_state)))
 
   store = jax.device_put(store, NamedSharding(mesh, P()))
+  hp = jax.device_put(jax.tree.map(jnp.asarray, hparams_lib.round_hparams(cfg, privacy)),
+                      NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
                     run_chunk=run_chunk, evaluate=make_evaluate(model), privacy=privacy,
-                    **layouts)
+                    hparams=hp, feature_tiers=feature_tiers, calibrated=calibrated, **layouts)
 
 
 def sampling_rate(cfg: Config) -> float:
@@ -858,10 +917,7 @@ def poisson_rate_used(q: float) -> float:
   return min(1.0, math.ceil(float(np.float32(q)) * 2.0 ** 23) / 2.0 ** 23)
 
 
-def budget_limit(target_epsilon: float) -> float:
-  """The epsilon a budget check compares against: the target less 1e-5 relative,
-  so float32 rounding inside the round can never let a ledger pass the target."""
-  return target_epsilon * (1 - 1e-5)
+budget_limit = hparams_lib.budget_limit
 
 
 def make_privacy(cfg: Config, model: Model, feature_tiers=None,

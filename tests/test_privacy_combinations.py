@@ -144,10 +144,10 @@ class Recorder:
       made = (ds, args, kwargs)
       inner = sim.run_chunk
 
-      def recording(state, store, length):
+      def recording(state, store, hp, length):
         assert length == 1, "eval_every = 1: the runner runs one round per chunk"
         before = _host(sim.to_client_order(state))
-        state, stats = inner(state, store, length)
+        state, stats = inner(state, store, hp, length)
         self.rounds.append(Recorded(sim, made, before, _host(sim.to_client_order(state)),
                                     _host(stats)))
         return state, stats

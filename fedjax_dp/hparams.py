@@ -1,0 +1,110 @@
+"""Numeric hyperparameters as data: the pytree of arrays a compiled round reads.
+
+The compiled round (simulation.round_fn) takes its numbers from a flat dict of
+float32 arrays rather than from Python constants baked in at trace time, so a
+new learning rate, clip norm or noise multiplier runs the same compiled program
+(no recompilation), and a batch of such dicts can be `vmap`ped over. What stays
+static is structure: which stages run, shapes, cohort sizes, the sparsity k,
+the clip layout's parts, whether a schedule or momentum is on at all.
+
+Users change hyperparameters through the config's keys (`Simulation.hparams_for`):
+derived entries (the RDP of one round at the new noise, a budget's limit) are
+recomputed on the host from the same functions the config path uses, so the
+accountant always charges the noise the round applies.
+
+Entries (all float32; `[orders]`: accounting.DEFAULT_ORDERS):
+
+  lr, lr_alpha, lr_span     client learning rate; cosine: lr (span c_t + alpha),
+                            c_t = (1 + cos(pi t / rounds)) / 2, alpha = lr_min / lr,
+                            span = 1 - alpha (each rounded once from float64)
+  momentum                  client heavy-ball momentum (its presence is static)
+  server_lr, server_momentum
+  clip_norm                 the clip norm a run starts from
+  update_noise              std of the update noise over the clip norm (z_u)
+  count_stddev              std of adaptive clipping's count noise
+  target_quantile, clip_lr  adaptive clipping (Andrew et al. 2021)
+  event_rdp [orders]        RDP of one round (central) or participation (local),
+                            float32 rounded up
+  event_table [G, orders]   central DP with a noise schedule: the round's RDP at
+                            the controller's grid outputs
+  budget_limit              central DP: the epsilon a round may not pass
+  client_budget_limits [N]  local DP with budgets: each client's limit
+  delta
+  convergence_beta, convergence_lambda, noise_ema, noise_ema_rest (1 - noise_ema)
+  paper_epsilon_scale       sqrt(2 ln(1.25 / delta)): the dynamic-DP paper's charge
+                            of a round is this over its base noise multiplier
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+# Config keys whose values are data: changing one of them (hparams_for) reuses
+# the compiled round. Everything else in the config is structure.
+NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "clip_norm",
+                "noise_multiplier", "target_epsilon", "delta", "target_quantile", "clip_lr",
+                "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema")
+
+
+def _f32(v) -> np.ndarray:
+  """One rounding from the float64 value, as a Python constant in the trace had."""
+  return np.asarray(v, np.float64).astype(np.float32)
+
+
+def budget_limit(target_epsilon):
+  """The epsilon a budget check compares against: the target less 1e-5 relative,
+  so float32 rounding inside the round can never let a ledger pass the target."""
+  return target_epsilon * (1 - 1e-5)
+
+
+def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
+  """The compiled round's hyperparameters from the config and its resolved
+  `privacy` (simulation.Privacy): host numpy float32, placed by the caller."""
+  from fedjax_dp import accounting   # (accounting imports nothing of ours)
+  alpha = cfg.lr_min / cfg.lr
+  hp = {"lr": _f32(cfg.lr), "lr_alpha": _f32(alpha), "lr_span": _f32(1 - alpha),
+        "momentum": _f32(cfg.momentum), "server_lr": _f32(cfg.server_lr),
+        "server_momentum": _f32(cfg.server_momentum), "clip_norm": _f32(cfg.clip_norm)}
+  if privacy.mode == "none":
+    return hp
+  hp.update(update_noise=_f32(privacy.update_noise_multiplier),
+            count_stddev=_f32(privacy.count_stddev), target_quantile=_f32(cfg.target_quantile),
+            clip_lr=_f32(cfg.clip_lr), delta=_f32(cfg.delta),
+            event_rdp=accounting.event_to_float32(privacy.event_rdp),
+            convergence_beta=_f32(cfg.convergence_beta),
+            convergence_lambda=_f32(cfg.convergence_lambda), noise_ema=_f32(cfg.noise_ema),
+            noise_ema_rest=_f32(1.0 - cfg.noise_ema),
+            paper_epsilon_scale=_f32(math.sqrt(2.0 * math.log(1.25 / cfg.delta))))
+  if privacy.event_table is not None:
+    hp["event_table"] = np.asarray(privacy.event_table, np.float32)
+  if privacy.target_epsilon is not None:
+    hp["budget_limit"] = _f32(budget_limit(privacy.target_epsilon))
+    if privacy.mode == "local":
+      # as the round computed them: one target rounded once, or float32 budgets
+      # times the float32 factor
+      hp["client_budget_limits"] = (
+          np.full(cfg.num_clients, hp["budget_limit"]) if privacy.client_budgets is None
+          else np.asarray(privacy.client_budgets, np.float32) * np.float32(1 - 1e-5))
+  return hp
+
+
+def check_same_structure(cfg, new) -> None:
+  """Raises ConfigError where changing numeric keys from `cfg` to `new` would
+  change the compiled round's structure (a new simulation is needed)."""
+  from fedjax_dp.config import ConfigError
+  from fedjax_dp.objectives import parse_algorithm
+  changes = {
+      "momentum": (cfg.momentum > 0) != (new.momentum > 0)
+                  or ("scaffold" in parse_algorithm(cfg.algorithm)[0]
+                      and cfg.momentum != new.momentum),
+      "noise_multiplier": (cfg.noise_multiplier is None) != (new.noise_multiplier is None),
+      "target_epsilon": (cfg.target_epsilon is None) != (new.target_epsilon is None),
+  }
+  bad = [k for k, changed in changes.items() if changed]
+  if bad:
+    raise ConfigError(f"hparams_for: {bad[0]} {getattr(cfg, bad[0])!r} -> "
+                      f"{getattr(new, bad[0])!r} changes the compiled round's structure "
+                      "(momentum on or off, SCAFFOLD's step count, a noise multiplier or "
+                      "target set or unset); build a new simulation")
