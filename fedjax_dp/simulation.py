@@ -36,14 +36,16 @@ from fedjax_dp import accounting
 from fedjax_dp import aggregation
 from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
+from fedjax_dp import dp_round
 from fedjax_dp import hparams as hparams_lib
 from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
 from fedjax_dp import server as server_lib
+from fedjax_dp import server_stages as server_stages_lib
 from fedjax_dp.config import Config, ConfigError
-from fedjax_dp.kernels import gaussian_noise, robust_aggregation, weighted_mean
+from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
 
@@ -59,7 +61,7 @@ KEPT_NOISE = 7
 DOWNLINK = 8
 BYZANTINE = 9
 MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
-SCORE_GRID = 17     # controller outputs at which central DP's adaptive-noise RDP is tabulated
+SCORE_GRID = dp_round.SCORE_GRID
 
 
 class SimState(NamedTuple):
@@ -294,16 +296,8 @@ def init_state(cfg: Config, model: Model) -> SimState:
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   if client_pipeline is not None:
     one_client["pipeline"] = client_pipeline.init(d)
-  if cfg.index_selection == "public_topk":
-    server_state["public_update"] = jnp.zeros((d,), jnp.float32)
-  if cfg.s_global > 0:
-    server_state["downlink_residual"] = jnp.zeros((d,), jnp.float32)
-  if cfg.cluster_noise == "equalize":
-    server_state["cluster_noise"] = {"size": jnp.zeros((cfg.num_clients,), jnp.float32),
-                                     "median": jnp.float32(0.0)}
-  if cfg.dp != "none":
-    server_state["noise_control"] = noise_control.init_state(d, cfg.convergence_window,
-                                                             cfg.num_clients)
+  server_state.update(server_stages_lib.make_server_stages(cfg, cfg.dp != "none", DOWNLINK)
+                      .init(params, d))
   client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
                               one_client)
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
@@ -649,6 +643,29 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
   return ids[order], mask[order]
 
 
+def _client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentum: bool,
+                    local_dp: bool) -> dict:
+  """What the client phase reads of the hyperparameters this round."""
+  out = {"lr": round_learning_rate(hp, round_index, schedule, rounds)}
+  if momentum:
+    out["momentum"] = hp["momentum"]
+  if local_dp:
+    out["update_noise"] = hp["update_noise"]
+  return out
+
+
+def _server_step(opt, delta, params, opt_state, *, frozen: bool, keep):
+  """The server optimizer on the pseudo-gradient -delta; `frozen` (SOLO: no
+  aggregation) never moves the model, `keep` (traced) holds model and optimizer
+  state, momentum included, where the round released nothing to apply."""
+  updates, new_state = opt.update(jax.tree.map(jnp.negative, delta), opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  if frozen:
+    return params, opt_state
+  return jax.tree.map(lambda old, new: jnp.where(keep, old, new), (params, opt_state),
+                      (new_params, new_state))
+
+
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                      mesh: Mesh | None = None, feature_tiers=None,
                      client_budgets=None, resident_state: bool | None = None,
@@ -728,152 +745,56 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                 P("clients") if resident_state else P(), P(), P(), P(), P(), P()),
       out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P()))
 
+  if resident_state:   # everyone, each on the device that holds its state
+    sample = lambda key, client_count: (jnp.asarray(home_ids), jnp.asarray(home_mask),
+                                        jnp.int32(0))
+  else:
+    def sample(key, client_count):
+      cohort = sample_cohort(key, cfg.num_clients, cfg.clients_per_round, cfg.sampling, capacity)
+      ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, padded_capacity)
+      return ids, mask, cohort.overflow
+  dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
+                              cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE)
+  server_stages = server_stages_lib.make_server_stages(cfg, privacy.mode != "none", DOWNLINK)
+  client_hparams = partial(_client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
+                           momentum=cfg.momentum > 0, local_dp=privacy.mode == "local")
+  server_optimizer = partial(server_lib.make_server_optimizer, cfg)
+  objective_server_step = lambda server_state, contrib: objective.server_step(
+      server_state, contrib, cfg.num_clients)
+  # central DP applies a round nobody took part in (its noise was released and
+  # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
+  keep_if = ((lambda adm, stats: adm.skip) if privacy.mode == "central"
+             else (lambda adm, stats: stats.participants == 0))
+
   def round_fn(state: SimState, store: FederatedStore, hp: dict) -> tuple[SimState, RoundStats]:
+    """planner -> sampling -> admission -> clients -> aggregate -> server stages ->
+    server optimizer; the ledger composes what the round applied."""
     round_key = jax.random.fold_in(state.key, state.round)
-    if resident_state:  # everyone, each on the device that holds its state
-      ids, mask, overflow = jnp.asarray(home_ids), jnp.asarray(home_mask), jnp.int32(0)
-    else:
-      cohort = sample_cohort(jax.random.fold_in(round_key, COHORT_SAMPLING), cfg.num_clients,
-                             cfg.clients_per_round, cfg.sampling, capacity)
-      ids, mask = deal_by_size(cohort.ids, cohort.mask, store.client_count, n_dev,
-                               padded_capacity)
-      overflow = cohort.overflow
-    ledger, spent = state.ledger, jnp.zeros((), jnp.int32)
-    round_event = hp.get("event_rdp")
-    event_index = jnp.int32(0)   # into privacy.event_multipliers
-    scales = jnp.ones((1,), jnp.float32)
-    if privacy.mode != "none":
-      # this round's noise, set by the controller from earlier released updates
-      nc = state.server_state["noise_control"]
-      scales = noise_control.noise_scales(privacy.schedule, nc["score"], privacy.tier_scales(),
-                                          hp["convergence_beta"])
-      if privacy.schedule != "static" and privacy.mode == "local":
-        round_event = noise_control.local_event_rdp(hp["update_noise"],
-                                                    privacy.layout.fractions, scales)
-      elif privacy.schedule != "static":
-        # tabulated at grid scores; noise falls as the score grows, so rounding the
-        # score up charges at most the noise actually used
-        k = jnp.ceil(nc["score"] * (SCORE_GRID - 1) - 1e-6).astype(jnp.int32)
-        event_index = jnp.clip(k, 0, SCORE_GRID - 1)
-        round_event = hp["event_table"][event_index]
-        round_event = round_event * (1.0 + 1e-6)
-    skip = jnp.zeros((), bool)
-    if privacy.stop_in_round:
-      # central DP: a round that would pass the target is not run (nothing released)
-      skip = accounting.epsilon(accounting.compose(ledger, round_event),
-                                hp["delta"])[0] > hp["budget_limit"]
-      mask = mask & ~skip
-    factor = jnp.ones((cfg.num_clients,), jnp.float32)
-    client_event = round_event   # what one participation costs: [orders] or [slots, orders]
-    if cfg.cluster_noise == "equalize":
-      cn = state.server_state["cluster_noise"]
-      factor = noise_control.cluster_noise_factors(cn["size"], cn["median"])
-      # RDP of a Gaussian goes as 1 / z^2; nudged up past the float32 rounding
-      client_event = (round_event[None, :]
-                      / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
-    if privacy.mode == "local" and privacy.target_epsilon is not None:
-      # a client takes part only if its own ledger stays within its budget after it
-      after = accounting.compose(ledger[ids], client_event)
-      within = accounting.epsilon(after, hp["delta"])[0] <= hp["client_budget_limits"][ids]
-      spent = jnp.sum(mask & ~within, dtype=jnp.int32)
-      mask = mask & within
-    client_hp = {"lr": round_learning_rate(hp, state.round, cfg.lr_schedule, cfg.rounds)}
-    if cfg.momentum > 0:
-      client_hp["momentum"] = hp["momentum"]
-    if privacy.mode == "local":
-      client_hp["update_noise"] = hp["update_noise"]
-    clip_norm = state.clip_norm if privacy.adaptive else hp["clip_norm"]
-    mean_delta, stats, client_state, contrib_sum, cluster_info = client_phase(
-        state.params, ids, mask, client_hp, round_key, clip_norm, scales, factor,
-        state.client_state, state.server_state, store.x, store.y, store.client_index,
-        store.client_count)
-    server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
-    if privacy.mode == "central":   # the noise is released even when nobody took part
-      released = jnp.where(skip, -1, event_index)
-    elif privacy.mode == "local":
-      released = jnp.where(stats.participants > 0, 0 if privacy.schedule == "static" else -2, -1)
-    else:
-      released = jnp.int32(-1)
-    stats = stats._replace(spent=spent + skip.astype(jnp.int32),
-                           event=jnp.asarray(released, jnp.int32))
-    if privacy.mode == "central":
-      # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
-      # updates, divided by the expected cohort size q N = clients_per_round
-      # (a fixed denominator: the realised size is itself private).
-      std = hp["update_noise"] * clip_norm
-      mean_delta = jax.tree.map(
-          lambda d: d / cfg.clients_per_round,
-          gaussian_noise.add_gaussian_noise(mean_delta, jax.random.fold_in(round_key, SERVER_NOISE),
-                                            mechanisms.noise_std_per_leaf(privacy.layout, std,
-                                                                          mean_delta, scales)))
-      ledger = jnp.where(skip, ledger, accounting.compose(ledger, round_event))
-      if privacy.adaptive:
-        clip_norm = mechanisms.adaptive_clip_norm(
-            clip_norm, stats.unclipped - 0.5 * stats.participants,
-            jax.random.fold_in(round_key, CLIP_COUNT_NOISE), cfg.clients_per_round,
-            hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
-    elif privacy.mode == "local":
-      # only real slots write: padded slots carry client id 0, and a second write to
-      # client 0's row (its old ledger) could win over its update (found with 4 devices)
-      ledger = ledger.at[jnp.where(mask, ids, cfg.num_clients)].set(
-          accounting.compose(ledger[ids], client_event, mask), mode="drop")
-    if cfg.s_global > 0:
-      # downlink top-k: the server keeps what it does not broadcast (error feedback)
-      flat, unravel = ravel_pytree(mean_delta)
-      sent, _, residual = pipeline_lib.downlink_topk(
-          flat, server_state["downlink_residual"], cfg.s_global,
-          jax.random.fold_in(round_key, DOWNLINK), cfg.topk_kernel)
-      server_state = {**server_state, "downlink_residual": residual}
-      mean_delta = unravel(sent)
-    if cfg.index_selection == "public_topk":
-      server_state = {**server_state, "public_update": ravel_pytree(mean_delta)[0]}
-    if cluster_info:
-      # the clusters this round's uploads formed set each member's next noise
-      all_ids, all_mask, size, median = cluster_info
-      cn = server_state["cluster_noise"]
-      where = jnp.where(all_mask, all_ids, cfg.num_clients)
-      server_state = {**server_state, "cluster_noise": {
-          "size": cn["size"].at[where].set(size, mode="drop"),
-          "median": jnp.where(jnp.any(all_mask), median, cn["median"])}}
-    if privacy.mode != "none":
-      nc = server_state["noise_control"]
-      z_round = hp["update_noise"] * noise_control.base_factor(
-          privacy.schedule, nc["score"], hp["convergence_beta"])
-      paper_eps = hp["paper_epsilon_scale"] / z_round   # +inf without noise
-      scatter = jnp.where(mask, ids, cfg.num_clients)
-      observed = nc
-      if privacy.schedule != "static":  # a static schedule never reads the controller
-        observed = noise_control.observe(nc, ravel_pytree(mean_delta)[0],
-                                         hp["convergence_lambda"], hp["noise_ema"],
-                                         cfg.convergence_measure, hp["noise_ema_rest"])
-      # a round nobody took part in released nothing: the controller sees nothing
-      observed = jax.tree.map(lambda new, old: jnp.where((stats.participants == 0) | skip, old,
-                                                         new), observed, nc)
-      observed["paper_epsilon"] = nc["paper_epsilon"].at[scatter].add(paper_eps, mode="drop")
-      observed["participations"] = nc["participations"].at[scatter].add(1, mode="drop")
-      observed["skipped"] = nc["skipped"] + skip.astype(jnp.int32)
-      observed["paper_epsilon_rounds"] = nc["paper_epsilon_rounds"] + jnp.where(skip, 0.0,
-                                                                                paper_eps)
-      server_state = {**server_state, "noise_control": observed}
-    pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
-    server_opt = server_lib.make_server_optimizer(cfg, hp["server_lr"], hp["server_momentum"])
-    updates, opt_state = server_opt.update(pseudo_grad, state.server_opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if objective.solo:  # no aggregation: the server model never moves
-      params, opt_state = state.params, state.server_opt_state
-    # nobody took part (an empty Poisson draw, all spent) or the round was skipped: nothing
-    # to apply, momentum included. Central DP still applies a round with no participant:
-    # its noise was released and accounted.
-    keep = skip if privacy.mode == "central" else (stats.participants == 0)
-    params, opt_state = jax.tree.map(lambda old, new: jnp.where(keep, old, new),
-                                     (state.params, state.server_opt_state),
-                                     (params, opt_state))
-    new_state = state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
-                               participations=state.participations + stats.participants,
-                               cohort_overflow=state.cohort_overflow + overflow,
-                               ledger=ledger, clip_norm=clip_norm,
-                               client_state=client_state, server_state=server_state)
-    return new_state, stats
+    plan = dp.plan(state, hp)
+    ids, mask, overflow = sample(jax.random.fold_in(round_key, COHORT_SAMPLING),
+                                 store.client_count)
+    adm = dp.admit(state, ids, mask, plan, hp)
+    clip_norm = dp.clip_norm(state, hp)
+    delta, stats, client_state, contrib_sum, cluster_info = client_phase(
+        state.params, ids, adm.mask, client_hparams(hp, state.round), round_key, clip_norm,
+        plan.scales, adm.factor, state.client_state, state.server_state, store.x, store.y,
+        store.client_index, store.client_count)
+    server_state = objective_server_step(state.server_state, contrib_sum)
+    delta, ledger, clip_norm, event = dp.release(delta, state, plan, adm, ids,
+                                                 stats.participants, stats.unclipped,
+                                                 round_key, clip_norm, hp)
+    stats = stats._replace(spent=adm.spent, event=event)
+    ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
+                                         adm.skip, cluster_info)
+    delta, server_state = server_stages.update(delta, server_state, ctx)
+    params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp["server_momentum"]),
+                                     delta, state.params, state.server_opt_state,
+                                     frozen=objective.solo, keep=keep_if(adm, stats))
+    return state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
+                          participations=state.participations + stats.participants,
+                          cohort_overflow=state.cohort_overflow + overflow, ledger=ledger,
+                          clip_norm=clip_norm, client_state=client_state,
+                          server_state=server_state), stats
 
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):

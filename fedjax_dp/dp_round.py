@@ -1,0 +1,140 @@
+"""A DP mechanism's part of the compiled round: planner, admission, release.
+
+`make_dp_round(privacy, ...)` turns the resolved set-up (simulation.Privacy) into
+three functions the round calls in order; the mechanism's client half (clip,
+local noise) runs in the client phase, its report is runner.privacy_report.
+
+  plan(state, hp)       -> Plan: this round's noise scales per part (the noise
+                           controller's schedule) and the RDP the accountant will
+                           charge for it (one round, or one participation)
+  clip_norm(state, hp)  -> this round's clip norm (the state's under adaptive clipping)
+  admit(state, ids, mask, plan, hp)
+                        -> Admission: central DP skips a round that would pass
+                           target_epsilon; local DP refuses each client whose own
+                           ledger would pass its budget; per-cluster noise factors
+  release(delta, state, plan, adm, participants, unclipped, key, clip_norm, hp)
+                        -> (delta, ledger, clip_norm, event): central DP adds the
+                           Gaussian noise to the sum and divides by the expected
+                           cohort; the ledger composes what was applied; adaptive
+                           clipping moves the clip norm; `event` is what the host's
+                           privacy log records (RoundStats.event)
+
+Without DP all three are identities (event -1: nothing released under DP).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp import accounting
+from fedjax_dp import mechanisms
+from fedjax_dp import noise_control
+from fedjax_dp.kernels import gaussian_noise
+
+SCORE_GRID = 17   # controller outputs at which central DP's adaptive-noise RDP is tabulated
+
+
+class Plan(NamedTuple):
+  scales: jax.Array        # [parts] float32 noise std per part / (z C)
+  event: jax.Array | None  # [orders] float32 RDP of the round (central) or participation (local)
+  event_index: jax.Array   # int32 into Privacy.event_multipliers
+
+
+class Admission(NamedTuple):
+  mask: jax.Array          # [slots] bool: admitted participants
+  skip: jax.Array          # bool: the round is not run (central DP budget)
+  spent: jax.Array         # int32 draws refused for a spent budget (skip counts 1)
+  factor: jax.Array        # [num_clients] float32 per-client noise factor (per-cluster noise)
+  client_event: jax.Array | None   # RDP of one participation: [orders] or [slots, orders]
+
+
+class DPRound(NamedTuple):
+  plan: Callable
+  admit: Callable
+  release: Callable
+  clip_norm: Callable      # (state, hp) -> this round's clip norm
+
+
+def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise: bool,
+                  noise_tag: int, count_tag: int) -> DPRound:
+  """The round's DP functions for `privacy` (simulation.Privacy; mode none too)."""
+  mode = privacy.mode
+
+  def plan(state, hp) -> Plan:
+    scales, event, index = jnp.ones((1,), jnp.float32), hp.get("event_rdp"), jnp.int32(0)
+    if mode == "none":
+      return Plan(scales, event, index)
+    # this round's noise, set by the controller from earlier released updates
+    score = state.server_state["noise_control"]["score"]
+    scales = noise_control.noise_scales(privacy.schedule, score, privacy.tier_scales(),
+                                        hp["convergence_beta"])
+    if privacy.schedule != "static" and mode == "local":
+      event = noise_control.local_event_rdp(hp["update_noise"], privacy.layout.fractions, scales)
+    elif privacy.schedule != "static":
+      # tabulated at grid scores; noise falls as the score grows, so rounding the
+      # score up charges at most the noise actually used
+      k = jnp.ceil(score * (SCORE_GRID - 1) - 1e-6).astype(jnp.int32)
+      index = jnp.clip(k, 0, SCORE_GRID - 1)
+      event = hp["event_table"][index] * (1.0 + 1e-6)
+    return Plan(scales, event, index)
+
+  def admit(state, ids, mask, plan: Plan, hp) -> Admission:
+    skip, spent = jnp.zeros((), bool), jnp.zeros((), jnp.int32)
+    if privacy.stop_in_round:
+      # central DP: a round that would pass the target is not run (nothing released)
+      skip = accounting.epsilon(accounting.compose(state.ledger, plan.event),
+                                hp["delta"])[0] > hp["budget_limit"]
+      mask = mask & ~skip
+    factor = jnp.ones((num_clients,), jnp.float32)
+    client_event = plan.event
+    if cluster_noise:
+      cn = state.server_state["cluster_noise"]
+      factor = noise_control.cluster_noise_factors(cn["size"], cn["median"])
+      # RDP of a Gaussian goes as 1 / z^2; nudged up past the float32 rounding
+      client_event = (plan.event[None, :] / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
+    if mode == "local" and privacy.target_epsilon is not None:
+      # a client takes part only if its own ledger stays within its budget after it
+      after = accounting.compose(state.ledger[ids], client_event)
+      within = accounting.epsilon(after, hp["delta"])[0] <= hp["client_budget_limits"][ids]
+      spent = jnp.sum(mask & ~within, dtype=jnp.int32)
+      mask = mask & within
+    return Admission(mask, skip, spent + skip.astype(jnp.int32), factor, client_event)
+
+  def release(delta, state, plan: Plan, adm: Admission, ids, participants, unclipped, key,
+              clip_norm, hp):
+    ledger = state.ledger
+    if mode == "central":
+      # DP-FedAvg (McMahan et al. 2018): N(0, (z C)^2) on the sum of clipped
+      # updates, divided by the expected cohort size q N = clients_per_round
+      # (a fixed denominator: the realised size is itself private).
+      std = hp["update_noise"] * clip_norm
+      delta = jax.tree.map(
+          lambda d: d / expected_cohort,
+          gaussian_noise.add_gaussian_noise(delta, jax.random.fold_in(key, noise_tag),
+                                            mechanisms.noise_std_per_leaf(privacy.layout, std,
+                                                                          delta, plan.scales)))
+      ledger = jnp.where(adm.skip, ledger, accounting.compose(ledger, plan.event))
+      if privacy.adaptive:
+        clip_norm = mechanisms.adaptive_clip_norm(
+            clip_norm, unclipped - 0.5 * participants, jax.random.fold_in(key, count_tag),
+            expected_cohort, hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
+      # the noise is released even when nobody took part
+      event = jnp.where(adm.skip, -1, plan.event_index)
+    elif mode == "local":
+      # only real slots write: padded slots carry client id 0, and a second write to
+      # client 0's row (its old ledger) could win over its update (found with 4 devices)
+      ledger = ledger.at[jnp.where(adm.mask, ids, num_clients)].set(
+          accounting.compose(ledger[ids], adm.client_event, adm.mask), mode="drop")
+      event = jnp.where(participants > 0, 0 if privacy.schedule == "static" else -2, -1)
+    else:
+      event = jnp.int32(-1)
+    return delta, ledger, clip_norm, jnp.asarray(event, jnp.int32)
+
+  def clip_norm(state, hp):
+    # adaptive clipping moves the norm in the state; else it is a hyperparameter
+    return state.clip_norm if privacy.adaptive else hp["clip_norm"]
+
+  return DPRound(plan, admit, release, clip_norm)

@@ -1,0 +1,135 @@
+"""Server stages: what the server does to the aggregate before its optimizer.
+
+A stage is optax's (init, update) pair over the round's aggregate update, plus
+the round's context, and owns one named slot of `SimState.server_state`:
+
+    init(params, d)                 -> state of its slot
+    update(delta, state, ctx)       -> (delta, state)
+
+`delta` is the aggregate model delta (a params pytree; the server optimizer
+takes -delta as its gradient). `chain` runs stages in order, each on its own
+slot (optax's named_chain: the slots are a dict by name, so a checkpoint's
+server_state reads the same whichever stages ran before).
+
+  downlink_topk(s, kernel)   the server sends only the top (1 - s) coordinates
+                             of the update; what it does not send is kept and
+                             added next round (error feedback)    slot downlink_residual
+  public_update()            records the released update, for public_topk's
+                             index selection next round            slot public_update
+  cluster_noise(N)           records each clustered client's cluster size and
+                             the round's median (per-cluster noise) slot cluster_noise
+  noise_controller(...)      the dynamic-DP paper's controller: observes the
+                             released update, keeps the paper's per-round
+                             charge beside the accountant's          slot noise_control
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp import noise_control
+from fedjax_dp import pipeline as pipeline_lib
+
+
+class RoundContext(NamedTuple):
+  """What a server stage may read of the round (all traced)."""
+  key: jax.Array           # the round's key; a stage folds in its own tag
+  hp: dict                 # hyperparameters (hparams.py)
+  ids: jax.Array           # [slots] int32 cohort client ids
+  mask: jax.Array          # [slots] bool: took part
+  participants: jax.Array  # int32
+  skipped: jax.Array       # bool: the round was not run (central DP budget)
+  cluster_info: tuple      # (ids [M], mask [M], cluster size [M], median) or ()
+
+
+class ServerStage(NamedTuple):
+  name: str                 # its slot in server_state
+  init: Callable            # (params, d) -> state
+  update: Callable          # (delta, state, ctx) -> (delta, state)
+
+
+def chain(*stages: ServerStage) -> ServerStage:
+  """The stages in order, each reading and writing its own slot of the server
+  state dict (slots the chain does not own pass through)."""
+  def init(params, d):
+    return {s.name: s.init(params, d) for s in stages}
+
+  def update(delta, server_state: dict, ctx: RoundContext):
+    server_state = dict(server_state)
+    for s in stages:
+      delta, server_state[s.name] = s.update(delta, server_state[s.name], ctx)
+    return delta, server_state
+  return ServerStage("chain", init, update)
+
+
+def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
+  def update(delta, residual, ctx):
+    flat, unravel = ravel_pytree(delta)
+    sent, _, residual = pipeline_lib.downlink_topk(
+        flat, residual, sparsity, jax.random.fold_in(ctx.key, key_tag), kernel)
+    return unravel(sent), residual
+  return ServerStage("downlink_residual", lambda params, d: jnp.zeros((d,), jnp.float32),
+                     update)
+
+
+def public_update() -> ServerStage:
+  return ServerStage("public_update", lambda params, d: jnp.zeros((d,), jnp.float32),
+                     lambda delta, _, ctx: (delta, ravel_pytree(delta)[0]))
+
+
+def cluster_noise(num_clients: int) -> ServerStage:
+  """The clusters this round's uploads formed set each member's next noise."""
+  def init(params, d):
+    return {"size": jnp.zeros((num_clients,), jnp.float32), "median": jnp.float32(0.0)}
+
+  def update(delta, state, ctx):
+    all_ids, all_mask, size, median = ctx.cluster_info
+    where = jnp.where(all_mask, all_ids, num_clients)
+    return delta, {"size": state["size"].at[where].set(size, mode="drop"),
+                   "median": jnp.where(jnp.any(all_mask), median, state["median"])}
+  return ServerStage("cluster_noise", init, update)
+
+
+def noise_controller(schedule: str, measure: str, window: int, num_clients: int) -> ServerStage:
+  """Observes the released update (a static schedule never reads the controller)
+  and adds the paper's per-round charge for the round's participants."""
+  def update(delta, nc, ctx: RoundContext):
+    hp = ctx.hp
+    z_round = hp["update_noise"] * noise_control.base_factor(schedule, nc["score"],
+                                                             hp["convergence_beta"])
+    paper_eps = hp["paper_epsilon_scale"] / z_round   # +inf without noise
+    scatter = jnp.where(ctx.mask, ctx.ids, num_clients)
+    observed = nc
+    if schedule != "static":
+      observed = noise_control.observe(nc, ravel_pytree(delta)[0], hp["convergence_lambda"],
+                                       hp["noise_ema"], measure, hp["noise_ema_rest"])
+    # a round nobody took part in released nothing: the controller sees nothing
+    observed = jax.tree.map(lambda new, old: jnp.where((ctx.participants == 0) | ctx.skipped,
+                                                       old, new), observed, nc)
+    observed["paper_epsilon"] = nc["paper_epsilon"].at[scatter].add(paper_eps, mode="drop")
+    observed["participations"] = nc["participations"].at[scatter].add(1, mode="drop")
+    observed["skipped"] = nc["skipped"] + ctx.skipped.astype(jnp.int32)
+    observed["paper_epsilon_rounds"] = nc["paper_epsilon_rounds"] + jnp.where(ctx.skipped, 0.0,
+                                                                              paper_eps)
+    return delta, observed
+  return ServerStage("noise_control",
+                     lambda params, d: noise_control.init_state(d, window, num_clients), update)
+
+
+def make_server_stages(cfg, dp_on: bool, downlink_key_tag: int) -> ServerStage:
+  """The config's server stages, in the round's order."""
+  stages: list[Any] = []
+  if cfg.s_global > 0:
+    stages.append(downlink_topk(cfg.s_global, downlink_key_tag, cfg.topk_kernel))
+  if cfg.index_selection == "public_topk":
+    stages.append(public_update())
+  if cfg.cluster_noise == "equalize":
+    stages.append(cluster_noise(cfg.num_clients))
+  if dp_on:
+    stages.append(noise_controller(cfg.noise_schedule, cfg.convergence_measure,
+                                   cfg.convergence_window, cfg.num_clients))
+  return chain(*stages)
