@@ -2,7 +2,7 @@
 
 `make_dp_round(privacy, ...)` turns the resolved set-up (simulation.Privacy) into
 three functions the round calls in order; the mechanism's client half (clip,
-local noise) runs in the client phase, its report is runner.privacy_report.
+local noise) runs in the client phase, its report is privacy_report.py.
 
   plan(state, hp)       -> Plan: this round's noise scales per part (the noise
                            controller's schedule) and the RDP the accountant will

@@ -13,7 +13,7 @@ from fedjax_dp import data
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.data import DataError, apply_feature_scaling, load_dataset, scale_features
 from fedjax_dp.partition import partition
-from fedjax_dp import runner
+from fedjax_dp import privacy_report, runner
 
 
 def _problem(seed=0, n=300, d=5, clients=6):
@@ -122,14 +122,14 @@ def test_auto_resolution_and_not_accounted():
   assert resolved(dataset="synthetic", feature_scaling="none", dp="central",
                   noise_multiplier=1.0) == "none"
   dp = dict(dataset="healthcare", dp="central", noise_multiplier=1.0)
-  assert runner.data_not_accounted(make_config({"dataset": "healthcare"})) == []
-  assert runner.data_not_accounted(make_config(dp)) == []
-  assert runner.data_not_accounted(make_config(dict(dp, feature_scaling="per_client"))) == []
-  assert runner.data_not_accounted(make_config(dict(dp, feature_scaling="none"))) == []
-  lines = runner.data_not_accounted(make_config(dict(dp, feature_scaling="pooled")))
+  assert privacy_report.data_not_accounted(make_config({"dataset": "healthcare"})) == []
+  assert privacy_report.data_not_accounted(make_config(dp)) == []
+  assert privacy_report.data_not_accounted(make_config(dict(dp, feature_scaling="per_client"))) == []
+  assert privacy_report.data_not_accounted(make_config(dict(dp, feature_scaling="none"))) == []
+  lines = privacy_report.data_not_accounted(make_config(dict(dp, feature_scaling="pooled")))
   assert len(lines) == 1 and "every client's raw training data" in lines[0]
   assert "not covered by epsilon" in lines[0] and "\n" not in lines[0]
-  assert runner.data_not_accounted(make_config(dict(dp, dp="local", feature_scaling="pooled")))
+  assert privacy_report.data_not_accounted(make_config(dict(dp, dp="local", feature_scaling="pooled")))
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -1,0 +1,393 @@
+"""The privacy report: what is guaranteed, how, and what is not covered.
+
+The figures come from the run's record of what it released (privacy_log) and the
+in-round ledger, never from today's config alone. Each part of the privacy set-up
+writes its own section:
+
+  _header             mechanism-independent facts (delta, clip, sampling, rounds)
+  _clip_layout        per-layer or per-tier clipping and noise
+  _central_section    DP-FedAvg: epsilon, ledger, adaptive clipping, noise events, PLD
+  _local_section      local DP: per-client epsilons, budgets, per-cluster noise, PLD
+  _schedule_section   the noise controller and the dynamic-DP paper's own formula
+  _not_accounted      what the data preparation and budget allocation leave uncovered
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Callable
+
+import jax
+import numpy as np
+
+from fedjax_dp import accounting
+from fedjax_dp import privacy_log
+from fedjax_dp.config import Config
+from fedjax_dp.data import TABULAR
+from fedjax_dp.models import num_params
+from fedjax_dp.simulation import (Simulation, budget_limit, learning_rate_schedule,
+                                  neighbouring_relation, round_event_rdp, sampling_rate)
+
+
+def resolved_feature_scaling(cfg: Config) -> str:
+  """cfg.feature_scaling with 'auto' resolved: 'pooled' when dp is 'none', 'per_client'
+  under DP (pooled statistics would carry every client's raw data into every client's
+  inputs without noise); image datasets are never standardised: 'none'."""
+  if cfg.feature_scaling != "auto":
+    return cfg.feature_scaling
+  if cfg.dataset not in TABULAR:
+    return "none"
+  return "pooled" if cfg.dp == "none" else "per_client"
+
+
+def data_not_accounted(cfg: Config) -> list[str]:
+  """The privacy report's not_accounted lines the data preparation causes (none
+  without DP): pooled standardisation under DP."""
+  if cfg.dp == "none" or resolved_feature_scaling(cfg) != "pooled":
+    return []
+  return ["feature_scaling 'pooled': the standardisation mean and deviation are computed from "
+          "every client's raw training data without noise, so one client's data moves every "
+          "client's inputs in every round; that influence is not covered by epsilon (use "
+          "feature_scaling 'per_client' or 'none')"]
+
+
+def rounds_skipped(cfg: Config, state) -> int:
+  """Rounds a budget skipped inside the compiled round (they released nothing)."""
+  return int(state.server_state["noise_control"]["skipped"]) if cfg.dp != "none" else 0
+
+
+def clients_spent(sim: Simulation, state) -> np.ndarray:
+  """[num_clients] bool: local DP clients whose next participation would pass the target."""
+  cfg = sim.cfg
+  if cfg.dp != "local" or cfg.target_epsilon is None:
+    return np.zeros(cfg.num_clients, bool)
+  after = np.asarray(state.ledger, np.float64) + sim.next_event_rdp(state)
+  return accounting.epsilons_np(after, cfg.delta)[0] > budget_limit(sim.client_budgets())
+
+
+def _finite(x) -> float | None:
+  x = float(x)
+  return x if np.isfinite(x) else None
+
+
+def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None,
+                   assume: bool = True, stopped_by_budget: bool | None = None) -> dict:
+  """What is guaranteed (the accountant's figure), how, and what is not accounted.
+
+  `plog`: the run's privacy_log (what each round released). Without it, and
+  `assume` (the Python API on a state that `sim` ran from round 0), every round
+  is taken to have run with `sim`'s noise, which the report says; with
+  `assume` False (a run resumed from a checkpoint older than the log) the
+  figures that need the log are left out, also said. The assumed record is
+  checked against the state's ledger: where they differ, no figure is built
+  from it. `stopped_by_budget`: whether a budget ended the run before `rounds`
+  (run_experiment knows; default: whether a round was skipped for it)."""
+  assumed = False
+  if plog is None and assume and cfg.dp != "none" and sim.privacy.schedule == "static":
+    plog = _assumed_log(cfg, sim, state)
+    assumed = True
+    if cfg.dp == "central" and not _log_matches_ledger(cfg, plog, state):
+      plog, assumed = None, "mismatch"
+  report = _privacy_report(cfg, sim, state, plog, stopped_by_budget)
+  if assumed == "mismatch":
+    report["noise_events_source"] = ("none: no per-round record was given, and this "
+                                     "simulation's noise does not compose to the state's ledger "
+                                     "(the state did not come from it): only the ledger's "
+                                     "epsilon is given")
+  elif assumed:
+    report["noise_events_source"] = ("assumed: no per-round record was given, so every round "
+                                     "is taken to have run with this simulation's noise (it "
+                                     "composes to the state's ledger)")
+  if cfg.kept_noise != "none":
+    from fedjax_dp.topksdp_privacy import topksdp_report
+    d = num_params(jax.tree.leaves(state.params))
+    sizes = [int(n) for n in np.asarray(sim.store.client_count)]
+    # each round's noise at the learning rate it ran with (a resume may change the schedule)
+    lrs = privacy_log.round_lrs(plog) if plog is not None else None
+    report["kept_noise"] = topksdp_report(cfg, d, int(state.round), sizes, round_lrs=lrs)
+    if cfg.dp == "none":
+      report["note"] = ("no user-level DP (dp none); the client-side noise on kept coordinates "
+                        "is reported under kept_noise")
+  if cfg.dp != "none" or cfg.kept_noise != "none":
+    report["assumes"] = assumptions(cfg)
+  return report
+
+
+def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
+  """The record's RDP against the in-round ledger (float32, rounded up by at most
+  ~2.4e-7 per round): equal to that rounding, where the ledger is finite."""
+  host = privacy_log.composed_rdp(plog, lambda z: round_event_rdp(cfg, z))
+  ledger = np.asarray(state.ledger, np.float64)
+  ok = np.isfinite(ledger) & np.isfinite(host)
+  return bool(np.all(np.isfinite(ledger) == np.isfinite(host))
+              and np.allclose(ledger[ok], host[ok], rtol=1e-5, atol=1e-7))
+
+
+def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
+  """A privacy_log of `state`'s rounds all at `sim`'s static noise (and lr schedule)."""
+  released = int(state.round) - rounds_skipped(cfg, state) if cfg.dp == "central" else 0
+  lr_at = learning_rate_schedule(cfg)
+  stats = dict(event=np.zeros(released, np.int32),
+               lr=np.asarray([lr_at(t) for t in range(int(state.round))], np.float32),
+               nonfinite=0)
+  return privacy_log.append(privacy_log.empty(), SimpleNamespace(**stats),
+                            sim.privacy.event_multipliers)
+
+
+def assumptions(cfg: Config) -> list[str]:
+  """What every guarantee of the run takes for granted about things outside it."""
+  seed = ("noise_seed 'secret': the noise and cohort keys come from the operating system's "
+          "entropy and are not in config.json; the checkpoints hold the run key and so must "
+          "stay as secret as the noise" if cfg.noise_seed == "secret" else
+          f"the seed ({cfg.seed}, published in config.json) and the checkpoints stay secret: "
+          "every noise draw and cohort is a function of the seed, so anyone who has it can "
+          "subtract the noise from two released models (noise_seed 'secret' draws the keys "
+          "from the operating system instead)")
+  return [seed,
+          "the checkpoints also hold unnoised per-client state (error-feedback residuals, "
+          "control variates, local models, per-client ledgers) and the unnoised diagnostics: "
+          "they are the server's private working state, not releases"]
+
+
+def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None:
+  """PLD's figure beside the RDP one, the smaller as epsilon; if PLD cannot be had
+  (too little noise for its discretisation) the RDP figure stands, and the report
+  says why."""
+  from fedjax_dp.account import AccountError
+  try:
+    report["pld_epsilon"] = compute()
+  except AccountError as e:
+    report["pld_epsilon"] = None
+    report["pld_note"] = f"no PLD figure: {e}; epsilon is the RDP accountant's"
+    return
+  report["accountant"] = accountant
+  report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+
+
+def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
+                    stopped_by_budget: bool | None = None) -> dict:
+  if cfg.dp == "none":
+    return {"dp": "none", "epsilon": None, "delta": None,
+            "note": "no noise is added: this run has no differential-privacy guarantee"}
+  skipped = rounds_skipped(cfg, state)
+  rounds = int(state.round) - skipped   # rounds that ran (skipped ones released nothing)
+  if plog is not None and cfg.dp == "central":
+    assert privacy_log.released_rounds(plog) == rounds, (plog, rounds)
+  report = _header(cfg, sim, rounds)
+  report.update(_clip_layout(cfg, sim))
+  if cfg.dp == "central":
+    _central_section(report, cfg, sim, state, plog, rounds, skipped, stopped_by_budget)
+  else:
+    _local_section(report, cfg, sim, state)
+  report.update(_schedule_section(cfg, sim, state))
+  report["not_accounted"] += _not_accounted(cfg)
+  if sim.noise_multiplier == 0:
+    report["note"] = "noise_multiplier 0: no differential-privacy guarantee (epsilon infinite)"
+  return report
+
+
+def _header(cfg: Config, sim: Simulation, rounds: int) -> dict:
+  return {
+      "dp": cfg.dp, "delta": cfg.delta, "noise_multiplier": sim.noise_multiplier,
+      "noise_multiplier_source": "configured" if cfg.noise_multiplier is not None
+                                 else f"calibrated to target_epsilon {cfg.target_epsilon:g}",
+      "clip_norm": cfg.clip_norm, "clip_parts": cfg.clip_parts,
+      "sampling": cfg.sampling, "q": sampling_rate(cfg), "rounds_accounted": rounds,
+      "target_epsilon": cfg.target_epsilon,
+      "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
+      "not_accounted": [
+          "metrics.jsonl's train_loss, unclipped_fraction and nonfinite_uploads (uploads with "
+          "a NaN or inf, sent as zero) are computed from the clients' data without noise: "
+          "simulator diagnostics, not outputs the epsilon covers",
+          "summary.json's data section (clients, examples per client, training and test "
+          "examples) is computed from the data without noise"],
+  }
+
+
+def _clip_layout(cfg: Config, sim: Simulation) -> dict:
+  layout = sim.privacy.layout
+  if cfg.clip_parts == "per_layer":
+    return {"part_clip_norms": {n: f * cfg.clip_norm for n, f in zip(layout.names,
+                                                                     layout.fractions)},
+            "clip_parts_note": (
+                "each layer clipped to clip_norm * sqrt(size / total), isotropic noise: the "
+                "parts compose to one Gaussian with the same noise multiplier")}
+  if cfg.clip_parts != "tiers":
+    return {}
+  z_u = sim.privacy.update_noise_multiplier   # z, raised by adaptive clipping's count
+  return {
+      "tiers": {name: {"clip_norm": f * cfg.clip_norm, "noise_std": z_u * cfg.clip_norm * m,
+                       "noise_multiplier": z_u * m / f}
+                for name, f, m in zip(layout.names, layout.fractions, layout.noise_scales)},
+      "effective_noise_multiplier": sim.privacy.accounted_noise_multiplier,
+      "clip_parts_note": (
+          "each tier clipped on its own to clip_norm * sqrt(size / total) and noised with std "
+          "noise_multiplier * clip_norm * its tier multiplier; the tiers are Gaussians on the "
+          "same record, so their RDP adds (one Gaussian with the effective noise multiplier), "
+          f"it does not take the maximum. First-layer rows take their feature's tier; every "
+          f"other parameter takes rest_tier {cfg.rest_tier!r}")}
+
+
+def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, rounds: int,
+                     skipped: int, stopped_by_budget) -> None:
+  z = sim.noise_multiplier
+  eps, order = sim.epsilons(state)
+  report.update({
+      "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
+                    "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
+                    "divided by the expected cohort size clients_per_round"),
+      "guarantee": f"the accountant's epsilon below, for {neighbouring_relation(cfg)} "
+                   "neighbours",
+      "neighbouring": neighbouring_relation(cfg),
+      "epsilon": _finite(eps), "order": float(order) if _finite(eps) is not None else None,
+      "ledger": np.asarray(state.ledger, np.float64).tolist(),
+      "stopped_by_budget": (skipped > 0 if stopped_by_budget is None
+                            else bool(stopped_by_budget)),
+      "rounds_skipped_by_budget": skipped,
+  })
+  if cfg.adaptive_clipping:
+    report["adaptive_clipping"] = {
+        "method": "Andrew et al. 2021, geometric update to a target quantile",
+        "target_quantile": cfg.target_quantile, "clip_lr": cfg.clip_lr,
+        "count_stddev": sim.privacy.count_stddev,
+        "update_noise_multiplier": sim.privacy.update_noise_multiplier,
+        "accounted_noise_multiplier": sim.privacy.accounted_noise_multiplier,
+        "final_clip_norm": float(state.clip_norm),
+        "note": "the noised clipped-count query is accounted: the updates' noise "
+                "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
+                "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"}
+  events = privacy_log.noise_events(plog) if plog is not None else None
+  if events is not None:
+    report["noise_events"] = [{"accounted_noise_multiplier": m, "rounds": n}
+                              for m, n in events]
+    if len({m for m, _ in events}) > 1:
+      report["noise_events_note"] = (
+          "the rounds ran at different accounted multipliers (a noise schedule, or a resume "
+          "that calibrated the rounds after it to what was left of target_epsilon); every "
+          "figure composes each round at its own")
+  if cfg.accountant == "pld" and z > 0 and rounds > 0:
+    if events is None:
+      report["pld_epsilon"] = None
+      report["pld_note"] = ("no PLD figure: the run resumed from a checkpoint without the "
+                            "per-round record; epsilon is the RDP ledger's")
+    else:
+      from fedjax_dp.account import pld_epsilon_composed
+      # each released round's composed multiplier (tiers: less than z), as the ledger charges
+      _add_pld(report, lambda: pld_epsilon_composed(sampling_rate(cfg), events, cfg.delta),
+               "rdp ledger in the round; final figure by dp-accounting's PLD")
+  if cfg.sampling == "poisson":
+    report["q_configured"] = cfg.clients_per_round / cfg.num_clients
+    report["q_note"] = ("q is the rate the sampler really draws with (float32 "
+                        "uniforms on a 2^-23 grid), which the accountant charges")
+    report["published_cohort_sizes"] = (
+        "expected only: bytes_up, bytes_down and participations count clients_per_round per "
+        "round (the realised Poisson cohort sizes depend on who is in the data)")
+    report["not_accounted"].append(
+        "summary.json's cohort_overflow counts Poisson draws beyond max_cohort, a function "
+        "of the realised cohort sizes")
+  overflow = int(state.cohort_overflow)
+  if overflow:
+    report["not_accounted"].append(
+        f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
+        "analysis assumes every draw takes part: raise max_cohort")
+
+
+def _local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
+  z = sim.noise_multiplier
+  eps, _ = sim.epsilons(state)
+  nc = state.server_state["noise_control"]
+  counts = np.asarray(nc["participations"]) if z > 0 else None
+  spent = clients_spent(sim, state)
+  report.update({
+      "mechanism": ("local DP: each client clips its update to L2 norm clip_norm and adds "
+                    "N(0, (noise_multiplier * clip_norm)^2) from its own key before sending; "
+                    "the server averages the participants' reports"),
+      "guarantee": ("per client: its epsilon below covers everything it sent (replace-one "
+                    "neighbours of its data, sensitivity 2 clip_norm), against the server and "
+                    "anyone who sees the reports; no amplification by sampling is claimed"),
+      "neighbouring": "replace one client's data (sensitivity 2 clip_norm)",
+      "epsilon": _finite(np.max(eps)), "epsilon_is": "the largest client's",
+      "clients": {
+          "epsilon_median": _finite(np.median(eps)),
+          "participations": ({"min": int(counts.min()), "median": float(np.median(counts)),
+                              "max": int(counts.max())} if counts is not None else None),
+          "spent": int(spent.sum()),
+          "stopped_by_budget": "clients stop taking part when their next participation "
+                               "would pass target_epsilon" if cfg.target_epsilon else None},
+      "client_epsilons": [_finite(e) for e in eps],
+  })
+  if cfg.accountant == "pld" and z > 0 and counts.max() > 0:
+    # static noise (config): every participation is a Gaussian of at least the composed
+    # multiplier (cluster_noise only adds), so the most frequent client's count bounds all
+    from fedjax_dp.account import pld_epsilon
+    z_acc = sim.privacy.accounted_noise_multiplier
+    _add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
+             "rdp ledgers in the round; largest client's figure by PLD")
+  budgets = sim.client_budgets()
+  if cfg.client_budgets == "allocated":
+    report["client_budgets"] = {
+        "method": "projected gradient ascent with momentum (eta 0.01, mu 0.9) on "
+                  "sum_i 1 - exp(-gamma_i eps_i), gamma_i = n_i / mean n, sum eps_i <= "
+                  "num_clients * target_epsilon, each eps_i in its sensitivity tier's range",
+        "min": float(budgets.min()), "median": float(np.median(budgets)),
+        "max": float(budgets.max()), "sum": float(budgets.sum()),
+        "budgets": budgets.tolist()}
+    report["clients"]["stopped_by_budget"] = ("clients stop taking part when their next "
+                                              "participation would pass their own budget")
+  if cfg.cluster_noise == "equalize":
+    from fedjax_dp.noise_control import cluster_noise_factors
+    cn = state.server_state["cluster_noise"]
+    f = np.asarray(cluster_noise_factors(cn["size"], cn["median"]), np.float64)
+    report["cluster_noise"] = {
+        "method": "per-cluster noise: a client last seen in a cluster of s members noises "
+                  "with z sqrt(s / median cluster size), never below z; its own ledger "
+                  "composes the noise it really used",
+        "next_round_factor": {"min": float(f.min()), "median": float(np.median(f)),
+                              "max": float(f.max())},
+        "last_median_cluster_size": float(cn["median"])}
+  if z > 0:
+    paper = np.asarray(nc["paper_epsilon"], np.float64)
+    report["paper_formula_epsilon"] = {
+        "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
+              "sqrt(2 ln(1.25/delta)) / z_round, summed over each client's participations "
+              "(its calibration needs epsilon < 1 per round, and the sum ignores delta)",
+        "max": float(paper.max()), "median": float(np.median(paper))}
+
+
+def _schedule_section(cfg: Config, sim: Simulation, state) -> dict:
+  """The noise controller's settings and the dynamic-DP paper's own figure (central
+  DP; local DP's per-client one is in _local_section)."""
+  nc = state.server_state["noise_control"]
+  out = {}
+  if cfg.dp == "central" and sim.noise_multiplier > 0:
+    out["paper_formula_epsilon"] = {
+        "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
+              "sqrt(2 ln(1.25/delta)) / z_round summed over the rounds run (no sampling, "
+              "needs epsilon < 1 per round, ignores delta)",
+        "total": float(nc["paper_epsilon_rounds"])}
+  if cfg.noise_schedule != "static":
+    out["noise_schedule"] = {
+        "schedule": cfg.noise_schedule, "measure": cfg.convergence_measure,
+        "lambda": cfg.convergence_lambda, "window": cfg.convergence_window,
+        "beta": cfg.convergence_beta, "ema": cfg.noise_ema,
+        "final_score": float(nc["score"]),
+        "note": "each round's noise is set before the round from earlier released global "
+                "updates (public), and the ledgers compose every round at its actual noise"}
+  return out
+
+
+def _not_accounted(cfg: Config) -> list[str]:
+  """What the tier analysis, the data preparation and budget allocation leave uncovered."""
+  lines = []
+  if cfg.tier_source == "analyzer" and cfg.clip_parts == "tiers":
+    lines.append(
+        "the tier map comes from the sensitivity analyzer, which reads every client's data "
+        "without noise; the choice of tiers (and so of noise per feature) is not covered")
+  lines += data_not_accounted(cfg)
+  if cfg.client_budgets == "allocated":
+    lines.append(
+        "client_budgets 'allocated': each client's budget is computed without noise from every "
+        "client's example count" + (" and the sensitivity analyzer's scores of their raw data"
+                                    if cfg.tier_source == "analyzer" else "")
+        + ", and it decides when each client stops taking part")
+  return lines
