@@ -20,6 +20,7 @@ Entries (all float32; `[orders]`: accounting.DEFAULT_ORDERS):
   momentum                  client heavy-ball momentum (its presence is static)
   server_lr, server_momentum
   clip_norm                 the clip norm a run starts from
+  tier_scales [parts]       the clip parts' static noise multipliers (tiers; else ones)
   update_noise              std of the update noise over the clip norm (z_u)
   count_stddev              std of adaptive clipping's count noise
   target_quantile, clip_lr  adaptive clipping (Andrew et al. 2021)
@@ -45,7 +46,8 @@ import numpy as np
 # the compiled round. Everything else in the config is structure.
 NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "clip_norm",
                 "noise_multiplier", "target_epsilon", "delta", "target_quantile", "clip_lr",
-                "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema")
+                "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema",
+                "tier_noise_multipliers")
 
 
 def _f32(v) -> np.ndarray:
@@ -69,7 +71,8 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
         "server_momentum": _f32(cfg.server_momentum), "clip_norm": _f32(cfg.clip_norm)}
   if privacy.mode == "none":
     return hp
-  hp.update(update_noise=_f32(privacy.update_noise_multiplier),
+  hp.update(tier_scales=_f32(privacy.tier_scales()),
+            update_noise=_f32(privacy.update_noise_multiplier),
             count_stddev=_f32(privacy.count_stddev), target_quantile=_f32(cfg.target_quantile),
             clip_lr=_f32(cfg.clip_lr), delta=_f32(cfg.delta),
             event_rdp=accounting.event_to_float32(privacy.event_rdp),

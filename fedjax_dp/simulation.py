@@ -223,8 +223,10 @@ class Simulation:
                            None if recalibrate else self.calibrated)
     if self.privacy.client_budgets is not None:
       privacy = dataclasses.replace(privacy, client_budgets=self.privacy.client_budgets)
-    if (privacy.layout, privacy.stop_in_round, len(privacy.event_multipliers)) != (
-        self.privacy.layout, self.privacy.stop_in_round, len(self.privacy.event_multipliers)):
+    structure = lambda p: (p.layout and p.layout._replace(noise_scales=p.layout.noise_scales
+                                                          is None),
+                           p.stop_in_round, len(p.event_multipliers))
+    if structure(privacy) != structure(self.privacy):
       raise ConfigError(f"hparams_for: {overrides} change the privacy set-up's structure; "
                         "build a new simulation")
     return cfg, privacy

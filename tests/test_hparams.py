@@ -7,6 +7,7 @@ import pytest
 
 from fedjax_dp.config import ConfigError
 from tests.helpers import toy_problem, toy_simulation
+from tests.test_golden import FEATURE_TIERS
 
 CASES = {
     "fedavgm_cosine": (dict(algorithm="fedavgm", lr_schedule="cosine", lr_min=0.01, rounds=4),
@@ -23,6 +24,9 @@ CASES = {
     "local_budget": (dict(dp="local", noise_multiplier=2.0, target_epsilon=25.0,
                           clients_per_round=4),
                      dict(noise_multiplier=1.2, target_epsilon=15.0, clip_norm=0.5)),
+    "central_tiers": (dict(dp="central", noise_multiplier=1.0, clip_parts="tiers",
+                           clients_per_round=4),
+                      dict(tier_noise_multipliers=(3.0, 1.5, 1.0, 0.5, 0.2))),
 }
 
 
@@ -34,14 +38,15 @@ def _leaves(tree):
 def test_changed_hyperparameters_reuse_the_compiled_round_and_match_a_fresh_build(name):
   base, change = CASES[name]
   x, y, parts = toy_problem(sizes=(7, 12, 3, 9, 5, 8))
-  sim = toy_simulation(x, y, parts, **base)
+  tiers = FEATURE_TIERS if base.get("clip_parts") == "tiers" else None
+  sim = toy_simulation(x, y, parts, feature_tiers=tiers, **base)
   state, _ = sim.run_rounds(sim.init_state(), 2)         # compiles once
   hp = sim.hparams_for(**change)
   start = sim.init_state(hp)
   got, got_stats = sim.run_rounds(start, 2, hparams=hp)
   assert sim.run_chunk._cache_size() == 1                # no recompilation
 
-  fresh = toy_simulation(x, y, parts, **{**base, **change})
+  fresh = toy_simulation(x, y, parts, feature_tiers=tiers, **{**base, **change})
   want, want_stats = fresh.run_rounds(fresh.init_state(), 2)
   for a, b in zip(_leaves(got) + _leaves(got_stats), _leaves(want) + _leaves(want_stats)):
     np.testing.assert_array_equal(a, b)
