@@ -33,13 +33,13 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import accounting
-from fedjax_dp import aggregation
 from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
 from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
+from fedjax_dp import robust
 from fedjax_dp import server as server_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.kernels import gaussian_noise, robust_aggregation, weighted_mean
@@ -241,6 +241,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
     one_client["pipeline"] = client_pipeline.init(d)
   if cfg.index_selection == "public_topk":
     server_state["public_update"] = jnp.zeros((d,), jnp.float32)
+  aggregator = robust.get_aggregator(cfg.aggregator)
+  if aggregator.stateful:   # only then: a stateless rule's runs keep their state pytree
+    server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
   if cfg.s_global > 0:
     server_state["downlink_residual"] = jnp.zeros((d,), jnp.float32)
   if cfg.cluster_noise == "equalize":
@@ -285,13 +288,15 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
   those slots' writes, and a resident table's only such slots are padding
   (static) unless clients can be refused (budgets, a skipped round).
   Returns (aggregate, stats, client state, the psum of the objective's server
-  contributions), all but a resident client state identical on all devices.
+  contributions, cluster info, server-state slots), all but a resident client
+  state identical on all devices.
   noise_scales [parts]: this round's local noise std per part, over
   noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
   client's own multiplier on top (per-cluster noise, else ones). With
   `cluster_threshold` (per-cluster noise) a fifth output holds the cohort's
   clusters (ids, mask and cluster size per upload, the median cluster size),
-  else ().
+  else (). The server-state slots are {"aggregator": its new state} for a
+  stateful robust_aggregator (which reads server_state["aggregator"]), else {}.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -299,7 +304,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     dp local: the mean over participants of the deltas, each clipped and
       noised by its client with N(0, (z clip_norm)^2) from the client's own key.
     aggregator other than mean: the rule applied to the cohort's uploads,
-      all-gathered over the device axis (see aggregation.py).
+      all-gathered over the device axis (see fedjax_dp/robust/).
   """
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
@@ -412,13 +417,20 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
     weights = mask_f
   flagged = clusters = jnp.zeros((), jnp.int32)
   cluster_info = ()
+  server_slots = {}
   if robust_aggregator is not None:
     # robust rules need every upload: all-gather the cohort and aggregate replicated
     rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
     all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
     all_weights = gather_over_devices(weights * mask_f)
     if cluster_threshold is None:
-      agg, flagged, clusters = robust_aggregator(all_rows, all_mask, all_weights)
+      # (u, mask, weights, state) -> (aggregate, state, metrics); the rule's state,
+      # replicated, lives in server_state["aggregator"] when it keeps one
+      agg, agg_state, metrics = robust_aggregator(all_rows, all_mask, all_weights,
+                                                  server_state.get("aggregator", ()))
+      flagged, clusters = metrics["flagged"], metrics["clusters"]
+      if "aggregator" in server_state:
+        server_slots["aggregator"] = agg_state
     else:
       # the cluster rule whose clusters also set next round's noise: cluster once
       # (on the finite uploads, as make_aggregator's rules)
@@ -467,7 +479,7 @@ def _client_phase(params, cohort_ids, cohort_mask, lr, round_key, clip_norm, noi
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
                      event=jnp.zeros((), jnp.int32), lr=jnp.asarray(lr, jnp.float32),
                      nonfinite=nonfinite)
-  return mean_delta, stats, client_state, contrib_sum, cluster_info
+  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 
 
 def gather_over_devices(a: jax.Array) -> jax.Array:
@@ -638,6 +650,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   objective = objectives.make_objective(cfg)
+  aggregator = robust.get_aggregator(cfg.aggregator)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
@@ -649,8 +662,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise",
               aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
                                and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
-              robust_aggregator=(None if cfg.aggregator == "mean"
-                                 else aggregation.make_aggregator(cfg)),
+              # the config's hyperparameters, bound here (the seam for passing them
+              # as traced data: aggregate's last argument)
+              robust_aggregator=(None if aggregator.linear
+                                 else partial(aggregator.aggregate, hp=aggregator.hparams(cfg))),
               malicious=(attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction,
                                                    cfg.seed)
                          if cfg.byzantine_fraction > 0 else None),
@@ -667,7 +682,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(),
                 P("clients") if resident_state else P(), P(), P(), P(), P(), P()),
-      out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P()))
+      out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P(), P()))
   server_opt = server_lib.make_server_optimizer(cfg)
   lr_at = learning_rate_schedule(cfg)
   event_rdp = privacy.event_rdp
@@ -725,11 +740,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       within = accounting.epsilon(after, privacy.delta)[0] <= budget_limit(budget)
       spent = jnp.sum(mask & ~within, dtype=jnp.int32)
       mask = mask & within
-    mean_delta, stats, client_state, contrib_sum, cluster_info = client_phase(
+    mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots = client_phase(
         state.params, ids, mask, lr_at(state.round), round_key, state.clip_norm, scales, factor,
         state.client_state, state.server_state, store.x, store.y, store.client_index,
         store.client_count)
     server_state = objective.server_step(state.server_state, contrib_sum, cfg.num_clients)
+    if server_slots:   # a stateful aggregator's new state
+      server_state = {**server_state, **server_slots}
     if privacy.mode == "central":   # the noise is released even when nobody took part
       released = jnp.where(skip, -1, event_index)
     elif privacy.mode == "local":
