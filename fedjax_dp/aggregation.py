@@ -20,7 +20,7 @@ def make_aggregator(cfg, d: int | None = None) -> Callable:
   with cfg's hyperparameters; a stateful rule starts from its initial state each call.
 
   flagged: outliers the rule detected (outlier_median), updates it left out
-  (krum, multi_krum), plus, for every rule but mean,
+  (krum, multi_krum) or clipped (centered_clip), plus, for every rule but mean,
   participants dropped for a NaN or inf in their upload (finite_participants);
   clusters: the number of clusters (cluster), else 0."""
   rule = get_aggregator(cfg.aggregator)

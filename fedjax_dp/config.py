@@ -91,6 +91,10 @@ class Config:
   outlier_z: float = 3.5
   cluster_threshold: float = 0.5
   cluster_noise: str = "uniform"
+  geomed_iters: int = 4
+  geomed_eps: float = 1e-6
+  cclip_tau: float = 1.0
+  cclip_iters: int = 1
   byzantine_fraction: float = 0.0
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
@@ -185,6 +189,10 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "multi_krum_m": (0, None, True, True),
     "outlier_z": (0, None, False, True),
     "cluster_threshold": (-1, 1, True, False),
+    "geomed_iters": (0, None, True, True),
+    "geomed_eps": (0, None, False, True),
+    "cclip_tau": (0, None, False, True),
+    "cclip_iters": (1, None, True, True),
     "byzantine_fraction": (0, 1, True, False),
     "byzantine_scale": (0, None, True, True),
     "synthetic_features": (1, None, True, True),

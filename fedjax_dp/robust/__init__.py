@@ -3,7 +3,7 @@
   base.py              the Aggregator protocol (init, aggregate, static properties)
   mean.py              the weighted mean (FedAvg; linear: the round fuses it)
   median.py, trimmed_mean.py, krum.py (krum, multi_krum), outlier_median.py,
-  cluster.py
+  cluster.py, geometric_median.py, centered_clip.py (stateful)
   registry.py          AGGREGATORS (name -> aggregator)
 
 The kernels of the older rules are in kernels/robust_aggregation.py. Every rule

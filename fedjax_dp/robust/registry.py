@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fedjax_dp.robust import cluster, krum, mean, median, outlier_median, trimmed_mean
+from fedjax_dp.robust import (centered_clip, cluster, geometric_median, krum, mean, median,
+                              outlier_median, trimmed_mean)
 from fedjax_dp.robust.base import Aggregator
 
 AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
@@ -13,6 +14,8 @@ AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
     krum.MULTI_KRUM,
     outlier_median.AGGREGATOR,
     cluster.AGGREGATOR,
+    geometric_median.AGGREGATOR,
+    centered_clip.AGGREGATOR,
 )}
 
 
