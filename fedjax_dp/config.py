@@ -68,6 +68,7 @@ class Config:
   moon_mu: float = 1.0
   moon_tau: float = 0.5
   admm_rho: float = 0.01
+  feddyn_alpha: float = 0.01
   # update pipeline (TopkSDP-FL's SparseRandom and its variants)
   s_local: float = 0.0
   s_global: float = 0.0
@@ -226,6 +227,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "moon_mu": (0, None, True, True),
     "moon_tau": (0, None, False, True),
     "admm_rho": (0, None, False, True),
+    "feddyn_alpha": (0, None, False, True),
     "s_local": (0, 1, True, False),
     "s_global": (0, 1, True, False),
     "coordinate_clip": (0, None, False, True),

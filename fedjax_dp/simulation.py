@@ -777,6 +777,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       # client 0's row (its old ledger) could win over its update (found with 4 devices)
       ledger = ledger.at[jnp.where(mask, ids, cfg.num_clients)].set(
           accounting.compose(ledger[ids], client_event, mask), mode="drop")
+    # the local terms' change to the released update before the downlink and the server
+    # optimizer (FedDyn's -h / alpha; none for the others): post-processing of the release
+    mean_delta, server_state = objective.server_update(
+        mean_delta, server_state, objectives.ServerContext(
+            num_clients=cfg.num_clients,
+            cohort_size=cfg.clients_per_round if privacy.mode == "central" else stats.participants,
+            applied=~skip if privacy.mode == "central" else stats.participants > 0))
     if cfg.s_global > 0:
       # downlink top-k: the server keeps what it does not broadcast (error feedback)
       flat, unravel = ravel_pytree(mean_delta)

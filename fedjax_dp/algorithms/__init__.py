@@ -2,7 +2,7 @@
 
   base.py        the LocalTerm protocol (optax-style: a NamedTuple of functions
                  and static properties) and the inputs each function sees
-  fedprox.py, contrastive.py, moon.py, scaffold.py, fedadmm.py, solo.py
+  fedprox.py, contrastive.py, moon.py, scaffold.py, fedadmm.py, solo.py, feddyn.py
                  one term each
   registry.py    TERMS (name -> term), ALGORITHMS (presets), parse_algorithm
   objective.py   Objective: cross-entropy + the configured terms, as the round calls it

@@ -13,7 +13,7 @@ then float32 from the start: a product of two hyperparameters (radius ** 2)
 rounds differently from the Python float64 one, by at most an ulp.
 
 Memory per client: one parameter vector each for `prev_model` (contrastive,
-moon), `control` (scaffold), `dual` (fedadmm) and `model`
+moon), `control` (scaffold), `dual` (fedadmm), `feddyn_g` (feddyn) and `model`
 (solo), 4 d bytes each (0.8 MB for the 199,210-parameter MLP), plus one byte
 for `seen`.
 """

@@ -7,7 +7,7 @@ it). A new term is one module and one line here.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import contrastive, fedadmm, fedprox, moon, scaffold, solo
+from fedjax_dp.algorithms import contrastive, fedadmm, feddyn, fedprox, moon, scaffold, solo
 from fedjax_dp.algorithms.base import LocalTerm
 
 TERMS: dict[str, LocalTerm] = {t.name: t for t in (
@@ -17,6 +17,7 @@ TERMS: dict[str, LocalTerm] = {t.name: t for t in (
     scaffold.TERM,
     fedadmm.TERM,
     solo.TERM,
+    feddyn.TERM,
 )}
 
 # algorithm name -> (the local terms it adds, the server optimizer it implies); every
