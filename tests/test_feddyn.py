@@ -93,7 +93,23 @@ def test_feddyn_term_on_least_squares_equals_numpy_feddyn():
   np.testing.assert_allclose(kept["w"], mean["w"] - server_state["feddyn_h"]["w"] / ALPHA)
 
 
-@pytest.mark.parametrize("dp", [dict(dp="local", noise_multiplier=0.5),
+@pytest.mark.parametrize("devices", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_feddyn_round_equals_the_plain_loop(devices):
+  """2 of 4 clients of unequal sizes per round for 4 rounds: the round against
+  test_objectives' plain per-client loop (g_i in a dict, h, the correction)."""
+  from tests.helpers import toy_problem, toy_simulation
+  from tests.test_objectives import reference_rounds
+  x, y, parts = toy_problem(sizes=(5, 9, 4, 13))
+  sim = toy_simulation(x, y, parts, clients_per_round=2, batch_size=3, devices=devices,
+                       algorithm="feddyn", feddyn_alpha=0.3)
+  state, _ = sim.run_rounds(sim.init_state(), 4)
+  expected = reference_rounds(sim, x, y, parts, 4)
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dp", [pytest.param(dict(dp="local", noise_multiplier=0.5),
+                                             marks=pytest.mark.slow),
                                 dict(dp="central", noise_multiplier=0.5)])
 def test_feddyn_under_dp_corrects_the_released_mean(dp):
   """Under DP the server's h is built from the released (noised) mean alone: in

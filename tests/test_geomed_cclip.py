@@ -103,7 +103,7 @@ def test_centered_clipping_bounds_each_participant_and_keeps_state_without_uploa
 
 
 @pytest.mark.parametrize("aggregator,extra", [
-    ("geometric_median", {}),
+    pytest.param("geometric_median", {}, marks=pytest.mark.slow),
     ("centered_clip", {}),                    # tau 1, one step: the attackers are clipped
 ])
 def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):

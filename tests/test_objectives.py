@@ -248,7 +248,6 @@ def reference_rounds(sim, x, y, parts, rounds):
     dict(algorithm="fedprox", prox_mu=0.5),
     dict(algorithm="scaffold"),
     dict(algorithm="fedadmm", admm_rho=0.5),
-    dict(algorithm="feddyn", feddyn_alpha=0.3),
     dict(algorithm="contrastive", contrastive_mu1=0.3, contrastive_mu2=0.2, contrastive_radius=0.5),
 ])
 @pytest.mark.parametrize("devices", [1, 2])
