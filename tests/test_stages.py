@@ -1,7 +1,9 @@
 """Every registered aggregator and local term as a stage on its own, without the
 round: jittable, output shapes, masked slots have no effect, works under vmap
-over a batch of inputs and over a batch of hyperparameters (hyperparameters as
-data), and its state round-trips (same structure, shapes and dtypes)."""
+over a batch of inputs and over a batch of hyperparameters, hyperparameters
+passed as float32 / int32 arrays give the config's Python numbers bit for bit
+(hyperparameters as data), and its state round-trips (same structure, shapes
+and dtypes)."""
 
 import dataclasses
 
@@ -28,6 +30,12 @@ def same_structure(a, b):
 def other_hp(hp):
   """A second, still valid value of every hyperparameter (floats x1.5, counts + 1)."""
   return {k: (v + 1 if isinstance(v, int) else 1.5 * v) for k, v in hp.items()}
+
+
+def as_data(hp):
+  """hp as the round will pass it: float32 (rounded once) and int32 arrays."""
+  return {k: jnp.asarray(v, jnp.int32 if isinstance(v, int) else jnp.float32)
+          for k, v in hp.items()}
 
 
 def stacked_hp(*hps):
@@ -84,8 +92,15 @@ def test_aggregator_as_a_stage(name):
     np.testing.assert_allclose(aggs[i], one, rtol=1e-5, atol=1e-6)
     assert int(mets["flagged"][i]) == int(met["flagged"])
 
-  # hyperparameters as data: a batch of hp values, traced, equals each value's call
+  # hyperparameters as data: passed as traced arrays they give the numbers of the
+  # Python constants the round bakes in today, bit for bit
   hp2 = other_hp(hp)
+  for h in (hp, hp2):
+    baked = jax.jit(lambda u, mask, w, state, h=h: rule.aggregate(u, mask, w, state, h))
+    for a, b in zip(jax.tree.leaves(aggregate(u, mask, w, state0, as_data(h))),
+                    jax.tree.leaves(baked(u, mask, w, state0))):
+      np.testing.assert_array_equal(a, b)
+  # and a batch of hp values, traced, equals each value's call
   if hp:
     aggs, _, _ = jax.jit(jax.vmap(rule.aggregate, in_axes=(None, None, None, None, 0)))(
         u, mask, w, state0, stacked_hp(hp, hp2))
@@ -144,8 +159,21 @@ def test_local_term_as_a_stage(name, cfg):
   np.testing.assert_array_equal(value2, value)
   for a, b in zip(jax.tree.leaves(grad2), jax.tree.leaves(grad)):
     np.testing.assert_array_equal(a, b)
-  # hyperparameters as data: vmapped over a batch of values, traced
+  # hyperparameters as data: traced arrays give the numbers of the Python constants the
+  # round bakes in today, bit for bit at the config's values. At others (a tau whose
+  # reciprocal is inexact) XLA:CPU at the tests' LLVM level 0 may round moon's and
+  # moon_params' products of mu and 1/tau differently when they are constants (an ulp;
+  # equal at the default level): the term computes the same expression either way.
   hp2 = {t: other_hp(v) for t, v in hp.items()}
+  for h, exact in ((hp, True), (hp2, not obj.needs_prev_model or name == "contrastive"
+                                and cfg.contrastive_form == "bounded")):
+    baked = jax.jit(jax.value_and_grad(lambda p, xb, h=h: loss(p, xb, h)))
+    traced = jax.jit(jax.value_and_grad(loss))(PARAMS, XB, {t: as_data(v) for t, v in h.items()})
+    for a, b in zip(jax.tree.leaves(traced), jax.tree.leaves(baked(PARAMS, XB))):
+      if exact:
+        np.testing.assert_array_equal(a, b)
+      else:
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
   if any(hp.values()):
     batch = {t: stacked_hp(hp[t], hp2[t]) for t in hp}
     values = jax.jit(jax.vmap(loss, in_axes=(None, None, 0)))(PARAMS, XB, batch)
@@ -160,6 +188,15 @@ def test_local_term_as_a_stage(name, cfg):
     return obj.finish(LocalContext(w_t, cstate, sstate), delta, local, jnp.int32(3),
                       jnp.float32(0.1), took_part, True, hp)
   upload, new_state, contrib = finish(cstate, delta, local, jnp.bool_(True))
+  finish_with = lambda c, d, l, t, h: obj.finish(
+      LocalContext(w_t, c, sstate), d, l, jnp.int32(3), jnp.float32(0.1), t, True, h)
+  for h in (hp, hp2):   # traced hyperparameters: the baked-in constants' numbers
+    baked = jax.jit(lambda c, d, l, t, h=h: finish_with(c, d, l, t, h))
+    traced = jax.jit(finish_with)(cstate, delta, local, jnp.bool_(True),
+                                  {n: as_data(v) for n, v in h.items()})
+    for a, b in zip(jax.tree.leaves(traced),
+                    jax.tree.leaves(baked(cstate, delta, local, jnp.bool_(True)))):
+      np.testing.assert_array_equal(a, b)
   same_structure(upload, delta)
   same_structure(new_state, client0)          # the state round-trips
   # a slot that does not take part keeps its row and contributes nothing
@@ -181,7 +218,14 @@ def test_local_term_as_a_stage(name, cfg):
   # the server's side keeps its structure
   new_server = jax.jit(lambda s, c: obj.server_step(s, c, 8, hp))(sstate, contrib)
   same_structure(new_server, server0)
-  update, after = jax.jit(lambda u, s, m, a: obj.server_update(
-      u, s, ServerContext(8, m, a), hp))(delta, sstate, jnp.int32(2), jnp.bool_(True))
+  server_update = lambda u, s, m, a, h: obj.server_update(u, s, ServerContext(8, m, a), h)
+  update, after = jax.jit(server_update)(delta, sstate, jnp.int32(2), jnp.bool_(True), hp)
   same_structure(update, delta)
   same_structure(after, server0)
+  for h in (hp, hp2):   # traced hyperparameters: the baked-in constants' numbers
+    baked = jax.jit(lambda u, s, m, a, h=h: server_update(u, s, m, a, h))
+    traced = jax.jit(server_update)(delta, sstate, jnp.int32(2), jnp.bool_(True),
+                                    {n: as_data(v) for n, v in h.items()})
+    for a, b in zip(jax.tree.leaves(traced),
+                    jax.tree.leaves(baked(delta, sstate, jnp.int32(2), jnp.bool_(True)))):
+      np.testing.assert_array_equal(a, b)

@@ -117,9 +117,18 @@ def cosine(a, b) -> jax.Array:
   return dot(a, b) / jnp.maximum(jnp.sqrt(dot(a, a) * dot(b, b)), 1e-12)
 
 
+def reciprocal(x) -> jax.Array:
+  """1 / x in float32, for dividing by a hyperparameter: XLA rewrites a division
+  by a constant c into a product with 1 / c (folded in float32), but divides
+  by a traced value. Multiplying by this gives the same numbers either way, so
+  the config's Python floats and the same numbers passed as arrays agree bit
+  for bit."""
+  return 1.0 / jnp.asarray(x, jnp.float32)
+
+
 def contrastive_nll(sim_pos: jax.Array, sim_neg: jax.Array, tau) -> jax.Array:
   """-log(e^{p/tau} / (e^{p/tau} + e^{n/tau})) = softplus((n - p) / tau)."""
-  return jax.nn.softplus((sim_neg - sim_pos) / tau)
+  return jax.nn.softplus((sim_neg - sim_pos) * reciprocal(tau))
 
 
 def zeros_like_tree(params):

@@ -48,7 +48,7 @@ bounded_push.defvjp(_bounded_push_fwd, _bounded_push_bwd)
 def _bounded_loss(inputs, hp):
   p = inputs.params
   return 0.5 * hp["mu1"] * sq_dist(p, inputs.global_params) + hp["mu2"] * bounded_push(
-      p, inputs.prev_model, hp["radius"] ** 2)
+      p, inputs.prev_model, hp["radius_sq"])
 
 
 def _moon_params_loss(inputs, hp):
@@ -59,8 +59,10 @@ def _moon_params_loss(inputs, hp):
 
 BOUNDED = LocalTerm(
     name="contrastive", loss=_bounded_loss, needs_prev_model=True,
+    # r^2 squared here, in float64, and rounded once (as the Python constant was): a
+    # float32 hyperparameter squared in the round would round twice
     hparams=lambda cfg: {"mu1": cfg.contrastive_mu1, "mu2": cfg.contrastive_mu2,
-                         "radius": cfg.contrastive_radius})
+                         "radius_sq": cfg.contrastive_radius ** 2})
 MOON_PARAMS = LocalTerm(
     name="contrastive", loss=_moon_params_loss, needs_prev_model=True,
     hparams=lambda cfg: {"mu1": cfg.contrastive_mu1, "tau": cfg.contrastive_tau})

@@ -8,7 +8,7 @@ augmented model less w^t). The dual y_i stays on the client.
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms.base import LocalTerm, dot, sq_dist, zeros_like_tree
+from fedjax_dp.algorithms.base import LocalTerm, dot, reciprocal, sq_dist, zeros_like_tree
 
 
 def _loss(inputs, hp):
@@ -21,7 +21,8 @@ def _finish(inputs, upload, state, hp):
   rho = hp["rho"]
   new_dual = inputs.keep(jax.tree.map(lambda y, d: y + rho * d, state["dual"], inputs.delta),
                          state["dual"])
-  upload = jax.tree.map(lambda d, y: d + y / rho, inputs.delta, new_dual)
+  inv_rho = reciprocal(rho)
+  upload = jax.tree.map(lambda d, y: d + y * inv_rho, inputs.delta, new_dual)
   return upload, {**state, "dual": new_dual}, {}
 
 

@@ -19,7 +19,7 @@ leaves the client. A round whose update is not applied keeps h.
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms.base import LocalTerm, dot, sq_dist, zeros_like_tree
+from fedjax_dp.algorithms.base import LocalTerm, dot, reciprocal, sq_dist, zeros_like_tree
 
 
 def _loss(inputs, hp):
@@ -39,7 +39,8 @@ def _server_update(update, server_state, ctx, hp):
   share = jnp.asarray(ctx.cohort_size, jnp.float32) / ctx.num_clients
   h = jax.tree.map(lambda h, u: jnp.where(ctx.applied, h - alpha * share * u, h),
                    server_state["feddyn_h"], update)
-  update = jax.tree.map(lambda u, hh: u - hh / alpha, update, h)
+  inv_alpha = reciprocal(alpha)
+  update = jax.tree.map(lambda u, hh: u - hh * inv_alpha, update, h)
   return update, {**server_state, "feddyn_h": h}
 
 

@@ -8,9 +8,14 @@ Hyperparameters as data: every method takes `hp`, {term name: {key: number}}.
 None means the config's numbers this objective was built with (Python floats,
 which is what the round passes today). A caller may instead pass the same dict
 with traced float32 / int32 arrays (the seam for the round's hyperparameters as
-data: a change does not recompile, replicas can be vmapped). The numbers are
-then float32 from the start: a product of two hyperparameters (radius ** 2)
-rounds differently from the Python float64 one, by at most an ulp.
+data: a change does not recompile, replicas can be vmapped). Float32 arrays
+rounded once from the config's float64 values then give the numbers the Python
+constants give: a derived value (contrastive's r^2) is derived in hparams(cfg),
+and a term divides by a hyperparameter as a product with base.reciprocal (XLA
+turns a division by a constant into that product, but divides by a traced
+value). tests/test_stages.py checks it bit for bit for every term and rule at
+the config's values; at other values XLA:CPU at LLVM level 0 can round a
+product of two constants (moon's mu and 1/tau) differently, by an ulp.
 
 Memory per client: one parameter vector each for `prev_model` (contrastive,
 moon), `control` (scaffold), `dual` (fedadmm), `feddyn_g` (feddyn) and `model`
