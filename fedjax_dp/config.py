@@ -68,6 +68,7 @@ class Config:
   moon_mu: float = 1.0
   moon_tau: float = 0.5
   admm_rho: float = 0.01
+  feddyn_alpha: float = 0.01
   # update pipeline (TopkSDP-FL's SparseRandom and its variants)
   s_local: float = 0.0
   s_global: float = 0.0
@@ -91,6 +92,10 @@ class Config:
   outlier_z: float = 3.5
   cluster_threshold: float = 0.5
   cluster_noise: str = "uniform"
+  geomed_iters: int = 4
+  geomed_eps: float = 1e-6
+  cclip_tau: float = 1.0
+  cclip_iters: int = 1
   byzantine_fraction: float = 0.0
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
@@ -159,8 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "topk_kernel": ("exact", "approx", "threshold", "bisect"),
     "noise_seed": ("config", "secret"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
-    "aggregator": ("mean", "median", "trimmed_mean", "krum", "multi_krum", "outlier_median",
-                   "cluster"),
+    "aggregator": (),   # the registered rules (fedjax_dp.robust.AGGREGATORS), read in _check
     "byzantine_attack": ("sign_flip", "scaled", "gaussian"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
@@ -186,6 +190,10 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "multi_krum_m": (0, None, True, True),
     "outlier_z": (0, None, False, True),
     "cluster_threshold": (-1, 1, True, False),
+    "geomed_iters": (0, None, True, True),
+    "geomed_eps": (0, None, False, True),
+    "cclip_tau": (0, None, False, True),
+    "cclip_iters": (1, None, True, True),
     "byzantine_fraction": (0, 1, True, False),
     "byzantine_scale": (0, None, True, True),
     "synthetic_features": (1, None, True, True),
@@ -219,6 +227,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "moon_mu": (0, None, True, True),
     "moon_tau": (0, None, False, True),
     "admm_rho": (0, None, False, True),
+    "feddyn_alpha": (0, None, False, True),
     "s_local": (0, 1, True, False),
     "s_global": (0, 1, True, False),
     "coordinate_clip": (0, None, False, True),
@@ -332,6 +341,9 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
 
   for key, choices in CHOICES.items():
     value = getattr(cfg, key)
+    if key == "aggregator":
+      from fedjax_dp.robust import AGGREGATORS
+      choices = tuple(AGGREGATORS)
     if value not in choices:
       raise ConfigError(
           f"config key '{key}' = {value!r}: allowed values are {', '.join(choices)}")
@@ -446,27 +458,25 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
       raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
                         "client budget of the paper's calibration)")
-  if cfg.aggregator != "mean" and cfg.dp == "central":
+  from fedjax_dp.robust import get_aggregator
+  aggregator = get_aggregator(cfg.aggregator)
+  if not aggregator.linear and cfg.dp == "central":
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with dp 'central': the "
                       "server noise is calibrated to a sum of clipped updates, which only "
                       "'mean' computes (robust rules are post-processing under dp 'local')")
-  if (cfg.aggregator != "mean" or cfg.byzantine_fraction > 0) and \
+  if (not aggregator.linear or cfg.byzantine_fraction > 0) and \
       cfg.kept_noise_draw == "aggregate":
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
                       f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
                       "honest uploads under the weighted mean have the aggregate's noise in "
                       "closed form (use 'client' or 'auto')")
-  if cfg.aggregator != "mean" and cfg.shuffle != "none":
+  if not aggregator.linear and cfg.shuffle != "none":
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with shuffle "
                       f"{cfg.shuffle!r}: the robust rules are not defined on per-layer shuffled "
                       "tuples; use aggregator 'mean' with the shuffler")
-  if cfg.aggregator in ("krum", "multi_krum") and 2 * cfg.byzantine_f + 2 >= cfg.clients_per_round:
-    raise ConfigError(f"config key 'byzantine_f' = {cfg.byzantine_f}: Krum needs "
-                      f"clients_per_round > 2 byzantine_f + 2 (Blanchard et al. 2017; "
-                      f"clients_per_round is {cfg.clients_per_round})")
-  if cfg.aggregator == "multi_krum" and cfg.multi_krum_m > cfg.clients_per_round:
-    raise ConfigError(f"config key 'multi_krum_m' = {cfg.multi_krum_m}: at most "
-                      f"clients_per_round ({cfg.clients_per_round}); 0 means n - byzantine_f")
+  problem = aggregator.check(cfg)   # the rule's own keys (Krum's f and m)
+  if problem:
+    raise ConfigError(problem)
   if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
     raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
                       f"{cfg.num_clients} clients that is no malicious client (floor of "

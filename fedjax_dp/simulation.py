@@ -33,7 +33,6 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import accounting
-from fedjax_dp import aggregation
 from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
 from fedjax_dp import dp_round
@@ -42,6 +41,7 @@ from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
+from fedjax_dp import robust
 from fedjax_dp import server as server_lib
 from fedjax_dp import server_stages as server_stages_lib
 from fedjax_dp.config import Config, ConfigError
@@ -298,6 +298,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   if client_pipeline is not None:
     one_client["pipeline"] = client_pipeline.init(d)
+  aggregator = robust.get_aggregator(cfg.aggregator)
+  if aggregator.stateful:   # only then: a stateless rule's runs keep their state pytree
+    server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
   server_state.update(server_stages_lib.make_server_stages(cfg, cfg.dp != "none", DOWNLINK)
                       .init(params, d))
   client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
@@ -338,13 +341,15 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
   client_hp: this round's client hyperparameters (hparams.py): lr, update_noise
   (local DP), momentum (where the client optimizer has momentum).
   Returns (aggregate, stats, client state, the psum of the objective's server
-  contributions), all but a resident client state identical on all devices.
+  contributions, cluster info, server-state slots), all but a resident client
+  state identical on all devices.
   noise_scales [parts]: this round's local noise std per part, over
   noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
   client's own multiplier on top (per-cluster noise, else ones). With
   `cluster_threshold` (per-cluster noise) a fifth output holds the cohort's
   clusters (ids, mask and cluster size per upload, the median cluster size),
-  else ().
+  else (). The server-state slots are {"aggregator": its new state} for a
+  stateful robust_aggregator (which reads server_state["aggregator"]), else {}.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -352,7 +357,7 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
     dp local: the mean over participants of the deltas, each clipped and
       noised by its client with N(0, (z clip_norm)^2) from the client's own key.
     aggregator other than mean: the rule applied to the cohort's uploads,
-      all-gathered over the device axis (see aggregation.py).
+      all-gathered over the device axis (see fedjax_dp/robust/).
   """
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
@@ -467,13 +472,20 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
     weights = mask_f
   flagged = clusters = jnp.zeros((), jnp.int32)
   cluster_info = ()
+  server_slots = {}
   if robust_aggregator is not None:
     # robust rules need every upload: all-gather the cohort and aggregate replicated
     rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
     all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
     all_weights = gather_over_devices(weights * mask_f)
     if cluster_threshold is None:
-      agg, flagged, clusters = robust_aggregator(all_rows, all_mask, all_weights)
+      # (u, mask, weights, state) -> (aggregate, state, metrics); the rule's state,
+      # replicated, lives in server_state["aggregator"] when it keeps one
+      agg, agg_state, metrics = robust_aggregator(all_rows, all_mask, all_weights,
+                                                  server_state.get("aggregator", ()))
+      flagged, clusters = metrics["flagged"], metrics["clusters"]
+      if "aggregator" in server_state:
+        server_slots["aggregator"] = agg_state
     else:
       # the cluster rule whose clusters also set next round's noise: cluster once
       # (on the finite uploads, as make_aggregator's rules)
@@ -522,7 +534,7 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
                      spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
                      event=jnp.zeros((), jnp.int32), lr=lr,
                      nonfinite=nonfinite)
-  return mean_delta, stats, client_state, contrib_sum, cluster_info
+  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 
 
 def gather_over_devices(a: jax.Array) -> jax.Array:
@@ -716,6 +728,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   objective = objectives.make_objective(cfg)
+  aggregator = robust.get_aggregator(cfg.aggregator)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
@@ -727,8 +740,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise",
               aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
                                and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
-              robust_aggregator=(None if cfg.aggregator == "mean"
-                                 else aggregation.make_aggregator(cfg)),
+              # the config's hyperparameters, bound here (the seam for passing them
+              # as traced data: aggregate's last argument)
+              robust_aggregator=(None if aggregator.linear
+                                 else partial(aggregator.aggregate, hp=aggregator.hparams(cfg))),
               malicious=(attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction,
                                                    cfg.seed)
                          if cfg.byzantine_fraction > 0 else None),
@@ -745,7 +760,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(),
                 P("clients") if resident_state else P(), P(), P(), P(), P(), P()),
-      out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P()))
+      out_specs=(P(), P(), P("clients") if resident_state else P(), P(), P(), P()))
 
   if resident_state:   # everyone, each on the device that holds its state
     sample = lambda key, client_count: (jnp.asarray(home_ids), jnp.asarray(home_mask),
@@ -767,6 +782,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
   keep_if = ((lambda adm, stats: adm.skip) if privacy.mode == "central"
              else (lambda adm, stats: stats.participants == 0))
+  server_context = lambda adm, stats: objectives.ServerContext(
+      num_clients=cfg.num_clients,
+      cohort_size=cfg.clients_per_round if privacy.mode == "central" else stats.participants,
+      applied=~keep_if(adm, stats))
 
   def round_fn(state: SimState, store: FederatedStore, hp: dict) -> tuple[SimState, RoundStats]:
     """planner -> sampling -> admission -> clients -> aggregate -> server stages ->
@@ -777,15 +796,19 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                  store.client_count)
     adm = dp.admit(state, ids, mask, plan, hp)
     clip_norm = dp.clip_norm(state, hp)
-    delta, stats, client_state, contrib_sum, cluster_info = client_phase(
+    delta, stats, client_state, contrib_sum, cluster_info, agg_slots = client_phase(
         state.params, ids, adm.mask, client_hparams(hp, state.round), round_key, clip_norm,
         plan.scales, adm.factor, state.client_state, state.server_state, store.x, store.y,
         store.client_index, store.client_count)
-    server_state = objective_server_step(state.server_state, contrib_sum)
+    server_state = {**objective_server_step(state.server_state, contrib_sum), **agg_slots}
     delta, ledger, clip_norm, event = dp.release(delta, state, plan, adm, ids,
                                                  stats.participants, stats.unclipped,
                                                  round_key, clip_norm, hp)
     stats = stats._replace(spent=adm.spent, event=event)
+    # the local terms' change to the released update (FedDyn's -h / alpha; none for
+    # the others): post-processing of the release
+    delta, server_state = objective.server_update(delta, server_state,
+                                                  server_context(adm, stats))
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
                                          adm.skip, cluster_info)
     delta, server_state = server_stages.update(delta, server_state, ctx)

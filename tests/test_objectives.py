@@ -145,7 +145,7 @@ def test_moon_representation_loss_against_numpy():
 
 
 def reference_rounds(sim, x, y, parts, rounds):
-  """FedProx / SCAFFOLD / FedADMM / bounded contrastive as loops over clients and
+  """FedProx / SCAFFOLD / FedADMM / FedDyn / bounded contrastive as loops over clients and
   batches, with the per-client state in Python dicts. Shared with the library: the
   key derivation, the epoch order rule, and jax.grad of the cross-entropy."""
   cfg, model = sim.cfg, sim.model
@@ -155,6 +155,8 @@ def reference_rounds(sim, x, y, parts, rounds):
   c_server = zeros()
   c_client = {i: zeros() for i in range(cfg.num_clients)}
   dual = {i: zeros() for i in range(cfg.num_clients)}
+  dyn_g = {i: zeros() for i in range(cfg.num_clients)}    # FedDyn's g_i, and its server h
+  dyn_h = zeros()
   prev = {}
   own = {i: jax.tree.map(np.copy, params) for i in range(cfg.num_clients)}   # solo
   run_key = jax.random.PRNGKey(cfg.seed)
@@ -174,6 +176,8 @@ def reference_rounds(sim, x, y, parts, rounds):
       return jax.tree.map(np.subtract, c_server, c_client[c])
     if term == "fedadmm":
       return jax.tree.map(lambda yv, a, b: yv + cfg.admm_rho * (a - b), dual[c], w, params)
+    if term == "feddyn":   # d/dw [-<g_i, w> + alpha/2 ||w - w^t||^2]
+      return jax.tree.map(lambda g, a, b: -g + cfg.feddyn_alpha * (a - b), dyn_g[c], w, params)
     # bounded contrastive
     wp = prev.get(c, params)
     inside = sum(np.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(wp))) \
@@ -217,6 +221,8 @@ def reference_rounds(sim, x, y, parts, rounds):
       if term == "fedadmm":
         dual[c] = jax.tree.map(lambda yv, d: yv + cfg.admm_rho * d, dual[c], delta)
         upload = jax.tree.map(lambda d, yv: d + yv / cfg.admm_rho, delta, dual[c])
+      if term == "feddyn":
+        dyn_g[c] = jax.tree.map(lambda g, d: g - cfg.feddyn_alpha * d, dyn_g[c], delta)
       if term == "contrastive":
         prev[c] = w
       if term == "solo":
@@ -226,6 +232,12 @@ def reference_rounds(sim, x, y, parts, rounds):
       weights.append(float(n))
     total = sum(weights)
     mean = jax.tree.map(lambda *d: sum(wi * di for wi, di in zip(weights, d)) / total, *uploads)
+    if term == "feddyn":
+      # h <- h - alpha (1/N) sum_S (w_i - w^t), the sum as m times the released mean;
+      # w^{t+1} = w^t + mean - h / alpha
+      a, share = cfg.feddyn_alpha, cfg.clients_per_round / cfg.num_clients
+      dyn_h = jax.tree.map(lambda h, u: h - a * share * u, dyn_h, mean)
+      mean = jax.tree.map(lambda u, h: u - h / a, mean, dyn_h)
     params = jax.tree.map(np.add, params, mean)
     if term == "scaffold":
       c_server = jax.tree.map(lambda cs, s: cs + s / cfg.num_clients, c_server, dc_sum)
@@ -261,6 +273,13 @@ def test_algorithm_names_and_errors():
     make_config({"algorithm": "solo+fedprox"})
   with pytest.raises(ConfigError, match="not privatized"):
     make_config({"algorithm": "scaffold", "dp": "central", "noise_multiplier": 1.0})
+  with pytest.raises(ConfigError, match="feddyn does not combine with fedadmm"):
+    make_config({"algorithm": "fedadmm+feddyn"})
+  with pytest.raises(ConfigError, match="combines with nothing"):
+    make_config({"algorithm": "feddyn+solo"})
+  with pytest.raises(ConfigError, match="'feddyn_alpha' = 0: must be > 0"):
+    make_config({"algorithm": "feddyn", "feddyn_alpha": 0})
+  assert objectives.parse_algorithm("feddyn+fedprox") == (("feddyn", "fedprox"), "sgd")
   with pytest.raises(ConfigError, match="'algorithm' = 'solo' with dp 'local'"):
     make_config({"algorithm": "solo", "dp": "local", "noise_multiplier": 1.0})
 

@@ -242,7 +242,8 @@ def test_krum_resists_one_huge_upload_as_exact_krum_does(scale):
 
 
 @pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
-                                        "outlier_median", "cluster"])
+                                        "outlier_median", "cluster", "geometric_median",
+                                        "centered_clip"])
 def test_robust_rules_drop_non_finite_uploads_and_ignore_masked_slots(aggregator):
   """A NaN or inf upload is left out by every robust rule (and counted in
   flagged); a masked slot holding NaN or inf changes nothing (0 * inf was NaN)."""

@@ -1,0 +1,19 @@
+"""SOLO: every client trains its own model from its own last one, never aggregated.
+
+The client's state holds its model (every client starts from the same initial
+model); its upload is zero and the round leaves the server model where it is.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.algorithms.base import LocalTerm
+
+
+def _finish(inputs, upload, state, hp):
+  state = {**state, "model": inputs.keep(inputs.local_model, state["model"])}
+  return jax.tree.map(jnp.zeros_like, inputs.delta), state, {}
+
+
+TERM = LocalTerm(name="solo", init_client=lambda params: {"model": params}, finish=_finish,
+                 own_model=True)

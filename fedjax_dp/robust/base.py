@@ -1,0 +1,76 @@
+"""The aggregator protocol: the server's rule over the cohort's flat uploads.
+
+An aggregator is a NamedTuple of pure functions and static properties, one
+module each in this package and one line in `registry.AGGREGATORS`:
+
+  init(d, num_clients) -> state          its state (() when stateless)
+  aggregate(u, mask, weights, state, hp) -> (aggregate [d], state, metrics)
+      u [m, d] the cohort's uploads, mask [m] bool (padded or refused slots are
+      False and never influence anything), weights [m] the round's weights (example
+      counts, or ones), hp {name: number} its hyperparameters (`hparams(cfg)`);
+      metrics {"flagged": int32, "clusters": int32}
+
+Static properties the round and config.py read:
+  linear     a weighted mean: the round sums it in its fused psum path (never
+             calling `aggregate`), and only it computes the sum of clipped updates
+             central DP's noise is calibrated to, or a sum over per-layer shuffled
+             tuples; every other rule inspects each whole upload
+  stateful   keeps state between rounds: the round stores it in
+             server_state["aggregator"] (only then, so stateless set-ups keep their
+             state pytree) and passes it back in the next round
+  reports    the metrics that mean something for it, for metrics.jsonl
+  check      cfg -> a one-line config error, or None (its own keys' bounds)
+
+hp's numbers are call arguments, never baked in: the round passes the config's
+Python numbers today and may pass traced arrays (floats float32, counts
+int32), e.g. vmapped over replicas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax.numpy as jnp
+
+from fedjax_dp.kernels import robust_aggregation as ra
+
+
+def _no_hparams(cfg) -> dict:
+  return {}
+
+
+def stateless(d: int, num_clients: int):
+  return ()
+
+
+def _no_check(cfg):
+  return None
+
+
+class Aggregator(NamedTuple):
+  name: str
+  aggregate: Callable                            # (u, mask, weights, state, hp) -> ...
+  hparams: Callable[[Any], dict] = _no_hparams   # cfg -> {name: number}
+  init: Callable[[int, int], Any] = stateless    # (d, num_clients) -> state
+  linear: bool = False
+  stateful: bool = False
+  reports: tuple[str, ...] = ()
+  check: Callable[[Any], str | None] = _no_check
+
+
+def metrics(flagged=None, clusters=None) -> dict:
+  """{"flagged", "clusters"} as int32 scalars (0 where not given)."""
+  zero = jnp.zeros((), jnp.int32)
+  return {"flagged": zero if flagged is None else flagged,
+          "clusters": zero if clusters is None else clusters}
+
+
+def on_finite_uploads(rule: Callable) -> Callable:
+  """Wraps `rule` (same signature as `aggregate`) so it sees only finite uploads:
+  a participant whose upload holds a NaN or an inf is left out before the rule
+  runs (ra.finite_participants) and counted in metrics["flagged"]."""
+  def aggregate(u, mask, weights, state, hp):
+    u, usable, dropped = ra.finite_participants(u, mask)
+    agg, state, out = rule(u, usable, weights, state, hp)
+    return agg, state, {**out, "flagged": out["flagged"] + dropped}
+  return aggregate

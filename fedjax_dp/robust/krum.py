@@ -1,0 +1,48 @@
+"""krum and multi_krum (Blanchard et al. 2017), for at most f = `byzantine_f`
+Byzantine clients: score_i = the sum of the squared distances from u_i to its
+n - f - 2 nearest other participants; Krum returns the update of least score,
+Multi-Krum the plain mean of the m = `multi_krum_m` (0: n - f) of least score.
+flagged: the participants left out."""
+
+import jax.numpy as jnp
+
+from fedjax_dp.kernels import robust_aggregation as ra
+from fedjax_dp.robust.base import Aggregator, metrics, on_finite_uploads
+
+
+def _krum(u, mask, weights, state, hp):
+  n = jnp.sum(mask, dtype=jnp.int32)
+  keep = jnp.int32(1)
+  return ra.krum(u, mask, f=hp["f"], m_keep=keep), state, metrics(n - jnp.minimum(keep, n))
+
+
+def _multi_krum(u, mask, weights, state, hp):
+  n = jnp.sum(mask, dtype=jnp.int32)
+  f, m = hp["f"], hp["m"]
+  keep = jnp.where(m > 0, m, jnp.maximum(n - f, 1)).astype(jnp.int32)
+  return ra.krum(u, mask, f=f, m_keep=keep), state, metrics(n - jnp.minimum(keep, n))
+
+
+def _check_f(cfg):
+  if 2 * cfg.byzantine_f + 2 >= cfg.clients_per_round:
+    return (f"config key 'byzantine_f' = {cfg.byzantine_f}: Krum needs "
+            f"clients_per_round > 2 byzantine_f + 2 (Blanchard et al. 2017; "
+            f"clients_per_round is {cfg.clients_per_round})")
+  return None
+
+
+def _check_multi(cfg):
+  if _check_f(cfg):
+    return _check_f(cfg)
+  if cfg.multi_krum_m > cfg.clients_per_round:
+    return (f"config key 'multi_krum_m' = {cfg.multi_krum_m}: at most "
+            f"clients_per_round ({cfg.clients_per_round}); 0 means n - byzantine_f")
+  return None
+
+
+KRUM = Aggregator(name="krum", aggregate=on_finite_uploads(_krum),
+                  hparams=lambda cfg: {"f": cfg.byzantine_f}, reports=("flagged",),
+                  check=_check_f)
+MULTI_KRUM = Aggregator(name="multi_krum", aggregate=on_finite_uploads(_multi_krum),
+                        hparams=lambda cfg: {"f": cfg.byzantine_f, "m": cfg.multi_krum_m},
+                        reports=("flagged",), check=_check_multi)

@@ -1,0 +1,33 @@
+"""The aggregators by name. A new rule is one module and one line here."""
+
+from __future__ import annotations
+
+from fedjax_dp.robust import (centered_clip, cluster, geometric_median, krum, mean, median,
+                              outlier_median, trimmed_mean)
+from fedjax_dp.robust.base import Aggregator
+
+AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
+    mean.AGGREGATOR,
+    median.AGGREGATOR,
+    trimmed_mean.AGGREGATOR,
+    krum.KRUM,
+    krum.MULTI_KRUM,
+    outlier_median.AGGREGATOR,
+    cluster.AGGREGATOR,
+    geometric_median.AGGREGATOR,
+    centered_clip.AGGREGATOR,
+)}
+
+
+def register_aggregator(aggregator: Aggregator) -> None:
+  """Adds `aggregator` at run time (e.g. from user code)."""
+  if aggregator.name in AGGREGATORS:
+    raise ValueError(f"an aggregator {aggregator.name!r} is already registered")
+  AGGREGATORS[aggregator.name] = aggregator
+
+
+def get_aggregator(name: str) -> Aggregator:
+  try:
+    return AGGREGATORS[name]
+  except KeyError:
+    raise ValueError(f"aggregator {name!r}: allowed are {', '.join(AGGREGATORS)}") from None
