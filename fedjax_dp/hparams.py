@@ -31,6 +31,9 @@ Entries (all float32; `[orders]`: accounting.DEFAULT_ORDERS):
   budget_limit              central DP: the epsilon a round may not pass
   client_budget_limits [N]  local DP with budgets: each client's limit
   delta
+  terms {term: {key: v}}    the local terms' numbers (algorithms/*.py hparams)
+  aggregator {key: v}       the aggregation rule's numbers (robust/*.py hparams);
+                            counts (Krum's f and m, iterations) are int32
   convergence_beta, convergence_lambda, noise_ema, noise_ema_rest (1 - noise_ema)
   paper_epsilon_scale       sqrt(2 ln(1.25 / delta)): the dynamic-DP paper's charge
                             of a round is this over its base noise multiplier
@@ -47,7 +50,11 @@ import numpy as np
 NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "clip_norm",
                 "noise_multiplier", "target_epsilon", "delta", "target_quantile", "clip_lr",
                 "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema",
-                "tier_noise_multipliers")
+                "tier_noise_multipliers",
+                # the local terms' and the aggregation rules' (algorithms/, robust/)
+                "prox_mu", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
+                "contrastive_tau", "moon_mu", "moon_tau", "admm_rho", "feddyn_alpha",
+                "trim_fraction", "outlier_z", "cclip_tau", "geomed_eps")
 
 
 def _f32(v) -> np.ndarray:
@@ -69,6 +76,7 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   hp = {"lr": _f32(cfg.lr), "lr_alpha": _f32(alpha), "lr_span": _f32(1 - alpha),
         "momentum": _f32(cfg.momentum), "server_lr": _f32(cfg.server_lr),
         "server_momentum": _f32(cfg.server_momentum), "clip_norm": _f32(cfg.clip_norm)}
+  hp.update(_term_and_rule_hparams(cfg))
   if privacy.mode == "none":
     return hp
   hp.update(tier_scales=_f32(privacy.tier_scales()),
@@ -91,6 +99,25 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
           np.full(cfg.num_clients, hp["budget_limit"]) if privacy.client_budgets is None
           else np.asarray(privacy.client_budgets, np.float32) * np.float32(1 - 1e-5))
   return hp
+
+
+def _as_array(v) -> np.ndarray:
+  """int32 for counts (Krum's f and m, iteration counts), float32 otherwise."""
+  if isinstance(v, (bool, np.bool_)):
+    raise TypeError(f"a boolean hyperparameter {v!r} is structure, not data")
+  return np.int32(v) if isinstance(v, (int, np.integer)) else _f32(v)
+
+
+def _term_and_rule_hparams(cfg) -> dict:
+  """{'terms': {term: {key: array}}, 'aggregator': {key: array}}: the local terms'
+  and the aggregation rule's numbers (algorithms/, robust/), as their hparams(cfg)."""
+  from fedjax_dp import robust
+  from fedjax_dp.objectives import make_objective
+  terms = make_objective(cfg).hyperparameters()
+  rule = robust.get_aggregator(cfg.aggregator).hparams(cfg)
+  return {"terms": {t: {k: _as_array(v) for k, v in values.items()}
+                    for t, values in terms.items()},
+          "aggregator": {k: _as_array(v) for k, v in rule.items()}}
 
 
 def check_same_structure(cfg, new) -> None:

@@ -277,7 +277,7 @@ class Simulation:
     per-client state: `to_client_order` copies): with resident state, each
     conversion moves the whole per-client table between devices."""
     hp = self.hparams if hparams is None else self.replicate(
-        jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), hparams))
+        jax.tree.map(jnp.asarray, hparams))
     return self.run_chunk(state, self.store, hp, num_rounds)
 
 
@@ -382,11 +382,12 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
     row, count, key, took_part, cid = args
     start = cstate["model"] if objective.solo else params
     ctx = objectives.LocalContext(start, cstate, server_state)
-    loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx)
+    loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx,
+                                  hp=client_hp["terms"])
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn,
                     momentum=client_hp.get("momentum"))
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
-                                               took_part, keep_rows)
+                                               took_part, keep_rows, hp=client_hp["terms"])
     bad = jnp.zeros((), bool)
     owed = ()
     if client_pipeline is not None:
@@ -482,7 +483,8 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
       # (u, mask, weights, state) -> (aggregate, state, metrics); the rule's state,
       # replicated, lives in server_state["aggregator"] when it keeps one
       agg, agg_state, metrics = robust_aggregator(all_rows, all_mask, all_weights,
-                                                  server_state.get("aggregator", ()))
+                                                  server_state.get("aggregator", ()),
+                                                  client_hp["aggregator"])
       flagged, clusters = metrics["flagged"], metrics["clusters"]
       if "aggregator" in server_state:
         server_slots["aggregator"] = agg_state
@@ -659,8 +661,10 @@ def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev
 
 def _client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentum: bool,
                     local_dp: bool) -> dict:
-  """What the client phase reads of the hyperparameters this round."""
-  out = {"lr": round_learning_rate(hp, round_index, schedule, rounds)}
+  """What the client phase reads of the hyperparameters this round: the lr, the
+  local terms' and the aggregator's numbers, momentum and local DP's noise."""
+  out = {"lr": round_learning_rate(hp, round_index, schedule, rounds), "terms": hp["terms"],
+         "aggregator": hp["aggregator"]}
   if momentum:
     out["momentum"] = hp["momentum"]
   if local_dp:
@@ -743,7 +747,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
               # the config's hyperparameters, bound here (the seam for passing them
               # as traced data: aggregate's last argument)
               robust_aggregator=(None if aggregator.linear
-                                 else partial(aggregator.aggregate, hp=aggregator.hparams(cfg))),
+                                 else aggregator.aggregate),
               malicious=(attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction,
                                                    cfg.seed)
                          if cfg.byzantine_fraction > 0 else None),
@@ -776,8 +780,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   client_hparams = partial(_client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
                            momentum=cfg.momentum > 0, local_dp=privacy.mode == "local")
   server_optimizer = partial(server_lib.make_server_optimizer, cfg)
-  objective_server_step = lambda server_state, contrib: objective.server_step(
-      server_state, contrib, cfg.num_clients)
+  objective_server_step = lambda server_state, contrib, hp: objective.server_step(
+      server_state, contrib, cfg.num_clients, hp=hp)
   # central DP applies a round nobody took part in (its noise was released and
   # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
   keep_if = ((lambda adm, stats: adm.skip) if privacy.mode == "central"
@@ -800,7 +804,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
         state.params, ids, adm.mask, client_hparams(hp, state.round), round_key, clip_norm,
         plan.scales, adm.factor, state.client_state, state.server_state, store.x, store.y,
         store.client_index, store.client_count)
-    server_state = {**objective_server_step(state.server_state, contrib_sum), **agg_slots}
+    server_state = {**objective_server_step(state.server_state, contrib_sum, hp=hp["terms"]),
+                    **agg_slots}
     delta, ledger, clip_norm, event = dp.release(delta, state, plan, adm, ids,
                                                  stats.participants, stats.unclipped,
                                                  round_key, clip_norm, hp)
@@ -808,7 +813,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     # the local terms' change to the released update (FedDyn's -h / alpha; none for
     # the others): post-processing of the release
     delta, server_state = objective.server_update(delta, server_state,
-                                                  server_context(adm, stats))
+                                                  server_context(adm, stats), hp=hp["terms"])
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
                                          adm.skip, cluster_info)
     delta, server_state = server_stages.update(delta, server_state, ctx)
