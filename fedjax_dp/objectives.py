@@ -146,6 +146,8 @@ class Objective:
   moon_tau: float = 0.5
   rho: float = 0.01
   momentum: float = 0.0     # the client optimizer's (SCAFFOLD's step count, see above)
+  # the task's loss (outputs, targets, mask) -> scalar, in place of CE (losses.py)
+  data_loss: Callable = masked_cross_entropy
 
   @property
   def solo(self) -> bool:
@@ -191,7 +193,7 @@ class Objective:
         logits, z = features_fn(p, xb)
       else:
         logits = apply_fn(p, xb)
-      ce = masked_cross_entropy(logits, yb, mb)
+      ce = self.data_loss(logits, yb, mb)
       total = ce
       if "fedprox" in self.terms:
         total += 0.5 * self.prox_mu * _sq_dist(p, w_t)
@@ -276,9 +278,9 @@ class Objective:
     return server_state
 
 
-def make_objective(cfg) -> Objective:
+def make_objective(cfg, data_loss: Callable = masked_cross_entropy) -> Objective:
   terms, _ = parse_algorithm(cfg.algorithm)
   return Objective(terms=terms, prox_mu=cfg.prox_mu, contrastive_form=cfg.contrastive_form,
                    mu1=cfg.contrastive_mu1, mu2=cfg.contrastive_mu2, radius=cfg.contrastive_radius,
                    contrastive_tau=cfg.contrastive_tau, moon_mu=cfg.moon_mu, moon_tau=cfg.moon_tau,
-                   rho=cfg.admm_rho, momentum=cfg.momentum)
+                   rho=cfg.admm_rho, momentum=cfg.momentum, data_loss=data_loss)

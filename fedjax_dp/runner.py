@@ -640,7 +640,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
         models = ordered.client_state["model"]
         acc, test_loss = (float(v) for v in solo_eval(models, *eval_data, label_dist))
       else:
-        acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
+        scores = sim.evaluate(state.params, *eval_data)
+        acc, test_loss = float(scores["accuracy"]), float(scores["loss"])
       participations = published_participations(cfg, state)
       row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
              "train_loss": loss_sum / examples if examples else None,
