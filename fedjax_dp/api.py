@@ -14,7 +14,8 @@
   * a Config (config.make_config).
 Keyword arguments are config keys (README, Config keys) and override the recipe's.
 Your data sets the config keys dataset 'custom' and num_clients (its clients);
-clients_per_round defaults to min(10, clients). Your model sets model 'custom'.
+clients_per_round defaults to min(10, clients) unless given (a Config recipe's
+stands). Your model sets model 'custom'.
 Without data or model, the config's dataset and model are used as by the CLI.
 Every bad input raises one of the CLI's errors (config.ConfigError, data.DataError,
 runner.RunError, checkpoint.CheckpointError) with a one-line message.

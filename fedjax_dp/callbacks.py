@@ -8,8 +8,9 @@ callback of a list in order:
   after_chunk(ctx, stats) -> bool after every chunk; True ends the run after this chunk
   on_run_end(ctx)                once, after the last chunk (ctx.state in client order)
 
-`stats` are the chunk's RoundStats (leaves [rounds in the chunk]). Any field
-may be None. The defaults, in this order, write what `fedjax-dp run` writes:
+`stats` are the chunk's RoundStats (simulation.py; leaves [rounds in the
+chunk], on the device). The defaults, in this order, write what `fedjax-dp run`
+writes:
 
   budget_stop   ends the run when the privacy budget is spent (and says so)
   evaluate      the task's test metrics at evaluation rounds -> ctx.test_metrics
@@ -21,7 +22,8 @@ may be None. The defaults, in this order, write what `fedjax-dp run` writes:
 
 Your callbacks come after them, so they see this chunk's ctx.test_metrics and
 ctx.row (None where the chunk did not evaluate) and, at the end, ctx.summary.
-A run you stop early is evaluated and checkpointed at the round it stopped.
+A run you stop early is evaluated and checkpointed at the round it stopped
+(checkpoint_every > 0), and summary.json does not call it a budget stop.
 """
 
 from __future__ import annotations
