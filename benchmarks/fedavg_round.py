@@ -117,7 +117,7 @@ def main(argv=None):
       n = min(10, args.accuracy_rounds - done)
       acc_state, _ = sim.run_rounds(acc_state, n)
       done += n
-      curve.append((done, float(sim.evaluate(acc_state.params, *eval_data)[0])))
+      curve.append((done, float(sim.evaluate(acc_state.params, *eval_data)["accuracy"])))
     result["accuracy_curve"] = curve
     result["final_test_accuracy"] = curve[-1][1]
     result["first_round_reaching_80pct"] = next((r for r, a in curve if a >= 0.80), None)

@@ -1,3 +1,41 @@
-"""fedjax-dp: a JAX simulator for private, communication-efficient, robust federated learning."""
+"""fedjax-dp: a JAX simulator for private, communication-efficient, robust federated learning.
+
+Public API (each name is imported on first use, so `import fedjax_dp` stays cheap):
+
+  run(recipe, model=, data=, loss=, rounds=, out=, callbacks=, **config)
+                          a whole run with the CLI's outputs: metrics.jsonl, summary.json
+                          with the privacy report, plots, checkpoints, resume
+  simulate(recipe, model=, data=, loss=, **config)
+                          the compiled Simulation (init_state, run_rounds, evaluate)
+  models                  from_flax(module, example_input, name=) and the built-in models
+  data                    from_arrays(x, y, ...), from_clients([(x_i, y_i), ...]), Dataset
+  losses                  Task, classification(), regression('mse' | 'mae'), from_loss(fn)
+  callbacks               Callback(on_run_start, after_chunk, on_run_end), RunContext
+  Config, make_config     the flat run configuration (README: Config keys)
+  ConfigError, DataError, RunError
+                          the one-line errors of bad input
+
+`recipe` is, until recipes exist, an algorithm name ('fedavg'; 'dp_fedavg' for
+central DP), a dict of config keys, or a Config (see fedjax_dp.api).
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_SUBMODULES = ("api", "callbacks", "config", "data", "losses", "models", "runner")
+_NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
+          "ConfigError": "config", "DataError": "data", "RunError": "runner"}
+__all__ = sorted(_SUBMODULES + tuple(_NAMES))
+
+
+def __getattr__(name: str):
+  if name in _SUBMODULES:
+    return importlib.import_module(f"{__name__}.{name}")
+  if name in _NAMES:
+    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

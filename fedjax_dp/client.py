@@ -17,23 +17,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dp.losses import masked_cross_entropy  # noqa: F401  (its home was here)
+
 
 class LocalResult(NamedTuple):
   delta: dict          # w_i^{t+1} - w^t, same pytree as params
-  loss_sum: jax.Array  # sum over steps of (mean batch cross-entropy * batch examples)
+  loss_sum: jax.Array  # sum over steps of (mean batch loss * batch examples)
   examples: jax.Array  # number of example-visits (E * n_i), float32
   steps: jax.Array     # number of local optimizer steps K = E * ceil(n_i / B), int32
   params: Any = ()     # w_i^{t+1} itself (w^t + delta rounds differently); () once dropped
-
-
-def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
-  """Mean cross-entropy over the rows where mask is True (0 when none are).
-
-  logits [B, K], labels [B] int, mask [B] bool.
-  """
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  m = mask.astype(ce.dtype)
-  return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
 def epoch_orders(key: jax.Array, count: jax.Array, max_n: int, epochs: int) -> jax.Array:
@@ -48,13 +40,16 @@ def epoch_orders(key: jax.Array, count: jax.Array, max_n: int, epochs: int) -> j
 
 def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, lr: jax.Array, *,
                 apply_fn: Callable, x: jax.Array, y: jax.Array, epochs: int, batch_size: int,
-                momentum, loss_fn: Callable | None = None) -> LocalResult:
+                momentum, loss_fn: Callable | None = None,
+                loss: Callable = masked_cross_entropy) -> LocalResult:
   """Trains from `params` on one client's data and returns the model delta.
 
   index_row [max_n] int32 indices into x/y; count: n_i (0 for an empty slot,
   which then returns a zero delta); lr: this round's learning rate.
-  loss_fn(p, xb, yb, mb) -> (objective, cross-entropy): the local objective
-  (default: the masked cross-entropy alone; see objectives.py).
+  x [N, ...], y [N, ...]: the store's examples and targets (int32 labels or float32).
+  loss_fn(p, xb, yb, mb) -> (objective, data loss): the local objective (see
+  objectives.py); default: `loss`(apply_fn(p, xb), yb, mb) alone, the task's
+  loss (losses.py; default the masked cross-entropy).
   """
   max_n = index_row.shape[0]  # a multiple of batch_size: every slice stays in the row
   steps_per_epoch = (count + batch_size - 1) // batch_size
@@ -67,8 +62,8 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
 
   if loss_fn is None:
     def loss_fn(p, xb, yb, mb):
-      ce = masked_cross_entropy(apply_fn(p, xb), yb, mb)
-      return ce, ce
+      value = loss(apply_fn(p, xb), yb, mb)
+      return value, value
 
   def step(s, carry):
     p, opt_state, loss_sum = carry
@@ -77,10 +72,10 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
     pos = jax.lax.dynamic_slice(orders[jnp.minimum(epoch, epochs - 1)], (start,), (batch_size,))
     mask = start + jnp.arange(batch_size) < count
     ex = index_row[pos]
-    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, x[ex], y[ex], mask)
+    (_, value), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, x[ex], y[ex], mask)
     updates, opt_state = opt.update(grads, opt_state, p)
     p = optax.apply_updates(p, updates)
-    return p, opt_state, loss_sum + loss * jnp.sum(mask)
+    return p, opt_state, loss_sum + value * jnp.sum(mask)
 
   # zeros_like(count) keeps the loss accumulator as device-varying as the
   # client it belongs to (required inside shard_map).

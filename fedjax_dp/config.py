@@ -151,12 +151,13 @@ class Config:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    # custom: your own data, passed to fedjax_dp.run / simulate (data.from_arrays)
     "dataset": ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
-                "breast_cancer"),
+                "breast_cancer", "custom"),
     "feature_scaling": ("auto", "pooled", "per_client", "none"),
     "sampling": ("fixed", "poisson"),
     "partition": ("iid", "dirichlet", "shards", "quantity", "dirichlet_client"),
-    "model": ("mlp", "cnn"),
+    "model": ("mlp", "cnn", "custom"),   # custom: your own (models.from_flax)
     "lr_schedule": ("constant", "cosine"),
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
@@ -501,6 +502,10 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   if cfg.index_selection == "public_topk" and cfg.s_local == 0:
     raise ConfigError("config key 'index_selection' = 'public_topk': needs s_local > 0")
   from fedjax_dp.data import TABULAR
+  if cfg.feature_scaling != "auto" and cfg.dataset == "custom":
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      "'custom': your own data is used as given; scale it before "
+                      "data.from_arrays (e.g. with data.scale_features) and leave it 'auto'")
   if cfg.feature_scaling != "auto" and cfg.dataset not in TABULAR:
     raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
                       f"{cfg.dataset!r}: images are scaled to [0, 1] by a fixed rule; only "

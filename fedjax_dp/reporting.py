@@ -87,7 +87,8 @@ def append_metrics(path: str, row: dict) -> None:
 
 
 def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
-  """Accuracy, loss, bytes (and epsilon when accounted) against rounds; returns the PNG paths."""
+  """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
+  bytes (and epsilon when accounted) against rounds; returns the PNG paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -95,8 +96,9 @@ def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
   if not rows:
     return []
   rounds = [r["round"] for r in rows]
+  tests = [k[len("test_"):] for k in rows[0] if k.startswith("test_") and k != "test_loss"]
   panels = [
-      ("accuracy.png", "test accuracy", [("test", "test_accuracy")]),
+      *((f"{name}.png", f"test {name}", [("test", f"test_{name}")]) for name in tests),
       ("loss.png", "loss", [("test", "test_loss"), ("train", "train_loss")]),
       ("bytes.png", "cumulative bytes", [("up", "bytes_up"), ("down", "bytes_down")]),
   ]

@@ -3,12 +3,15 @@
 The host runs one compiled chunk of rounds at a time. Chunks end at every
 multiple of `eval_every` and of `checkpoint_every` (absolute round numbers),
 so an interrupted and resumed run executes exactly the same chunks as an
-uninterrupted one and reaches the same numbers.
+uninterrupted one and reaches the same numbers. What happens between chunks
+(evaluation, metrics.jsonl, checkpoints, the budget stop, the progress bar,
+summary.json and plots) is a list of callbacks (callbacks.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -22,10 +25,12 @@ import numpy as np
 
 from fedjax_dp import accounting
 from fedjax_dp import checkpoint as ckpt
+from fedjax_dp import losses
 from fedjax_dp import reporting
 from fedjax_dp.config import Config, ConfigError, make_config
-from fedjax_dp.data import TABULAR, Dataset, apply_feature_scaling, load_dataset
-from fedjax_dp.models import make_model, num_params
+from fedjax_dp.data import (TABULAR, DataError, Dataset, apply_feature_scaling, check_targets,
+                            load_dataset)
+from fedjax_dp.models import Model, make_model, num_params
 from fedjax_dp.objectives import parse_algorithm
 from fedjax_dp.partition import partition
 from fedjax_dp import pipeline
@@ -35,7 +40,7 @@ from fedjax_dp.privacy_report import (_finite, clients_spent, privacy_report,
 from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation,
                                   local_event_rdp, noise_multiplier_for, round_event_rdp,
                                   sampling_rate)
-from fedjax_dp.store import build_store
+from fedjax_dp.store import build_store, target_dtype
 
 
 class RunError(RuntimeError):
@@ -44,6 +49,7 @@ class RunError(RuntimeError):
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
 SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
+INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run): what they were
 # how a run is executed, not what it computes (beyond float rounding): a finished
 # run is reused by run_or_reuse whatever these were
 EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
@@ -53,6 +59,10 @@ EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
 def load_data(cfg: Config) -> Dataset:
   """The config's dataset, scaled as far as it can be before partitioning: pooled or
   none; per_client data comes back raw ('none'), for setup to scale per client."""
+  if cfg.dataset == "custom":
+    raise DataError("dataset 'custom' is your own data: it comes from fedjax_dp.run(data=...) "
+                    "or fedjax_dp.simulate(data=...), not from a config (a run made that way "
+                    "resumes from Python: fedjax_dp.run(..., resume=True))")
   options: dict[str, Any] = {}
   if cfg.dataset == "csv":
     options = dict(path=cfg.csv_path, label_column=cfg.label_column, tier_map=cfg.tier_map_path)
@@ -72,14 +82,20 @@ def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
                    quantity_alpha=cfg.quantity_alpha, seed=cfg.seed)
 
 
-def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None):
+def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None,
+          *, model: Model | None = None, task: losses.Task | None = None):
   """Builds (dataset, partition, simulation) for a config; the Python API's entry point.
 
   The returned dataset's features are scaled as resolved_feature_scaling(cfg) says
   (per_client: each client's rows with its own statistics, after partitioning); a
-  `ds` passed in must come from load_data(cfg) (or load_dataset with that scaling).
+  `ds` passed in must come from load_data(cfg) (or load_dataset with that scaling),
+  or be your own (data.from_arrays, from_clients: config key dataset 'custom'), whose
+  partition it carries. `model`: your own (models.from_flax; config key model
+  'custom'); `task`: the loss and metrics (losses.py; default classification).
+  The simulation's test_data holds the test set in evaluation batches.
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
   to target_epsilon from round 0 (a resumed run's; simulation.make_privacy)."""
+  task = task or losses.CLASSIFICATION
   ds = ds if ds is not None else load_data(cfg)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
@@ -90,10 +106,82 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
     raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
                       "data has no sensitivity tiers (use dataset healthcare, or csv with "
                       "tier_map_path)")
-  parts = client_partition(cfg, ds)   # labels only: the same under every scaling
+  # labels only: the same under every scaling
+  parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
   ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
-  model = make_model(cfg.model, ds.input_shape, ds.num_classes, cfg.hidden)
-  store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size)
+  check_targets(ds, task.target_dtype, task.name)
+  if model is None:
+    model = builtin_model(cfg, ds)
+  elif cfg.model != "custom":
+    raise ConfigError(f"a model of your own ({model.name!r}) needs config key model 'custom' "
+                      f"(it is {cfg.model!r}): fedjax_dp.run and simulate set it")
+  check_model(cfg, model, task, ds)
+  store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size,
+                      y_dtype=task.target_dtype)
+  tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
+  sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated,
+                         task=task)
+  test_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size, task.target_dtype)
+  return ds, parts, dataclasses.replace(sim, analysis=analysis, test_data=test_data)
+
+
+def own_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
+  """The partition your data carries (data.from_arrays), checked against the config."""
+  if cfg.dataset != "custom":
+    raise ConfigError(f"data of your own ({ds.name!r}) needs config key dataset 'custom' (it is "
+                      f"{cfg.dataset!r}): fedjax_dp.run and simulate set it")
+  if len(ds.client_parts) != cfg.num_clients:
+    raise ConfigError(f"config key 'num_clients' = {cfg.num_clients}: your data has "
+                      f"{len(ds.client_parts)} clients")
+  return [np.asarray(p) for p in ds.client_parts]
+
+
+def builtin_model(cfg: Config, ds: Dataset) -> Model:
+  """The config's model for ds: as many outputs as classes (or target coordinates)."""
+  if cfg.model == "custom":
+    raise ConfigError("config key 'model' = 'custom': your own model is passed to "
+                      "fedjax_dp.run(model=...) or simulate(model=...), not named in a config")
+  return make_model(cfg.model, ds.input_shape, ds.output_size, cfg.hidden)
+
+
+def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> None:
+  """ConfigError (one line) when the model cannot serve the algorithm or the loss:
+  MOON without a representation, SOLO without the classification loss, outputs
+  whose shape the loss or its metrics refuse (checked on shapes, before compiling)."""
+  terms, _ = parse_algorithm(cfg.algorithm)
+  if "moon" in terms and model.apply_with_features is None:
+    raise ConfigError(f"algorithm {cfg.algorithm!r} with model {model.name!r}: MOON needs the "
+                      "model's representation, and this model has no with_features call (a "
+                      "flax module whose __call__(x, with_features=True) returns (outputs, "
+                      "representation [B, h]))")
+  if "solo" in terms and task != losses.CLASSIFICATION:
+    raise ConfigError(f"algorithm 'solo' with loss {task.name!r}: SOLO's evaluation reweights "
+                      "the test set to each client's label distribution, which needs the "
+                      "classification loss")
+  y = ds.y_train
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct((2,) + tuple(shape), dtype)
+  what = (f"model {model.name!r} with loss {task.name!r} on inputs {ds.input_shape} and "
+          f"targets {tuple(y.shape[1:])} {target_dtype(y, task.target_dtype)}")
+  try:
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    out = jax.eval_shape(model.apply, params, spec(ds.input_shape, np.float32))
+    targets = spec(y.shape[1:], target_dtype(y, task.target_dtype))
+    value = jax.eval_shape(task.loss, out, targets, spec((), bool))
+    for fn in task.metrics.values():
+      jax.eval_shape(fn, out, targets)
+  except Exception as e:   # any error of the user's code, shown on one line
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    raise ConfigError(f"{what}: {type(e).__name__}: {first}") from None
+  if getattr(value, "shape", None) != ():
+    raise ConfigError(f"{what}: the loss returns shape {getattr(value, 'shape', None)}, "
+                      "expected a scalar (the mean over the masked rows)")
+  if task.target_dtype == "int32" and (len(out.shape) != 2 or out.shape[1] < ds.num_classes):
+    raise ConfigError(f"{what}: outputs of shape {tuple(out.shape[1:])} per example, expected "
+                      f"[{ds.num_classes}] logits (labels go up to {ds.num_classes - 1})")
+
+
+def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
+  """(feature tiers, the analyzer's report or None, per-client budgets or None)."""
   tiers, analysis, budgets = ds.feature_tiers, None, None
   client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
   if cfg.tier_source == "analyzer":
@@ -112,8 +200,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
     if analysis is not None:
       analysis["client_tier_counts"] = {t: int(np.sum(client_tiers == i))
                                         for i, t in enumerate(("high", "medium", "low"))}
-  sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated)
-  return ds, parts, dataclasses.replace(sim, analysis=analysis)
+  return tiers, analysis, budgets
 
 
 def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
@@ -224,7 +311,7 @@ def _released_round(out: str) -> int:
              + ckpt.steps(os.path.join(out, "checkpoints")))
 
 
-def _mark_released(out: str, end: int) -> None:
+def mark_released(out: str, end: int) -> None:
   """Raises the high-water mark (it survives a resume that cuts metrics.jsonl back)."""
   if end > _round_in(os.path.join(out, RELEASED), "round"):
     reporting.write_json_atomic(os.path.join(out, RELEASED), {"round": end})
@@ -485,20 +572,40 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
 
 def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bool = False,
                    progress: bool = True, log: Callable[[str], None] | None = None,
-                   mesh=None) -> dict:
+                   mesh=None, model: Model | None = None, data: Dataset | None = None,
+                   task: losses.Task | None = None, callbacks=()) -> dict:
   """Runs (or resumes) a simulation, writing config, metrics, summary, plots, checkpoints.
 
+  model, data, task: your own model (config key model 'custom'), data (dataset
+  'custom', with its partition) and loss (losses.Task), as fedjax_dp.run passes
+  them; None: the config's and classification. What they were is kept in
+  inputs.json, and a resume with others is refused. `callbacks` (callbacks.Callback)
+  run after the defaults, which write what `fedjax-dp run` writes.
   Returns the summary dict (also written to `out/summary.json`).
   """
+  from fedjax_dp import callbacks as callbacks_lib
   log = log or (lambda msg: print(msg, file=sys.stderr))
+  task = task or losses.CLASSIFICATION
+  ctx = _open_run(cfg, out, resume, overwrite, log, mesh, model, data, task)
+  if isinstance(ctx, dict):
+    return ctx   # a finished run: its summary
+  ctx.progress = progress
+  return callbacks_lib.run_loop(ctx, callbacks_lib.defaults() + list(callbacks))
+
+
+def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, model, data,
+              task):
+  """Checks everything, then prepares `out`: the run's RunContext, or the summary of
+  a finished run that a resume finds."""
+  from fedjax_dp.callbacks import RunContext
   last = budget_rounds(cfg)  # fails before anything is written
   _prepare_out(out, cfg, resume, overwrite, check_only=True)
-  metrics_path = os.path.join(out, "metrics.jsonl")
-  ckpt_dir = os.path.join(out, "checkpoints")
-
+  inputs = own_inputs(model, data, task)
+  if resume:
+    _check_inputs(out, inputs)
   t_setup = time.perf_counter()
   # data and config errors surface here, before anything is written or replaced
-  ds, parts, sim = setup(cfg, mesh=mesh)
+  ds, parts, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
   setup_s = time.perf_counter() - t_setup
   if cfg.dp == "local" and cfg.target_epsilon is not None:
     first = accounting.epsilon_np(sim.next_event_rdp(sim.init_state()), cfg.delta)[0]
@@ -515,8 +622,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   if resume:
     # everything is checked before a file is touched: a refused resume leaves the run as it was
     state, meta, plog, calibration = _restore(out, cfg, sim, state, log, calibrating)
-    if calibration != from_zero:
-      _, _, sim = setup(cfg, mesh=mesh, calibrated=calibration)   # ds is scaled: reload
+    if calibration != from_zero:   # ds is scaled: reload
+      _, _, sim = setup(cfg, data, mesh=mesh, calibrated=calibration, model=model, task=task)
     if cfg.dp == "central":
       last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
                            calibration)
@@ -528,163 +635,120 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
     log(f"{out} has already run its {start} rounds: nothing to do")
     with open(summary_path) as f:
       return json.load(f)
-  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
-  if cfg.noise_seed == "secret" and start == 0:
-    _save_secret_key(out, state.key)
-  # which `rounds` (and calibration) each stretch of rounds ran under (_check_rerun)
-  reporting.append_metrics(os.path.join(out, SEGMENTS), {
-      "from_round": start, "rounds": cfg.rounds, "noise_multiplier": calibration})
-  eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
-  d = num_params(jax.tree.leaves(sim.init_state().params))
-  comm = pipeline.communication(cfg, d)  # per participant and round, each way
+  _write_run_files(out, cfg, state, start, calibration, inputs)
+  metrics_path = os.path.join(out, "metrics.jsonl")
   rows = []
   if resume:
     rows = [r for r in reporting.read_metrics(metrics_path) if r["round"] <= start]
     reporting.rewrite_metrics(metrics_path, rows)
-
-  solo_eval = label_dist = None
-  if "solo" in parse_algorithm(cfg.algorithm)[0]:
-    from fedjax_dp.simulation import make_solo_evaluate
-    solo_eval = make_solo_evaluate(sim.model)
-    label_dist = client_label_distribution(ds, parts)
-  if last < cfg.rounds:
-    log(f"privacy budget: the run stops after round {last} of {cfg.rounds}; one more round "
-        f"would pass target_epsilon {cfg.target_epsilon:g}")
-  chunk_times: list[tuple[int, float]] = []
-  wall0 = time.perf_counter() - meta["wall_s"]
-  loss_sum, examples = meta["loss_sum"], meta["examples"]
-  unclipped, clip_seen = meta.get("unclipped", 0.0), meta.get("clip_seen", 0.0)
-  flagged, clusters, agg_rounds = (meta.get("flagged", 0.0), meta.get("clusters", 0.0),
-                                   meta.get("agg_rounds", 0))
-  nonfinite = meta.get("nonfinite", 0)
-  bar = _progress(progress, cfg.rounds, start)
-  r = start
-  # the rounds keep the per-client state in their own layout from chunk to
-  # chunk; it is put in client order only where it is read (SOLO, checkpoints)
-  state = sim.to_working(state)
-  for end in chunk_ends(start, cfg, last):
-    t = time.perf_counter()
-    state, stats = sim.run_working(state, end - r)
-    if plog is not None:
-      plog = privacy_log.append(plog, stats, sim.privacy.event_multipliers)
-    nonfinite += int(np.sum(stats.nonfinite))
-    loss_sum += float(np.sum(stats.loss_sum))  # one host transfer per chunk
-    examples += float(np.sum(stats.examples))
-    unclipped += float(np.sum(stats.unclipped))
-    clip_seen += float(np.sum(stats.participants))
-    flagged += float(np.sum(stats.flagged))
-    clusters += float(np.sum(stats.clusters))
-    agg_rounds += end - r
-    chunk_times.append((end - r, time.perf_counter() - t))
-    bar.update(end - r)
-    r = end
-    # local DP: once every client's budget is spent, no round can change the model
-    all_spent = bool(np.all(clients_spent(sim, state))) if cfg.dp == "local" else False
-    if all_spent:
-      log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
-          f"the run stops after round {end}")
-    if sim.privacy.stop_in_round and int(np.sum(stats.spent)) > 0:
-      all_spent = True
-      log(f"privacy budget: one more round would pass target_epsilon {cfg.target_epsilon:g}; "
-          f"the run stops at round {int(state.round) - int(np.sum(stats.spent))} "
-          f"(rounds after it were skipped)")
-    evaluating = end % cfg.eval_every == 0 or end == last or all_spent
-    checkpointing = bool(cfg.checkpoint_every) and (end % cfg.checkpoint_every == 0
-                                                    or end == last or all_spent)
-    # the per-client state in client order, once, where this chunk reads it
-    ordered = (sim.to_client_order(state)
-               if checkpointing or (evaluating and solo_eval is not None) else None)
-    if evaluating:
-      if solo_eval is not None:
-        models = ordered.client_state["model"]
-        acc, test_loss = (float(v) for v in solo_eval(models, *eval_data, label_dist))
-      else:
-        acc, test_loss = (float(v) for v in sim.evaluate(state.params, *eval_data))
-      participations = published_participations(cfg, state)
-      row = {"round": end, "test_accuracy": acc, "test_loss": test_loss,
-             "train_loss": loss_sum / examples if examples else None,
-             **spent_epsilon(sim, state),
-             **({"clip_norm": float(state.clip_norm),
-                 "unclipped_fraction": unclipped / clip_seen if clip_seen else None,
-                 "nonfinite_uploads": int(nonfinite)}
-                if cfg.dp != "none" else {}),
-             **aggregator_metrics(cfg, flagged, clusters, agg_rounds),
-             "bytes_up": participations * comm["bytes_per_client_up"],
-             "bytes_down": participations * comm["bytes_per_client_down"],
-             "wall_s": round(time.perf_counter() - wall0, 4)}
-      reporting.append_metrics(metrics_path, row)
-      _mark_released(out, end)
-      rows.append(row)
-      loss_sum = examples = unclipped = clip_seen = flagged = clusters = 0.0
-      agg_rounds = nonfinite = 0
-      bar.set_postfix(acc=f"{acc:.4f}")
-    if checkpointing:
-      ckpt.save(ckpt_dir, end, ordered,
-                {"wall_s": time.perf_counter() - wall0, "loss_sum": loss_sum,
-                 "examples": examples, "unclipped": unclipped, "clip_seen": clip_seen,
-                 "flagged": flagged, "clusters": clusters, "agg_rounds": agg_rounds,
-                 "nonfinite": nonfinite, "privacy_log": plog,
-                 **({"calibration": {"rounds": cfg.rounds, "noise_multiplier": calibration}}
-                    if calibrating else {})},
-                keep=cfg.keep_checkpoints)
-      _mark_released(out, end)
-    if all_spent:
-      break
-  bar.close()
-  state = sim.to_client_order(state)
-
-  # the run ended before `rounds`: only a budget stops it (the last round, or a skip)
-  stopped = int(state.round) - rounds_skipped(cfg, state) < cfg.rounds
-  summary = _summary(cfg, ds, parts, sim, state, rows, chunk_times, setup_s, d, comm, plog,
-                     stopped)
-  reporting.write_json_atomic(os.path.join(out, "summary.json"), summary)
-  summary["plots"] = reporting.plot_metrics(rows, out)
-  return summary
+  d = num_params(jax.tree.leaves(sim.init_state().params))
+  return RunContext(cfg=cfg, out=out, sim=sim, ds=ds, parts=parts, task=task, log=log,
+                    state=state, start=start, last=last, plog=plog, calibration=calibration,
+                    meta=meta, rows=rows, setup_s=setup_s, num_params=d,
+                    comm=pipeline.communication(cfg, d),  # per participant and round, each way
+                    inputs=inputs)
 
 
-def _progress(enabled: bool, total: int, initial: int):
-  from tqdm import tqdm
-  return tqdm(total=total, initial=initial, unit="round", disable=not enabled, file=sys.stderr,
-              dynamic_ncols=True)
+def _write_run_files(out: str, cfg: Config, state, start: int, calibration, inputs) -> None:
+  """config.json, the secret run key, inputs.json and this segment's row."""
+  reporting.write_json_atomic(os.path.join(out, "config.json"), cfg.to_dict())
+  if cfg.noise_seed == "secret" and start == 0:
+    _save_secret_key(out, state.key)
+  if inputs is not None:
+    reporting.write_json_atomic(os.path.join(out, INPUTS), inputs)
+  # which `rounds` (and calibration) each stretch of rounds ran under (_check_rerun)
+  reporting.append_metrics(os.path.join(out, SEGMENTS), {
+      "from_round": start, "rounds": cfg.rounds, "noise_multiplier": calibration})
 
 
-def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s, d,
-             comm, plog=None, stopped: bool | None = None) -> dict:
-  sizes = [len(p) for p in parts]
-  per_round = [t / n for n, t in chunk_times[1:]] or [t / n for n, t in chunk_times]
+def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> dict | None:
+  """What a run's own data, model and loss were (None: all the config's): names,
+  sizes and SHA-256 digests of the data and of the model's parameter shapes."""
+  if model is None and data is None and task == losses.CLASSIFICATION:
+    return None
+  inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
+                     "metrics": list(task.metrics)}}
+  if data is not None:
+    h = hashlib.sha256()
+    for a in (data.x_train, data.y_train, data.x_test, data.y_test,
+              *(data.client_parts or ())):
+      a = np.ascontiguousarray(a)
+      h.update(f"{a.dtype.str}{a.shape}".encode())
+      h.update(a.tobytes())
+    inputs["data"] = {"name": data.name, "source": data.source, "sha256": h.hexdigest(),
+                      "train_examples": len(data.y_train), "test_examples": len(data.y_test)}
+  if model is not None:
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    described = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), shapes))
+    inputs["model"] = {"name": model.name,
+                       "params_sha256": hashlib.sha256(described.encode()).hexdigest(),
+                       "params": num_params(shapes),
+                       "with_features": model.apply_with_features is not None}
+  return inputs
+
+
+def _check_inputs(out: str, inputs: dict | None) -> None:
+  """RunError when a resume's own data, model or loss differ from the run's."""
+  path = os.path.join(out, INPUTS)
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except FileNotFoundError:
+    saved = None
+  except (OSError, ValueError) as e:
+    raise RunError(f"--resume: {path} is unreadable ({e.__class__.__name__}): it says which "
+                   "data, model and loss the run had") from None
+  if saved == inputs:
+    return
+  if inputs is None:
+    raise RunError(f"--resume: the run in {out} was made by fedjax_dp.run with your own "
+                   f"{', '.join(k for k in ('data', 'model', 'loss') if k in saved)} "
+                   f"({INPUTS}): resume it from Python with fedjax_dp.run(..., resume=True)")
+  if saved is None:
+    raise RunError(f"--resume: the run in {out} used the config's data, model and loss; "
+                   "resume it without data=, model= or loss=")
+  differ = [k for k in ("data", "model", "loss") if saved.get(k) != inputs.get(k)]
+  raise RunError(f"--resume: the {' and '.join(differ)} differ from those of the run in {out} "
+                 f"({INPUTS}): resume with the same ones, or start a new run")
+
+
+def run_summary(ctx, stopped: bool | None = None) -> dict:
+  """summary.json of a run (callbacks.RunContext) at its end; `stopped`: a budget
+  ended it before `rounds`."""
+  cfg, ds, sim, state, rows = ctx.cfg, ctx.ds, ctx.sim, ctx.state, ctx.rows
+  sizes = [len(p) for p in ctx.parts]
+  times = ctx.chunk_times
+  per_round = [t / n for n, t in times[1:]] or [t / n for n, t in times]
   final = rows[-1] if rows else {}
   return {
       "final": final,
-      "best_test_accuracy": max((r["test_accuracy"] for r in rows), default=None),
-      "test_accuracy_is": (
-          "SOLO: the mean over clients of each client's own model's test accuracy, with the "
-          "test set reweighted to the client's training label distribution"
-          if "solo" in parse_algorithm(cfg.algorithm)[0] else
-          "the server model's accuracy on the whole test set"),
+      **_test_summary(cfg, ctx.task, rows),
       "rounds": int(state.round),
-      "privacy": privacy_report(cfg, sim, state, plog, assume=False,
+      "privacy": privacy_report(cfg, sim, state, ctx.plog, assume=False,
                                 stopped_by_budget=stopped),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
-          **comm,
+          **ctx.comm,
           "note": "bytes as they would be sent: float32 values, plus int32 indices or a d-bit "
                   "bitmap for a sparse update, whichever is smaller, plus SCAFFOLD's dense "
                   "control variates (SOLO sends nothing); the down link counts one round's "
                   "broadcast per participant (not the updates a returning client missed)",
           "participations": published_participations(cfg, state),
-          "num_params": d,
+          "num_params": ctx.num_params,
       },
       "timing": {
-          "wall_s": final.get("wall_s"), "setup_s": round(setup_s, 3),
-          "first_chunk_s": round(chunk_times[0][1], 3) if chunk_times else None,
+          "wall_s": final.get("wall_s"), "setup_s": round(ctx.setup_s, 3),
+          "first_chunk_s": round(times[0][1], 3) if times else None,
           "seconds_per_round_median": statistics.median(per_round) if per_round else None,
       },
-      "model": {"name": cfg.model, "params": d},
-      "data": {"dataset": cfg.dataset, "source": ds.source,
+      "model": {"name": sim.model.name, "params": ctx.num_params},
+      "data": {"dataset": cfg.dataset, **({"name": ds.name} if cfg.dataset == "custom" else {}),
+               "source": ds.source,
                "feature_scaling": ds.feature_scaling, "train_examples": len(ds.y_train),
-               "test_examples": len(ds.y_test), "clients": len(parts),
+               "test_examples": len(ds.y_test), "clients": len(ctx.parts),
                "client_examples": {"min": min(sizes), "median": float(np.median(sizes)),
                                    "max": max(sizes)}},
+      **({"inputs": ctx.inputs} if ctx.inputs is not None else {}),
       "devices": {"count": int(sim.mesh.devices.size),
                   "platform": sim.mesh.devices.flat[0].platform,
                   "client_parallelism": sim.client_parallelism},
@@ -694,6 +758,21 @@ def _summary(cfg, ds, parts, sim: Simulation, state, rows, chunk_times, setup_s,
                                        cfg.clients_per_round)}
          if sim.analysis is not None else {}),
   }
+
+
+def _test_summary(cfg: Config, task: losses.Task, rows: list[dict]) -> dict:
+  """The best test accuracy and what it is (classification), or what the test metrics are."""
+  if "accuracy" not in task.metrics:
+    return {"test_metrics_are": (
+        f"the server model's {', '.join(task.metrics)} over the whole test set (test_loss: "
+        f"the training loss {task.name!r})")}
+  return {
+      "best_test_accuracy": max((r["test_accuracy"] for r in rows), default=None),
+      "test_accuracy_is": (
+          "SOLO: the mean over clients of each client's own model's test accuracy, with the "
+          "test set reweighted to the client's training label distribution"
+          if "solo" in parse_algorithm(cfg.algorithm)[0] else
+          "the server model's accuracy on the whole test set")}
 
 
 def analyzer_summary(report: dict, wall_s: float | None, round_s: float | None,

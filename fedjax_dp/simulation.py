@@ -37,6 +37,7 @@ from fedjax_dp import attacks
 from fedjax_dp import client as client_lib
 from fedjax_dp import dp_round
 from fedjax_dp import hparams as hparams_lib
+from fedjax_dp import losses
 from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
@@ -47,7 +48,7 @@ from fedjax_dp import server_stages as server_stages_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
-from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort
+from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort, target_dtype
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
@@ -163,7 +164,7 @@ class Simulation:
   cohort_capacity: int        # cohort slots per round, padded to a multiple of the mesh size
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
   run_chunk: Callable         # (working state, store, hparams, length) -> (state, RoundStats [length])
-  evaluate: Callable          # (params, x, y, mask) -> (accuracy, loss)
+  evaluate: Callable          # (params, x, y, mask) -> {metric name: mean over the test set}
   privacy: Privacy = Privacy()
   hparams: Any = None         # the round's numeric hyperparameters (hparams.py), replicated
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
@@ -173,6 +174,9 @@ class Simulation:
   to_client_order: Callable = lambda state: state
   feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
   calibrated: float | None = None   # as given to build_simulation
+  # the test set in evaluation batches (batch_for_eval), set by runner.setup:
+  # sim.evaluate(state.params, *sim.test_data)
+  test_data: Any = None
 
   @property
   def noise_multiplier(self) -> float:
@@ -687,9 +691,11 @@ def _server_step(opt, delta, params, opt_state, *, frozen: bool, keep):
 def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                      mesh: Mesh | None = None, feature_tiers=None,
                      client_budgets=None, resident_state: bool | None = None,
-                     calibrated: float | None = None) -> Simulation:
+                     calibrated: float | None = None,
+                     task: losses.Task | None = None) -> Simulation:
   """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
   `client_budgets` [num_clients]: per-client target epsilons (local DP).
+  `task`: the training loss and evaluation metrics (losses.py; default classification).
 
   `resident_state` (default: whenever every client takes part in every round and
   there is per-client state): the cohort is then the same every round and so is
@@ -731,7 +737,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   privacy = make_privacy(cfg, model, feature_tiers, calibrated)
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
-  objective = objectives.make_objective(cfg)
+  task = task or losses.CLASSIFICATION
+  objective = objectives.make_objective(cfg, task.loss)
   aggregator = robust.get_aggregator(cfg.aggregator)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
@@ -849,7 +856,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                       NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
-                    run_chunk=run_chunk, evaluate=make_evaluate(model), privacy=privacy,
+                    run_chunk=run_chunk, evaluate=make_evaluate(model, task), privacy=privacy,
                     hparams=hp, feature_tiers=feature_tiers, calibrated=calibrated, **layouts)
 
 
@@ -1020,30 +1027,39 @@ def make_solo_evaluate(model: Model) -> Callable:
   return evaluate
 
 
-def make_evaluate(model: Model) -> Callable:
-  """(params, x [nb, b, ...], y [nb, b], mask [nb, b]) -> (accuracy, mean loss)."""
+def make_evaluate(model: Model, task: losses.Task | None = None) -> Callable:
+  """(params, x [nb, b, ...], y [nb, b, ...], mask [nb, b]) -> {name: mean over the
+  real test examples} for each of the task's metrics (classification: accuracy, loss)."""
+  metrics = tuple((task or losses.CLASSIFICATION).metrics.items())
+  # 'loss' computed first: for classification this is the program evaluation
+  # always compiled to, so the test metrics of earlier runs stay bit for bit
+  order = sorted(metrics, key=lambda kv: kv[0] != "loss")
+
   @jax.jit
   def evaluate(params, xb, yb, mb):
     def one(args):
       x, y, m = args
-      logits = model.apply(params, x)
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-      correct = (jnp.argmax(logits, -1) == y)
+      outputs = model.apply(params, x)
+      values = [fn(outputs, y) for _, fn in order]
       mf = m.astype(jnp.float32)
-      return jnp.sum(ce * mf), jnp.sum(correct * mf)
-    loss, correct = jax.lax.map(one, (xb, yb, mb))
+      return tuple(jnp.sum(v * mf) for v in values)
+    sums = dict(zip((name for name, _ in order), jax.lax.map(one, (xb, yb, mb))))
     n = jnp.maximum(jnp.sum(mb), 1)
-    return jnp.sum(correct) / n, jnp.sum(loss) / n
+    return {name: jnp.sum(sums[name]) / n for name, _ in metrics}
   return evaluate
 
 
-def batch_for_eval(x: np.ndarray, y: np.ndarray, batch: int):
-  """Pads a test set to whole batches: x [nb, b, ...], y [nb, b], mask [nb, b]."""
+def batch_for_eval(x: np.ndarray, y: np.ndarray, batch: int, y_dtype: str | None = None):
+  """Pads a test set to whole batches: x [nb, b, ...], y [nb, b, ...], mask [nb, b].
+
+  y keeps its kind (store.target_dtype: int32 labels, float32 real targets)
+  unless y_dtype says otherwise."""
   n = len(y)
   b = min(batch, max(n, 1))
   nb = max(1, math.ceil(n / b))
   pad = nb * b - n
   xp = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]).reshape((nb, b) + x.shape[1:])
-  yp = np.concatenate([y, np.zeros((pad,), y.dtype)]).reshape(nb, b)
+  yp = np.concatenate([y, np.zeros((pad,) + y.shape[1:], y.dtype)]).reshape((nb, b) + y.shape[1:])
   mp = (np.arange(nb * b) < n).reshape(nb, b)
-  return jnp.asarray(xp, jnp.float32), jnp.asarray(yp, jnp.int32), jnp.asarray(mp)
+  return (jnp.asarray(xp, jnp.float32), jnp.asarray(yp, target_dtype(y, y_dtype)),
+          jnp.asarray(mp))

@@ -1,7 +1,7 @@
 """The federated store: examples live on the device once; a client is a row of indices.
 
   x             [N, ...]          all training examples, once
-  y             [N]
+  y             [N] or [N, k]     targets: int32 class labels, or float32 (regression)
   client_index  [C, max_n]        row i: client i's example indices, padded with 0
   client_count  [C]               n_i; positions >= n_i in row i are padding
 
@@ -23,7 +23,7 @@ import numpy as np
 
 class FederatedStore(NamedTuple):
   x: jax.Array             # [N, ...] float32
-  y: jax.Array             # [N] int32
+  y: jax.Array             # [N, ...] int32 labels or float32 targets
   client_index: jax.Array  # [C, max_n] int32, max_n a multiple of the batch size
   client_count: jax.Array  # [C] int32
 
@@ -36,16 +36,28 @@ class FederatedStore(NamedTuple):
     return self.client_index.shape[1]
 
 
+def target_dtype(y: np.ndarray, dtype: str | None = None):
+  """The dtype targets are kept in: `dtype` ('int32' or 'float32') if given, else
+  int32 for integer (or bool) targets and float32 for real ones: a real target is
+  never truncated to an integer."""
+  if dtype is not None:
+    return jnp.dtype(dtype)
+  kind = np.asarray(y).dtype.kind
+  return jnp.dtype(jnp.int32 if kind in "iub" else jnp.float32)
+
+
 def build_store(x: np.ndarray, y: np.ndarray, parts: list[np.ndarray],
-                pad_to_multiple: int = 1) -> FederatedStore:
-  """Packs a partition (one index array per client) into padded index rows."""
+                pad_to_multiple: int = 1, y_dtype: str | None = None) -> FederatedStore:
+  """Packs a partition (one index array per client) into padded index rows.
+
+  y_dtype: the targets' dtype (a losses.Task's target_dtype); None: `target_dtype(y)`."""
   counts = np.array([len(p) for p in parts], dtype=np.int32)
   max_n = max(int(counts.max()), 1)
   max_n = int(math.ceil(max_n / pad_to_multiple) * pad_to_multiple)
   index = np.zeros((len(parts), max_n), dtype=np.int32)
   for i, p in enumerate(parts):
     index[i, :len(p)] = p
-  return FederatedStore(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32),
+  return FederatedStore(x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, target_dtype(y, y_dtype)),
                         client_index=jnp.asarray(index), client_count=jnp.asarray(counts))
 
 

@@ -45,6 +45,8 @@ class Objective:
   terms: tuple[LocalTerm, ...] = ()   # in registry order
   frozen_hp: tuple = ()               # the config's numbers: _freeze({term: {key: value}})
   momentum: float = 0.0               # the client optimizer's (SCAFFOLD's step count)
+  # the task's loss (outputs, targets, mask) -> scalar, in place of CE (losses.py)
+  data_loss: Callable = masked_cross_entropy
 
   # ------------------------------------------------------------------ properties
   @property
@@ -105,7 +107,7 @@ class Objective:
         logits, z = features_fn(p, xb)
       else:
         logits = apply_fn(p, xb)
-      ce = masked_cross_entropy(logits, yb, mb)      # the task loss: one call site
+      ce = self.data_loss(logits, yb, mb)      # the task loss: one call site
       total = ce
       inputs = LossInputs(p, w_t, prev, ctx.client_state, ctx.server_state, xb, mb, z,
                           features_fn)
@@ -165,14 +167,14 @@ class Objective:
     return update, server_state
 
 
-def objective_for(names, cfg) -> Objective:
+def objective_for(names, cfg, data_loss: Callable = masked_cross_entropy) -> Objective:
   """The objective of the terms `names` with cfg's hyperparameters (cfg: a Config or
-  anything with its attributes)."""
+  anything with its attributes) on the task loss `data_loss` (losses.py)."""
   terms = registry.resolve(names, cfg)
   return Objective(terms=terms, frozen_hp=_freeze({t.name: t.hparams(cfg) for t in terms}),
-                   momentum=cfg.momentum)
+                   momentum=cfg.momentum, data_loss=data_loss)
 
 
-def make_objective(cfg) -> Objective:
+def make_objective(cfg, data_loss: Callable = masked_cross_entropy) -> Objective:
   terms, _ = registry.parse_algorithm(cfg.algorithm)
-  return objective_for(terms, cfg)
+  return objective_for(terms, cfg, data_loss)

@@ -1,0 +1,114 @@
+"""`fedjax_dp.run` and `fedjax_dp.simulate`: your model, loss and data through the simulator.
+
+    import fedjax_dp
+    data = fedjax_dp.data.from_arrays(x, y, client_ids=ids, test_fraction=0.2)
+    model = fedjax_dp.models.from_flax(MyModule(), x[:1], name="mine")
+    summary = fedjax_dp.run("dp_fedavg", model=model, data=data, loss="mse", rounds=50,
+                            out="runs/mine", noise_multiplier=1.0, clients_per_round=5)
+
+`recipe` says which algorithm runs. Until recipes exist it is one of
+  * an algorithm name, as the config key `algorithm` takes ('fedavg', 'fedprox',
+    'scaffold', 'fedprox+scaffold', ...); 'dp_<name>' is the same with central DP
+    (dp 'central': it needs noise_multiplier or target_epsilon);
+  * a dict of config keys;
+  * a Config (config.make_config).
+Keyword arguments are config keys (README, Config keys) and override the recipe's.
+Your data sets the config keys dataset 'custom' and num_clients (its clients);
+clients_per_round defaults to min(10, clients) unless given (a Config recipe's
+stands). Your model sets model 'custom'.
+Without data or model, the config's dataset and model are used as by the CLI.
+Every bad input raises one of the CLI's errors (config.ConfigError, data.DataError,
+runner.RunError, checkpoint.CheckpointError) with a one-line message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from fedjax_dp import losses
+from fedjax_dp.config import Config, ConfigError, make_config
+from fedjax_dp.data import Dataset
+from fedjax_dp.models import Model
+
+DEFAULT_COHORT = 10   # Config's clients_per_round default
+
+
+def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = None,
+                  **overrides) -> Config:
+  """The Config that `recipe` and the overrides say, with your model and data in it."""
+  if isinstance(recipe, str):
+    base, values = None, ({"algorithm": recipe[3:], "dp": "central"} if recipe.startswith("dp_")
+                          else {"algorithm": recipe})
+  elif isinstance(recipe, dict):
+    base, values = None, dict(recipe)
+  elif isinstance(recipe, Config):
+    base, values = recipe, {}
+  else:
+    raise ConfigError(f"recipe of type {type(recipe).__name__}: allowed are an algorithm name "
+                      "(e.g. 'fedavg', 'dp_fedavg'), a dict of config keys, or a Config")
+  values.update(overrides)
+  if model is not None:
+    _own(values, "model", model.name)
+  if data is not None:
+    _own(values, "dataset", data.name)
+    clients = len(data.client_parts) if data.client_parts is not None else None
+    if clients is None:
+      raise ConfigError(f"data {data.name!r} carries no client partition: build it with "
+                        "data.from_arrays or data.from_clients")
+    if values.get("num_clients", clients) != clients:
+      raise ConfigError(f"config key 'num_clients' = {values['num_clients']!r}: your data has "
+                        f"{clients} clients")
+    values["num_clients"] = clients
+    if "clients_per_round" not in values and base is None:
+      values["clients_per_round"] = min(DEFAULT_COHORT, clients)
+  return make_config(values, base=base)
+
+
+def _own(values: dict, key: str, name: str) -> None:
+  """Sets config key `key` to 'custom' for your own model or data (a clash is an error)."""
+  if values.get(key, "custom") != "custom":
+    raise ConfigError(f"config key {key!r} = {values[key]!r} with your own {key} {name!r}: "
+                      f"leave {key!r} out (it becomes 'custom')")
+  values[key] = "custom"
+
+
+def run(recipe: Any = "fedavg", *, out: str, model: Model | None = None,
+        data: Dataset | None = None, loss=None, rounds: int | None = None,
+        callbacks: Sequence = (), resume: bool = False, overwrite: bool = False,
+        progress: bool = True, log=None, **config_overrides) -> dict:
+  """Runs a simulation of your model, loss and data into `out`, as `fedjax-dp run` does.
+
+  Writes config.json, metrics.jsonl (one row per evaluation: round, test_<metric>
+  for each of the loss's metrics, train_loss, epsilon, bytes, ...), summary.json
+  (with the privacy report), plots, checkpoints (checkpoint_every) and inputs.json
+  (what your data, model and loss were). A non-empty `out` is never overwritten
+  unless `overwrite` (a run folder only); `resume=True` continues the run in `out`
+  from its newest checkpoint, bit for bit, with the same recipe, data, model and
+  loss (only `rounds` may change). `loss`: a name ('classification', 'mse',
+  'mae'), a losses.Task, or a function (outputs, targets, mask) -> scalar;
+  default classification. `callbacks`: callbacks.Callback, run after the
+  defaults. Returns the summary (summary.json, plus the plots' paths).
+  """
+  from fedjax_dp.runner import run_experiment
+  task = losses.get(loss)
+  overrides = dict(config_overrides, **({"rounds": rounds} if rounds is not None else {}))
+  cfg = recipe_config(recipe, model=model, data=data, **overrides)
+  return run_experiment(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
+                        log=log, model=model, data=data, task=task, callbacks=callbacks)
+
+
+def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Dataset | None = None,
+             loss=None, mesh=None, **config_overrides):
+  """The compiled Simulation of your model, loss and data, for driving rounds yourself:
+
+      sim = fedjax_dp.simulate("fedavg", model=model, data=data, loss="mse", rounds=20)
+      state = sim.init_state()
+      state, stats = sim.run_rounds(state, 5)             # 5 rounds, one compiled scan
+      metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
+
+  Writes nothing; the privacy report of a state: runner.privacy_report(sim.cfg, sim, state)."""
+  from fedjax_dp.runner import setup
+  task = losses.get(loss)
+  cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
+  _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
+  return sim

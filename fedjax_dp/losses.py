@@ -1,0 +1,184 @@
+"""Losses and the evaluation metrics that go with them.
+
+A loss is any function
+
+  loss(outputs [B, ...], targets [B, ...], mask [B] bool) -> scalar
+
+that averages over the rows where mask is True (0 when none are): the padding
+of a short minibatch is masked, never dropped, so the function sees fixed
+shapes under jit. A metric is a function
+
+  metric(outputs [B, ...], targets [B, ...]) -> [B] per-example values
+
+that evaluation averages over the real test examples. A `Task` bundles a
+training loss with its metrics and the dtype its targets must have, so that
+the store, the minibatches and the evaluation keep, for example, regression
+targets as float32 end to end:
+
+  classification()   softmax cross-entropy on integer labels [B] (int32);
+                     metrics accuracy and loss (metrics.jsonl: test_accuracy, test_loss)
+  regression("mse")  mean squared error on float32 targets [B] or [B, k]; metrics mse,
+                     mae and loss (test_mse, test_mae, test_loss); "mae": the same with
+                     the mean absolute error as the training loss
+  from_loss(fn)      any loss of the form above; its metric is the loss itself
+
+Regression outputs [B, 1] against targets [B] (a one-output model) are compared
+as [B]; any other shape mismatch is an error before training starts.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dp.config import ConfigError
+
+Loss = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+Metric = Callable[[jax.Array, jax.Array], jax.Array]
+TARGET_DTYPES = ("int32", "float32")
+
+
+class Task(NamedTuple):
+  """A training loss, its evaluation metrics and the targets it takes.
+
+  metrics: name -> per-example metric, in the order metrics.jsonl lists them as
+  test_<name>; 'loss' is the loss itself per example (every built-in task has it).
+  target_dtype: 'int32' (class labels), 'float32' (real targets) or None (the
+  data's own: integer targets as int32, real ones as float32)."""
+  name: str
+  loss: Loss
+  metrics: Mapping[str, Metric]
+  target_dtype: str | None = None
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean of values [B] over the rows where mask [B] is True (0 when none are)."""
+  m = mask.astype(values.dtype)
+  return jnp.sum(values * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+# ---------------------------------------------------------------------------- classification
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-example softmax cross-entropy: logits [B, K], labels [B] int -> [B]."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-example 1.0 where argmax(logits) == label, else 0.0: [B]."""
+  return (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean cross-entropy over the rows where mask is True (0 when none are).
+
+  logits [B, K], labels [B] int, mask [B] bool.
+  """
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  m = mask.astype(ce.dtype)
+  return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+# ---------------------------------------------------------------------------- regression
+
+
+def _as_targets(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+  """outputs in the targets' shape: [B, 1] against [B] is one output per example."""
+  if outputs.shape == targets.shape:
+    return outputs
+  if outputs.shape[0] == targets.shape[0] and outputs.size == targets.size:
+    return outputs.reshape(targets.shape)
+  raise ValueError(f"regression outputs of shape {tuple(outputs.shape)} do not match targets "
+                   f"of shape {tuple(targets.shape)}: the model needs one output per target")
+
+
+def _per_example(err: jax.Array) -> jax.Array:
+  """[B, ...] -> [B]: the mean over each example's target coordinates."""
+  return err.reshape(err.shape[0], -1).mean(axis=1) if err.ndim > 1 else err
+
+
+def squared_error(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+  """Per-example squared error (mean over a target's coordinates): [B]."""
+  return _per_example(jnp.square(_as_targets(outputs, targets) - targets))
+
+
+def absolute_error(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+  """Per-example absolute error (mean over a target's coordinates): [B]."""
+  return _per_example(jnp.abs(_as_targets(outputs, targets) - targets))
+
+
+def mse(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean squared error over the rows where mask is True (0 when none are)."""
+  return masked_mean(squared_error(outputs, targets), mask)
+
+
+def mae(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean absolute error over the rows where mask is True (0 when none are)."""
+  return masked_mean(absolute_error(outputs, targets), mask)
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+CLASSIFICATION = Task("classification", masked_cross_entropy,
+                      {"accuracy": accuracy, "loss": cross_entropy}, "int32")
+REGRESSION_MSE = Task("regression", mse,
+                      {"mse": squared_error, "mae": absolute_error, "loss": squared_error},
+                      "float32")
+REGRESSION_MAE = Task("regression_mae", mae,
+                      {"mse": squared_error, "mae": absolute_error, "loss": absolute_error},
+                      "float32")
+NAMES = {"classification": CLASSIFICATION, "cross_entropy": CLASSIFICATION,
+         "regression": REGRESSION_MSE, "mse": REGRESSION_MSE, "mae": REGRESSION_MAE}
+
+
+def classification() -> Task:
+  """Softmax cross-entropy on int32 labels; metrics accuracy and loss."""
+  return CLASSIFICATION
+
+
+def regression(loss: str = "mse") -> Task:
+  """Regression on float32 targets [N] or [N, k]: loss 'mse' or 'mae'; metrics mse, mae, loss."""
+  if loss not in ("mse", "mae"):
+    raise ConfigError(f"regression loss {loss!r}: allowed are mse, mae")
+  return REGRESSION_MSE if loss == "mse" else REGRESSION_MAE
+
+
+def from_loss(fn: Loss, *, name: str | None = None, target_dtype: str | None = None) -> Task:
+  """A Task around any loss(outputs, targets, mask) -> scalar mean over the masked rows.
+
+  Its one metric, 'loss', is fn on each example alone (so the test loss is the
+  mean of fn over the test set, as a loss that averages over rows gives)."""
+  if target_dtype not in (None,) + TARGET_DTYPES:
+    raise ConfigError(f"target_dtype {target_dtype!r}: allowed are int32, float32, or None")
+
+  def per_example(outputs, targets):
+    one = jnp.ones((1,), bool)
+    return jax.vmap(lambda o, t: fn(o[None], t[None], one))(outputs, targets)
+  return Task(name or getattr(fn, "__name__", "custom"), fn, {"loss": per_example},
+              target_dtype)
+
+
+def get(loss) -> Task:
+  """A Task from a name (classification, cross_entropy, regression, mse, mae), a Task,
+  or a loss function; None is classification. ConfigError (one line) otherwise."""
+  if loss is None:
+    return CLASSIFICATION
+  if isinstance(loss, Task):
+    if not loss.metrics or loss.target_dtype not in (None,) + TARGET_DTYPES:
+      raise ConfigError(f"loss Task {loss.name!r}: needs at least one metric and target_dtype "
+                       f"int32, float32 or None (got {loss.target_dtype!r})")
+    return loss
+  if isinstance(loss, str):
+    if loss not in NAMES:
+      raise ConfigError(f"loss {loss!r}: allowed are {', '.join(NAMES)}, a losses.Task, or a "
+                       "function (outputs, targets, mask) -> scalar")
+    return NAMES[loss]
+  if callable(loss):
+    return from_loss(loss)
+  raise ConfigError(f"loss of type {type(loss).__name__}: allowed are {', '.join(NAMES)}, a "
+                    "losses.Task, or a function (outputs, targets, mask) -> scalar")
