@@ -415,12 +415,15 @@ def published_participations(cfg: Config, state) -> int:
 def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dict:
   """metrics.jsonl keys of the robust aggregators, over the rounds since the last
   evaluation: `flagged` uploads (outliers detected, or left out by Krum) and the
-  mean number of `clusters` per round."""
-  if cfg.aggregator in ("outlier_median", "krum", "multi_krum"):
-    return {"flagged": int(flagged)}
-  if cfg.aggregator == "cluster":
-    return {"clusters": clusters / rounds if rounds else None}
-  return {}
+  mean number of `clusters` per round; those the rule `reports` (robust/)."""
+  from fedjax_dp import robust
+  reports = robust.get_aggregator(cfg.aggregator).reports
+  out = {}
+  if "flagged" in reports:
+    out["flagged"] = int(flagged)
+  if "clusters" in reports:
+    out["clusters"] = clusters / rounds if rounds else None
+  return out
 
 
 def spent_epsilon(sim: Simulation, state) -> dict:

@@ -135,3 +135,14 @@ def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):
                                flat(s2.params) - p1, atol=1e-6)
   else:
     assert "aggregator" not in s1.server_state
+
+
+def test_metrics_rows_carry_what_each_rule_reports():
+  # metrics.jsonl's keys come from the rule's `reports`, not from a list of names
+  from fedjax_dp.config import make_config
+  from fedjax_dp.runner import aggregator_metrics
+  row = lambda name: aggregator_metrics(make_config({"aggregator": name}), 3.0, 8.0, 4)
+  assert row("centered_clip") == {"flagged": 3}
+  assert row("krum") == {"flagged": 3} and row("outlier_median") == {"flagged": 3}
+  assert row("cluster") == {"clusters": 2.0}
+  assert row("mean") == {} and row("median") == {} and row("geometric_median") == {}
