@@ -18,7 +18,7 @@ def extending_blocks() -> list[str]:
 
 def test_readme_extending_snippets_run(capsys):
   blocks = extending_blocks()
-  assert len(blocks) == 3
+  assert len(blocks) == 4
   namespace = {}
   registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS)
   saved = [dict(r) for r in registries]
@@ -33,3 +33,23 @@ def test_readme_extending_snippets_run(capsys):
   assert stats.flagged.shape == (2,)
   assert int(namespace["state"].round) == 2
   assert "weight_decay" in namespace["cfg"].algorithm
+
+
+def test_readme_server_stage_snippet_keeps_its_average():
+  import jax.numpy as jnp
+  import numpy as np
+  from fedjax_dp.server_stages import RoundContext
+  namespace = {}
+  exec(compile(extending_blocks()[3], README, "exec"), namespace)
+  chain = namespace["chain"]
+  params = {"w": jnp.zeros((2, 2)), "b": jnp.zeros((2,))}
+  state = chain.init(params, 6)
+  assert set(state) == {"released_average", "public_update"}
+  delta = {"w": jnp.ones((2, 2)), "b": jnp.full((2,), 2.0)}
+  ctx = RoundContext(None, {}, None, None, None, None, ())
+  for _ in range(2):
+    out, state = chain.update(delta, state, ctx)
+  flat = np.array([2.0, 2.0, 1.0, 1.0, 1.0, 1.0], np.float32)   # ravel order: b, then w
+  np.testing.assert_allclose(state["released_average"], (1 - 0.9 ** 2) * flat, rtol=1e-6)
+  np.testing.assert_array_equal(state["public_update"], flat)
+  assert out is delta
