@@ -38,3 +38,16 @@ def attack(u: jax.Array, key: jax.Array, kind: str, scale: float) -> jax.Array:
   if kind == "gaussian":
     return scale * jax.random.normal(key, u.shape, u.dtype)
   raise ValueError(f"byzantine attack {kind!r}: allowed are {', '.join(ATTACKS)}")
+
+
+def replace_uploads(uploads, malicious: jax.Array, client_ids: jax.Array, key: jax.Array,
+                    kind: str, scale: float):
+  """The cohort's uploads (leaves [m, ...]) with each malicious participant's
+  (`malicious` [m] bool) replaced by its attack, drawn from fold_in(key, id)."""
+  from jax.flatten_util import ravel_pytree
+
+  def one(u, is_bad, cid):
+    flat, unravel = ravel_pytree(u)
+    return unravel(jnp.where(is_bad, attack(flat, jax.random.fold_in(key, cid), kind, scale),
+                             flat))
+  return jax.vmap(one)(uploads, malicious, client_ids)

@@ -8,6 +8,9 @@ local noise) runs in the client phase, its report is privacy_report.py.
                            controller's schedule) and the RDP the accountant will
                            charge for it (one round, or one participation)
   clip_norm(state, hp)  -> this round's clip norm (the state's under adaptive clipping)
+  client(uploads, ids, mask, key, clip_norm, client_hp, scales, factor)
+                        -> the client half in the client phase: clip each upload
+                           (and, local DP, noise it from its client's key)
   admit(state, ids, mask, plan, hp)
                         -> Admission: central DP skips a round that would pass
                            target_epsilon; local DP refuses each client whose own
@@ -56,10 +59,11 @@ class DPRound(NamedTuple):
   admit: Callable
   release: Callable
   clip_norm: Callable      # (state, hp) -> this round's clip norm
+  client: Callable         # the client half: clip (and local noise), in the client phase
 
 
 def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise: bool,
-                  noise_tag: int, count_tag: int) -> DPRound:
+                  noise_tag: int, count_tag: int, local_noise_tag: int) -> DPRound:
   """The round's DP functions for `privacy` (simulation.Privacy; mode none too)."""
   mode = privacy.mode
 
@@ -137,4 +141,18 @@ def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise
     # adaptive clipping moves the norm in the state; else it is a hyperparameter
     return state.clip_norm if privacy.adaptive else hp["clip_norm"]
 
-  return DPRound(plan, admit, release, clip_norm)
+  def client(deltas, ids, mask, key, clip_norm, client_hp, scales, factor):
+    """Each upload (leaves [slots, ...]) clipped to clip_norm by the layout; under
+    local DP noised by its client from fold_in(key, tag) and its id. Returns
+    (uploads, unclipped participants int32, [slots] non-finite uploads sent as 0)."""
+    deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, privacy.layout))(
+        deltas)
+    unclipped = jnp.sum((norms <= clip_norm) & mask, dtype=jnp.int32)
+    nonfinite = ~jnp.isfinite(norms) & mask   # sent as zero: clip_update
+    if mode == "local":
+      deltas = mechanisms.add_client_noise(deltas, ids, jax.random.fold_in(key, local_noise_tag),
+                                           client_hp["update_noise"] * clip_norm,
+                                           privacy.layout, scales, factor[ids])
+    return deltas, unclipped, nonfinite
+
+  return DPRound(plan, admit, release, clip_norm, client)

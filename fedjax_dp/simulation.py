@@ -325,7 +325,8 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
                   aggregate_noise: bool, robust_aggregator: Callable | None,
                   malicious: np.ndarray | None, attack: tuple[str, float],
                   cluster_threshold: float | None = None, resident: bool = False,
-                  keep_rows: bool = True, guard_nonfinite: bool = False):
+                  keep_rows: bool = True, guard_nonfinite: bool = False,
+                  dp_client: Callable | None = None):
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
@@ -366,21 +367,90 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
   params = jax.lax.pcast(params, "clients", to="varying")
-  lr = client_hp["lr"]
   counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
-  rows = client_index[cohort_ids]
   client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
   keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
-
-  pipeline_key = jax.random.fold_in(round_key, PIPELINE)
   # The plain (example- or uniformly-) weighted mean of the uploads is summed
   # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
   # a write and a read of it per round. DP, attacks and robust rules need the
   # uploads one by one and stack them.
   sum_in_loop = privacy.mode == "none" and malicious is None and robust_aggregator is None
+  one = _client_step(params, client_hp, server_state, x, y,
+                     jax.random.fold_in(round_key, PIPELINE), train_one=train_one,
+                     objective=objective, model=model, client_pipeline=client_pipeline,
+                     guard_nonfinite=guard_nonfinite, keep_rows=keep_rows,
+                     aggregate_noise=aggregate_noise, summed=sum_in_loop, shuffle=shuffle)
+  args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)
+  batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
+  sums = None
+  if sum_in_loop:
+    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
+    if aggregate_noise:
+      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
+  if resident:
+    out, client_state = map_clients_with_resident_state(one, args, client_state, batch, sums)
+  else:
+    # refused and padded slots write nothing back (a padded slot may repeat a real id)
+    write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
+    out, client_state = map_clients_with_state(one, args, client_state, cohort_ids, write_ids,
+                                               batch, sums)
+  (res, contribs, owed, nonfinite), sums = out if sum_in_loop else (out, None)
+  contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
+  mask_f = cohort_mask.astype(jnp.float32)
+  weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
+  unclipped = jnp.zeros((), jnp.int32)
+  if privacy.mode != "none":
+    weights = mask_f
+    deltas, unclipped, clip_nonfinite = dp_client(deltas, cohort_ids, cohort_mask, round_key,
+                                                  clip_norm, client_hp, noise_scales,
+                                                  client_noise_factor)
+    nonfinite = nonfinite | clip_nonfinite
+  if malicious is not None:
+    deltas = attacks.replace_uploads(deltas, jnp.asarray(malicious)[cohort_ids] & cohort_mask,
+                                     cohort_ids, jax.random.fold_in(round_key, BYZANTINE),
+                                     *attack)
+  if shuffle:
+    # The shuffler hands the server, per layer, the cohort's tuples in random
+    # order: the server cannot link sizes to updates, so it weights uniformly.
+    # The server's plain sum of each layer's multiset is the same for every
+    # permutation, and the robust rules refuse shuffled tuples (config.py), so
+    # the rows are not permuted here (pipeline.layerwise_shuffle): on CPU the
+    # permutation cost 7 % of a TopkSDP-FL round and changed no number beyond
+    # float summation order.
+    weights = mask_f
+  flagged = clusters = jnp.zeros((), jnp.int32)
+  cluster_info, server_slots = (), {}
+  if robust_aggregator is not None:
+    mean_delta, flagged, clusters, cluster_info, server_slots = _robust_aggregate(
+        deltas, cohort_ids, cohort_mask, weights * mask_f, server_state, client_hp["aggregator"],
+        robust_aggregator, cluster_threshold)
+  else:
+    mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
+                                   mode=privacy.mode, shuffle=shuffle,
+                                   aggregate_noise=aggregate_noise)
+  # the integer counts in one all-reduce: a separate psum for the non-finite count
+  # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
+  participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
+      jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
+      jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
+  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
+                     examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
+                     participants=participants, unclipped=unclipped,
+                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
+                     event=jnp.zeros((), jnp.int32), lr=client_hp["lr"],
+                     nonfinite=nonfinite)
+  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 
-  def weight_of(count, took_part):  # FedAvg: n_i; shuffled tuples: uniform
-    return (took_part if shuffle else count).astype(jnp.float32)
+
+def _client_step(params, client_hp, server_state, x, y, pipeline_key, *, train_one, objective,
+                 model, client_pipeline, guard_nonfinite: bool, keep_rows: bool,
+                 aggregate_noise: bool, summed: bool, shuffle: bool) -> Callable:
+  """One client's work, (args, state row) -> (outputs, new row): local training on
+  the objective with its local terms, the terms' after-training step, then the
+  client pipeline (clips, top-k, kept noise). `summed`: the upload is returned
+  weighted for the in-loop sum (FedAvg: n_i; shuffled tuples: uniform) instead
+  of stacked."""
+  lr = client_hp["lr"]
 
   def one(args, cstate):
     row, count, key, took_part, cid = args
@@ -413,134 +483,74 @@ def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_no
       upload = unravel(sent.values)
       if aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
-    if not sum_in_loop:
+    if not summed:
       return (res._replace(delta=upload, params=()), contrib, owed, bad), cstate
-    w = weight_of(count, took_part)
-    summed = {"delta": jax.tree.map(lambda a: w * a, upload)}
+    w = (took_part if shuffle else count).astype(jnp.float32)
+    out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
-      summed["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
-    return ((res._replace(delta=(), params=()), contrib, (), bad), summed), cstate
+      out["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
+    return ((res._replace(delta=(), params=()), contrib, (), bad), out), cstate
+  return one
 
-  args = (rows, counts, keys, cohort_mask, cohort_ids)
-  batch = cohort_ids.shape[0] if parallelism == "vmap" else client_batch
-  sums = None
-  if sum_in_loop:
-    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
-    if aggregate_noise:
-      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
-  if resident:
-    out, client_state = map_clients_with_resident_state(one, args, client_state, batch, sums)
-  else:
-    # refused and padded slots write nothing back (a padded slot may repeat a real id)
-    write_ids = jnp.where(cohort_mask, cohort_ids, client_count.shape[0])
-    out, client_state = map_clients_with_state(one, args, client_state, cohort_ids, write_ids,
-                                               batch, sums)
-  if sum_in_loop:
-    (res, contribs, owed, nonfinite), sums = out
-  else:
-    res, contribs, owed, nonfinite = out
-  contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
-  mask_f = cohort_mask.astype(jnp.float32)
-  unclipped = jnp.zeros((), jnp.int32)
-  if privacy.mode == "none":
-    weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
-  else:
-    weights = mask_f
-    deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, privacy.layout))(
-        res.delta)
-    unclipped = jnp.sum((norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
-    nonfinite = nonfinite | (~jnp.isfinite(norms) & cohort_mask)   # sent as zero: clip_update
-    if privacy.mode == "local":
-      deltas = mechanisms.add_client_noise(deltas, cohort_ids,
-                                           jax.random.fold_in(round_key, LOCAL_NOISE),
-                                           client_hp["update_noise"] * clip_norm,
-                                           privacy.layout, noise_scales,
-                                           client_noise_factor[cohort_ids])
-  if malicious is not None:
-    # Byzantine participants send their attack instead of the honest upload
-    bad = jnp.asarray(malicious)[cohort_ids] & cohort_mask
-    byz_key = jax.random.fold_in(round_key, BYZANTINE)
 
-    def maybe_attack(delta, is_bad, cid):
-      flat, unravel = ravel_pytree(delta)
-      hostile = attacks.attack(flat, jax.random.fold_in(byz_key, cid), *attack)
-      return unravel(jnp.where(is_bad, hostile, flat))
-    deltas = jax.vmap(maybe_attack)(deltas, bad, cohort_ids)
-  if shuffle:
-    # The shuffler hands the server, per layer, the cohort's tuples in random
-    # order: the server cannot link sizes to updates, so it weights uniformly.
-    # The server's plain sum of each layer's multiset is the same for every
-    # permutation, and the robust rules refuse shuffled tuples (config.py), so
-    # the rows are not permuted here (pipeline.layerwise_shuffle): on CPU the
-    # permutation cost 7 % of a TopkSDP-FL round and changed no number beyond
-    # float summation order.
-    weights = mask_f
-  flagged = clusters = jnp.zeros((), jnp.int32)
-  cluster_info = ()
-  server_slots = {}
-  if robust_aggregator is not None:
-    # robust rules need every upload: all-gather the cohort and aggregate replicated
-    rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
-    all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
-    all_weights = gather_over_devices(weights * mask_f)
-    if cluster_threshold is None:
-      # (u, mask, weights, state) -> (aggregate, state, metrics); the rule's state,
-      # replicated, lives in server_state["aggregator"] when it keeps one
-      agg, agg_state, metrics = robust_aggregator(all_rows, all_mask, all_weights,
-                                                  server_state.get("aggregator", ()),
-                                                  client_hp["aggregator"])
-      flagged, clusters = metrics["flagged"], metrics["clusters"]
-      if "aggregator" in server_state:
-        server_slots["aggregator"] = agg_state
-    else:
-      # the cluster rule whose clusters also set next round's noise: cluster once
-      # (on the finite uploads, as make_aggregator's rules)
-      all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
-      labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
-      agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
-                                                        cluster_threshold, labels)
-      same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
-      size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
-      heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
-      median = robust_aggregation.coordinate_median(size[:, None], heads)[0]
-      cluster_info = (gather_over_devices(cohort_ids), all_mask, size, median)
-    mean_delta = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1](agg)
+def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
+                      cluster_threshold):
+  """A robust rule over every upload: the cohort all-gathered over the devices,
+  aggregated replicated. Returns (aggregate, flagged, clusters, cluster info,
+  server-state slots: the rule's new state where it keeps one)."""
+  rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
+  all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
+  all_weights = gather_over_devices(weights)
+  unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
+  if cluster_threshold is None:
+    # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
+    # replicated, lives in server_state["aggregator"] when it keeps one
+    agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
+                                   server_state.get("aggregator", ()), hp)
+    slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
+    return unravel(agg), metrics["flagged"], metrics["clusters"], (), slots
+  # the cluster rule whose clusters also set next round's noise: cluster once
+  # (on the finite uploads, as the registry's rules)
+  all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
+  labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
+  agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
+                                                    cluster_threshold, labels)
+  same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
+  size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
+  heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
+  median = robust_aggregation.coordinate_median(size[:, None], heads)[0]
+  cluster_info = (gather_over_devices(cohort_ids), all_mask, size, median)
+  return unravel(agg), flagged, clusters, cluster_info, {}
+
+
+def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *, mode: str,
+                      shuffle: bool, aggregate_noise: bool):
+  """The weighted sum of the uploads over the devices (summed in the client loop
+  where `sums`), plus the kept-coordinate noise owed to it in one draw; divided by
+  the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
+  sum under central DP (the server noises the sum and divides)."""
+  if sums is not None:   # weight_of(...) is weights * mask_f, summed in the loop
+    delta_sum = jax.lax.psum(sums["delta"], "clients")
   else:
-    if sum_in_loop:   # weight_of(...) is weights * mask_f, summed in the loop
-      delta_sum = jax.lax.psum(sums["delta"], "clients")
+    delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+  if aggregate_noise:
+    # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
+    # distribution (pipeline.gaussian_on_kept). The weights pair with their own
+    # client's mask and std: shuffling is per layer but its weights are uniform.
+    if sums is not None:
+      var = sums["noise_var"]
     else:
-      delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
-    if aggregate_noise:
-      # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
-      # distribution (pipeline.gaussian_on_kept). The weights pair with their own
-      # client's mask and std: shuffling is per layer but its weights are uniform.
-      if sum_in_loop:
-        var = sums["noise_var"]
-      else:
-        sent, noise_std = owed
-        var = pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std, sent)
-      std = jnp.sqrt(jax.lax.psum(var, "clients"))
-      flat, unravel = ravel_pytree(delta_sum)
-      noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
-      delta_sum = unravel(flat + noise)
-    if privacy.mode == "central":
-      mean_delta = delta_sum  # the server noises the sum and divides
-    else:
-      total_weight = jax.lax.psum(jnp.sum(counts if (privacy.mode == "none" and not shuffle)
-                                          else mask_f, dtype=jnp.float32), "clients")
-      mean_delta = jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
-  # the integer counts in one all-reduce: a separate psum for the non-finite count
-  # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
-  participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
-      jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
-      jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
-  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
-                     examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
-                     participants=participants, unclipped=unclipped,
-                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
-                     event=jnp.zeros((), jnp.int32), lr=lr,
-                     nonfinite=nonfinite)
-  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+      sent, noise_std = owed
+      var = pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std, sent)
+    std = jnp.sqrt(jax.lax.psum(var, "clients"))
+    flat, unravel = ravel_pytree(delta_sum)
+    noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
+    delta_sum = unravel(flat + noise)
+  if mode == "central":
+    return delta_sum
+  total_weight = jax.lax.psum(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
+                                      dtype=jnp.float32), "clients")
+  return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
 
 
 def gather_over_devices(a: jax.Array) -> jax.Array:
@@ -745,8 +755,12 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size)
+  dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
+                              cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE,
+                              LOCAL_NOISE)
   client_phase = jax.shard_map(
       partial(_client_phase, train_one=train_one, objective=objective, model=model,
+              dp_client=dp.client,
               parallelism=parallelism, client_batch=cfg.client_batch, privacy=privacy,
               client_pipeline=client_pipeline, shuffle=cfg.shuffle == "layerwise",
               aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
@@ -781,8 +795,6 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       cohort = sample_cohort(key, cfg.num_clients, cfg.clients_per_round, cfg.sampling, capacity)
       ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, padded_capacity)
       return ids, mask, cohort.overflow
-  dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
-                              cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE)
   server_stages = server_stages_lib.make_server_stages(cfg, privacy.mode != "none", DOWNLINK)
   client_hparams = partial(_client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
                            momentum=cfg.momentum > 0, local_dp=privacy.mode == "local")
