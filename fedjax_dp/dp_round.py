@@ -74,7 +74,7 @@ def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise
     # this round's noise, set by the controller from earlier released updates
     score = state.server_state["noise_control"]["score"]
     scales = noise_control.noise_scales(privacy.schedule, score, hp["tier_scales"],
-                                        hp["convergence_beta"])
+                                        hp.get("convergence_beta"))
     if privacy.schedule != "static" and mode == "local":
       event = noise_control.local_event_rdp(hp["update_noise"], privacy.layout.fractions, scales)
     elif privacy.schedule != "static":

@@ -72,22 +72,31 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   """The compiled round's hyperparameters from the config and its resolved
   `privacy` (simulation.Privacy): host numpy float32, placed by the caller."""
   from fedjax_dp import accounting   # (accounting imports nothing of ours)
-  alpha = cfg.lr_min / cfg.lr
-  hp = {"lr": _f32(cfg.lr), "lr_alpha": _f32(alpha), "lr_span": _f32(1 - alpha),
-        "momentum": _f32(cfg.momentum), "server_lr": _f32(cfg.server_lr),
-        "server_momentum": _f32(cfg.server_momentum), "clip_norm": _f32(cfg.clip_norm)}
+  from fedjax_dp.server import server_optimizer_name
+  # only what the round reads: an entry it never reads would let a sweep over it
+  # run identical replicas (with_hparams refuses such a key)
+  hp = {"lr": _f32(cfg.lr), "server_lr": _f32(cfg.server_lr), "clip_norm": _f32(cfg.clip_norm)}
+  if cfg.lr_schedule == "cosine":
+    alpha = cfg.lr_min / cfg.lr
+    hp.update(lr_alpha=_f32(alpha), lr_span=_f32(1 - alpha))
+  if cfg.momentum > 0:
+    hp["momentum"] = _f32(cfg.momentum)
+  if server_optimizer_name(cfg) == "momentum":
+    hp["server_momentum"] = _f32(cfg.server_momentum)
   hp.update(_term_and_rule_hparams(cfg))
   if privacy.mode == "none":
     return hp
   hp.update(tier_scales=_f32(privacy.tier_scales()),
-            update_noise=_f32(privacy.update_noise_multiplier),
-            count_stddev=_f32(privacy.count_stddev), target_quantile=_f32(cfg.target_quantile),
-            clip_lr=_f32(cfg.clip_lr), delta=_f32(cfg.delta),
+            update_noise=_f32(privacy.update_noise_multiplier), delta=_f32(cfg.delta),
             event_rdp=accounting.event_to_float32(privacy.event_rdp),
-            convergence_beta=_f32(cfg.convergence_beta),
-            convergence_lambda=_f32(cfg.convergence_lambda), noise_ema=_f32(cfg.noise_ema),
-            noise_ema_rest=_f32(1.0 - cfg.noise_ema),
             paper_epsilon_scale=_f32(math.sqrt(2.0 * math.log(1.25 / cfg.delta))))
+  if privacy.adaptive:
+    hp.update(count_stddev=_f32(privacy.count_stddev), target_quantile=_f32(cfg.target_quantile),
+              clip_lr=_f32(cfg.clip_lr))
+  if privacy.schedule != "static":
+    hp.update(convergence_beta=_f32(cfg.convergence_beta),
+              convergence_lambda=_f32(cfg.convergence_lambda), noise_ema=_f32(cfg.noise_ema),
+              noise_ema_rest=_f32(1.0 - cfg.noise_ema))
   if privacy.event_table is not None:
     hp["event_table"] = np.asarray(privacy.event_table, np.float32)
   if privacy.target_epsilon is not None:
@@ -138,3 +147,41 @@ def check_same_structure(cfg, new) -> None:
                       f"{getattr(new, bad[0])!r} changes the compiled round's structure "
                       "(momentum on or off, SCAFFOLD's step count, a noise multiplier or "
                       "target set or unset); build a new simulation")
+
+
+def digest(hp: dict) -> str:
+  """SHA-256 of the pytree's keys, dtypes and values (host copies)."""
+  import hashlib
+  import jax
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(hp):
+    a = np.asarray(leaf)
+    h.update(f"{jax.tree_util.keystr(path)}:{a.dtype}:{a.shape}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def same(a: dict, b: dict) -> bool:
+  return digest(a) == digest(b)
+
+
+def check_overridable(cfg, overrides: dict, calibrated, client_budgets: bool) -> None:
+  """Raises ConfigError for overrides the host could not account as the round
+  applies them: a new target or delta against per-client budgets (they were
+  allocated for the old target), against a resumed run's calibration (which
+  counted the rounds already spent), and a new learning rate under kept_noise
+  'paper' (its noise follows the lr, and a report of a run mixing two lrs needs
+  the run's privacy log)."""
+  from fedjax_dp.config import ConfigError
+  keys = set(overrides)
+  problems = []
+  if client_budgets and keys & {"target_epsilon", "delta", "noise_multiplier"}:
+    problems.append("per-client budgets were allocated for the configured target, noise "
+                    "and delta")
+  if calibrated is not None and keys & {"target_epsilon", "delta", "noise_multiplier"}:
+    problems.append("this simulation resumes a run calibrated to what was left of its target")
+  if cfg.kept_noise == "paper" and keys & {"lr", "lr_min"}:
+    problems.append("kept_noise 'paper' calibrates its noise to the learning rate")
+  if problems:
+    raise ConfigError(f"with_hparams: {', '.join(sorted(keys))} cannot change here: "
+                      f"{problems[0]}; build a new simulation")

@@ -318,11 +318,21 @@ def _local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
   })
   if cfg.accountant == "pld" and z > 0 and counts.max() > 0:
     # static noise (config): every participation is a Gaussian of at least the composed
-    # multiplier (cluster_noise only adds), so the most frequent client's count bounds all
+    # multiplier (cluster_noise only adds), so the most frequent client's count bounds all;
+    # checked against the ledgers: rounds run with other hyperparameters (with_hparams on
+    # another simulation) must not be reported at this one's noise
     from fedjax_dp.account import pld_epsilon
     z_acc = sim.privacy.accounted_noise_multiplier
-    _add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
-             "rdp ledgers in the round; largest client's figure by PLD")
+    bound = counts[:, None] * np.asarray(sim.privacy.event_rdp, np.float64)[None, :]
+    ledger = np.asarray(state.ledger, np.float64)
+    if np.all(ledger <= bound * (1 + 1e-5) + 1e-7):
+      _add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
+               "rdp ledgers in the round; largest client's figure by PLD")
+    else:
+      report["pld_epsilon"] = None
+      report["pld_note"] = ("no PLD figure: the ledgers hold more than this simulation's noise "
+                            "gives for the clients' participations (rounds ran with other "
+                            "hyperparameters); epsilon is the RDP ledgers'")
   budgets = sim.client_budgets()
   if cfg.client_budgets == "allocated":
     report["client_budgets"] = {

@@ -100,7 +100,7 @@ def noise_controller(schedule: str, measure: str, window: int, num_clients: int)
   def update(delta, nc, ctx: RoundContext):
     hp = ctx.hp
     z_round = hp["update_noise"] * noise_control.base_factor(schedule, nc["score"],
-                                                             hp["convergence_beta"])
+                                                             hp.get("convergence_beta"))
     paper_eps = hp["paper_epsilon_scale"] / z_round   # +inf without noise
     scatter = jnp.where(ctx.mask, ctx.ids, num_clients)
     observed = nc

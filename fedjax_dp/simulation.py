@@ -174,6 +174,9 @@ class Simulation:
   to_client_order: Callable = lambda state: state
   feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
   calibrated: float | None = None   # as given to build_simulation
+  # digests of the hyperparameter pytrees this simulation made (run_rounds refuses others:
+  # an edited pytree could change the noise applied but not the RDP charged)
+  issued: set = dataclasses.field(default_factory=set)
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
@@ -200,29 +203,46 @@ class Simulation:
       state = state._replace(clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32))
     return self.replicate(state)
 
+  def with_hparams(self, **overrides) -> "Simulation":
+    """This simulation with config keys that are data changed (hparams.NUMERIC_KEYS):
+    the same compiled round (no recompilation), the new config, privacy set-up and
+    hyperparameters, so that its init_state, epsilons, privacy log and report
+    (privacy_report.privacy_report(sim.cfg, sim, state, log)) all follow the new
+    values. Derived entries (the RDP a round is charged, budget limits) are
+    recomputed with the config path's own functions: the ledger charges what the
+    round applies. Structural changes, and keys that would change nothing in this
+    round, are refused in one line."""
+    cfg, privacy = self._config_and_privacy(overrides)
+    hp = hparams_lib.round_hparams(cfg, privacy)
+    self.issued.add(hparams_lib.digest(hp))
+    return dataclasses.replace(self, cfg=cfg, privacy=privacy, hparams=self.replicate(
+        jax.tree.map(jnp.asarray, hp)))
+
   def hparams_for(self, **overrides) -> dict:
-    """The round's hyperparameters with config keys changed (hparams.NUMERIC_KEYS):
-    runs on this simulation's compiled round without recompiling. Derived entries
-    (the RDP a round is charged, budget limits) are recomputed from the new values,
-    so the ledger charges what the round applies. Start a run with a changed
-    clip_norm from `init_state(hp)`; the host's
-    privacy log must take the event multipliers of `privacy_for(**overrides)`."""
-    return hparams_lib.round_hparams(*self._config_and_privacy(overrides))
+    """`with_hparams(**overrides).hparams` as host arrays, for stacking replicas
+    (`jax.vmap` over run_chunk) or run_rounds(hparams=...). A run's reports and
+    privacy log must come from the matching `with_hparams` simulation."""
+    cfg, privacy = self._config_and_privacy(overrides)
+    hp = hparams_lib.round_hparams(cfg, privacy)
+    self.issued.add(hparams_lib.digest(hp))
+    return hp
 
   def privacy_for(self, **overrides) -> Privacy:
-    """make_privacy of the config with `overrides` (see hparams_for)."""
+    """make_privacy of the config with `overrides` (see with_hparams)."""
     return self._config_and_privacy(overrides)[1]
 
   def _config_and_privacy(self, overrides: dict):
     from fedjax_dp.config import make_config
     bad = sorted(set(overrides) - set(hparams_lib.NUMERIC_KEYS))
     if bad:
-      raise ConfigError(f"hparams_for: {', '.join(bad)} shape the compiled round (a new "
+      raise ConfigError(f"with_hparams: {', '.join(bad)} shape the compiled round (a new "
                         "simulation is needed); the keys that are data are "
                         f"{', '.join(hparams_lib.NUMERIC_KEYS)}")
     cfg = make_config(overrides, base=self.cfg)
     hparams_lib.check_same_structure(self.cfg, cfg)
     recalibrate = {"target_epsilon", "delta", "noise_multiplier"} & set(overrides)
+    hparams_lib.check_overridable(self.cfg, overrides, self.calibrated,
+                                  self.privacy.client_budgets is not None)
     privacy = make_privacy(cfg, self.model, self.feature_tiers,
                            None if recalibrate else self.calibrated)
     if self.privacy.client_budgets is not None:
@@ -231,8 +251,24 @@ class Simulation:
                                                           is None),
                            p.stop_in_round, len(p.event_multipliers))
     if structure(privacy) != structure(self.privacy):
-      raise ConfigError(f"hparams_for: {overrides} change the privacy set-up's structure; "
+      raise ConfigError(f"with_hparams: {overrides} change the privacy set-up's structure; "
                         "build a new simulation")
+    base = hparams_lib.round_hparams(self.cfg, self.privacy)
+    for key in overrides:   # a key this round never reads would give N identical replicas
+      if getattr(cfg, key) != getattr(self.cfg, key) and hparams_lib.same(
+          base, hparams_lib.round_hparams(*self._one_change(key, overrides[key]))):
+        raise ConfigError(f"with_hparams: {key} = {overrides[key]!r} changes nothing in this "
+                          "simulation's round (its stage or schedule is not on)")
+    return cfg, privacy
+
+  def _one_change(self, key, value):
+    from fedjax_dp.config import make_config
+    cfg = make_config({key: value}, base=self.cfg)
+    privacy = make_privacy(cfg, self.model, self.feature_tiers,
+                           None if key in ("target_epsilon", "delta", "noise_multiplier")
+                           else self.calibrated)
+    if self.privacy.client_budgets is not None:
+      privacy = dataclasses.replace(privacy, client_budgets=self.privacy.client_budgets)
     return cfg, privacy
 
   def epsilons(self, state: SimState):
@@ -280,6 +316,10 @@ class Simulation:
     A loop over many chunks converts once at each end (and where it reads the
     per-client state: `to_client_order` copies): with resident state, each
     conversion moves the whole per-client table between devices."""
+    if hparams is not None and hparams_lib.digest(hparams) not in self.issued:
+      raise ConfigError("run_rounds: these hyperparameters were not made by this "
+                        "simulation's hparams_for or with_hparams (an edited pytree can "
+                        "change the noise applied without the RDP charged)")
     hp = self.hparams if hparams is None else self.replicate(
         jax.tree.map(jnp.asarray, hparams))
     return self.run_chunk(state, self.store, hp, num_rounds)
@@ -836,7 +876,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
                                          adm.skip, cluster_info)
     delta, server_state = server_stages.update(delta, server_state, ctx)
-    params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp["server_momentum"]),
+    params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp.get("server_momentum")),
                                      delta, state.params, state.server_opt_state,
                                      frozen=objective.solo, keep=keep_if(adm, stats))
     return state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
@@ -864,12 +904,13 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
             client_state=to_clients(state.client_state)))
 
   store = jax.device_put(store, NamedSharding(mesh, P()))
-  hp = jax.device_put(jax.tree.map(jnp.asarray, hparams_lib.round_hparams(cfg, privacy)),
-                      NamedSharding(mesh, P()))
+  host_hp = hparams_lib.round_hparams(cfg, privacy)
+  hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), NamedSharding(mesh, P()))
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh,
                     cohort_capacity=padded_capacity, client_parallelism=parallelism,
                     run_chunk=run_chunk, evaluate=make_evaluate(model, task), privacy=privacy,
-                    hparams=hp, feature_tiers=feature_tiers, calibrated=calibrated, **layouts)
+                    hparams=hp, feature_tiers=feature_tiers, calibrated=calibrated,
+                    issued={hparams_lib.digest(host_hp)}, **layouts)
 
 
 def sampling_rate(cfg: Config) -> float:

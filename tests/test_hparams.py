@@ -62,6 +62,16 @@ def test_changed_hyperparameters_reuse_the_compiled_round_and_match_a_fresh_buil
   assert not np.array_equal(np.asarray(got.ledger), np.asarray(state.ledger)) or \
       sim.cfg.dp == "none"
   assert sim.privacy_for(**change).event_multipliers == fresh.privacy.event_multipliers
+  # with_hparams: the same compiled round, and the host's view (config, privacy, epsilons)
+  # follows the new values
+  moved = sim.with_hparams(**change)
+  assert moved.run_chunk is sim.run_chunk and moved.cfg == fresh.cfg
+  again, _ = moved.run_rounds(moved.init_state(), 2)
+  for a, b in zip(_leaves(again), _leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  assert sim.run_chunk._cache_size() == 1
+  if fresh.cfg.dp != "none":
+    np.testing.assert_array_equal(moved.epsilons(again)[0], fresh.epsilons(want)[0])
 
 
 def test_a_changed_learning_rate_changes_the_result():
@@ -107,3 +117,52 @@ def test_a_batch_of_hyperparameters_vmaps_over_the_compiled_chunk():
     for a, b in zip(_leaves(one.params), _leaves(out.params)):
       np.testing.assert_allclose(b[i], a, rtol=0, atol=1e-6)   # batched matmuls round apart
     np.testing.assert_array_equal(np.asarray(out.ledger)[i], np.asarray(one.ledger))
+
+
+def test_an_edited_pytree_is_refused():
+  # the applied noise and the charged RDP are separate entries: an edited copy could
+  # lower the noise while the ledger charges the old one
+  x, y, parts = toy_problem()
+  sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=2.0)
+  hp = sim.hparams_for(noise_multiplier=1.5)
+  sim.run_rounds(sim.init_state(), 1, hparams=hp)             # made here: runs
+  hp["update_noise"] = np.float32(0.2)
+  with pytest.raises(ConfigError, match="not made by this simulation"):
+    sim.run_rounds(sim.init_state(), 1, hparams=hp)
+
+
+@pytest.mark.parametrize("base, change, message", [
+    (dict(), dict(prox_mu=0.5), "prox_mu = 0.5 changes nothing"),
+    (dict(aggregator="median"), dict(cclip_tau=2.0), "cclip_tau"),
+    (dict(dp="central", noise_multiplier=1.0), dict(clip_count_stddev=2.0), "changes nothing"),
+    (dict(lr_schedule="constant"), dict(lr_min=0.01), "lr_min"),
+    (dict(dp="local", noise_multiplier=1.0, target_epsilon=20.0), dict(target_epsilon=5.0),
+     "per-client budgets"),
+    (dict(s_local=0.5, final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=5.0), dict(lr=0.05),
+     "calibrates its noise to the learning rate"),
+])
+def test_overrides_the_round_would_ignore_or_could_not_account_are_refused(base, change, message):
+  x, y, parts = toy_problem()
+  sim = toy_simulation(x, y, parts, **base)
+  if "target_epsilon" in base:   # per-client budgets, as allocated budgets give
+    from fedjax_dp.simulation import build_simulation
+    sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
+                           client_budgets=np.array([20.0, 15.0, 25.0]))
+  with pytest.raises(ConfigError, match=message) as e:
+    sim.with_hparams(**change)
+  assert "\n" not in str(e.value)
+
+
+def test_local_pld_is_not_reported_at_another_simulations_noise():
+  # rounds run with less noise than the reporting simulation's must not get its PLD figure
+  from fedjax_dp.privacy_report import privacy_report
+  x, y, parts = toy_problem()
+  sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=8.0, accountant="pld")
+  quiet = sim.with_hparams(noise_multiplier=1.0)
+  state, _ = quiet.run_rounds(quiet.init_state(), 3)
+  wrong = privacy_report(sim.cfg, sim, state)
+  assert wrong["pld_epsilon"] is None and "other hyperparameters" in wrong["pld_note"]
+  assert wrong["epsilon"] == pytest.approx(float(np.max(sim.epsilons(state)[0])))
+  right = privacy_report(quiet.cfg, quiet, state)
+  assert right["pld_epsilon"] is not None and right["epsilon"] <= float(
+      np.max(quiet.epsilons(state)[0]))
