@@ -568,6 +568,15 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
   if diff:
     return run_experiment(cfg, out, overwrite=True, **kwargs)
   if finished:
+    # the same config with other data, model or loss is another run (inputs.json)
+    try:
+      _check_inputs(out, own_inputs(kwargs.get("model"), kwargs.get("data"),
+                                    kwargs.get("task") or losses.CLASSIFICATION))
+    except RunError as e:
+      if not overwrite:
+        raise RunError(f"{out} holds a finished run with other inputs ({e}): pass "
+                       "--overwrite to rerun it, or choose another --out") from None
+      return run_experiment(cfg, out, overwrite=True, **kwargs)
     with open(os.path.join(out, "summary.json")) as f:
       return json.load(f)
   return run_experiment(cfg, out, resume=True, **kwargs)
@@ -670,7 +679,7 @@ def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> 
   if model is None and data is None and task == losses.CLASSIFICATION:
     return None
   inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
-                     "metrics": list(task.metrics)}}
+                     "metrics": list(task.metrics), "sha256": _loss_digest(task)}}
   if data is not None:
     h = hashlib.sha256()
     for a in (data.x_train, data.y_train, data.x_test, data.y_test,
@@ -683,11 +692,31 @@ def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> 
   if model is not None:
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     described = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), shapes))
+    # the traced initialisation runs the module's forward pass once: its program tells a
+    # relu from a tanh model of the same shapes (names and shapes alone did not)
+    program = str(jax.make_jaxpr(model.init)(jax.random.PRNGKey(0)))
     inputs["model"] = {"name": model.name,
                        "params_sha256": hashlib.sha256(described.encode()).hexdigest(),
+                       "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
                        "params": num_params(shapes),
                        "with_features": model.apply_with_features is not None}
   return inputs
+
+
+def _loss_digest(task: losses.Task) -> str:
+  """SHA-256 of the loss's traced program on small examples (two lambdas with the
+  same name differ), or of its code where it cannot be traced on them."""
+  import jax.numpy as jnp
+  y = jnp.zeros((2,), task.target_dtype)
+  mask = jnp.ones((2,), bool)
+  for outputs in (jnp.zeros((2, 3)), jnp.zeros((2, 1)), jnp.zeros((2,))):
+    try:
+      return hashlib.sha256(str(jax.make_jaxpr(task.loss)(outputs, y, mask)).encode()).hexdigest()
+    except Exception:   # shapes this loss does not take: try the next
+      continue
+  code = getattr(task.loss, "__code__", None)
+  text = repr(task.loss) if code is None else repr((code.co_code, code.co_consts, code.co_names))
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _check_inputs(out: str, inputs: dict | None) -> None:
