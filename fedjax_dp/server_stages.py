@@ -43,6 +43,8 @@ class RoundContext(NamedTuple):
   mask: jax.Array          # [slots] bool: took part
   participants: jax.Array  # int32
   skipped: jax.Array       # bool: the round was not run (central DP budget)
+  applied: jax.Array       # bool: the server applies this round's update (someone took
+                           # part, or central DP released its noise, and it was not skipped)
   cluster_info: tuple      # (ids [M], mask [M], cluster size [M], median) or ()
 
 
@@ -69,9 +71,10 @@ def chain(*stages: ServerStage) -> ServerStage:
 def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
   def update(delta, residual, ctx):
     flat, unravel = ravel_pytree(delta)
-    sent, _, residual = pipeline_lib.downlink_topk(
+    sent, _, new_residual = pipeline_lib.downlink_topk(
         flat, residual, sparsity, jax.random.fold_in(ctx.key, key_tag), kernel)
-    return unravel(sent), residual
+    # a round the server does not apply sends nothing: the residual keeps what it owes
+    return unravel(sent), jnp.where(ctx.applied, new_residual, residual)
   return ServerStage("downlink_residual", lambda params, d: jnp.zeros((d,), jnp.float32),
                      update)
 

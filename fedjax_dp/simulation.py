@@ -874,7 +874,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     delta, server_state = objective.server_update(delta, server_state,
                                                   server_context(adm, stats), hp=hp["terms"])
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
-                                         adm.skip, cluster_info)
+                                         adm.skip, ~keep_if(adm, stats), cluster_info)
     delta, server_state = server_stages.update(delta, server_state, ctx)
     params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp.get("server_momentum")),
                                      delta, state.params, state.server_opt_state,

@@ -146,3 +146,13 @@ def test_metrics_rows_carry_what_each_rule_reports():
   assert row("krum") == {"flagged": 3} and row("outlier_median") == {"flagged": 3}
   assert row("cluster") == {"clusters": 2.0}
   assert row("mean") == {} and row("median") == {} and row("geometric_median") == {}
+
+
+def test_a_user_rule_marked_linear_is_refused():
+  # linear=True makes the round run its fused weighted mean: the rule would never run
+  from fedjax_dp.robust import base, registry
+  rule = base.Aggregator(name="my_mean", aggregate=lambda u, m, w, s, hp: (u[0], s, {}),
+                         linear=True)
+  with pytest.raises(ValueError, match="linear=True means the built-in weighted mean"):
+    registry.register_aggregator(rule)
+  assert "my_mean" not in registry.AGGREGATORS

@@ -166,3 +166,19 @@ def test_local_pld_is_not_reported_at_another_simulations_noise():
   right = privacy_report(quiet.cfg, quiet, state)
   assert right["pld_epsilon"] is not None and right["epsilon"] <= float(
       np.max(quiet.epsilons(state)[0]))
+
+
+def test_downlink_residual_is_kept_through_a_round_the_server_does_not_apply():
+  # a skipped central-DP round (budget) sends nothing down: its error-feedback residual
+  # must not lose the top-k of what it owed
+  x, y, parts = toy_problem(sizes=(7, 12, 3, 9, 5, 8))
+  from tests.test_golden import FEATURE_TIERS
+  sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=10.0, target_epsilon=4.5,
+                       clip_parts="tiers", clients_per_round=3, s_global=0.5, rounds=4,
+                       feature_tiers=FEATURE_TIERS)
+  state, stats = sim.run_rounds(sim.init_state(), 2)
+  assert list(np.asarray(stats.event)) == [0, 0]
+  before = np.asarray(state.server_state["downlink_residual"])
+  state, stats = sim.run_rounds(state, 2)
+  assert list(np.asarray(stats.event)) == [-1, -1]           # both skipped by the budget
+  np.testing.assert_array_equal(np.asarray(state.server_state["downlink_residual"]), before)

@@ -23,6 +23,12 @@ def register_aggregator(aggregator: Aggregator) -> None:
   """Adds `aggregator` at run time (e.g. from user code)."""
   if aggregator.name in AGGREGATORS:
     raise ValueError(f"an aggregator {aggregator.name!r} is already registered")
+  if aggregator.linear:
+    # `linear` tells the round it may run its own fused weighted mean instead of
+    # calling `aggregate`: a user's rule so marked would never run
+    raise ValueError(f"aggregator {aggregator.name!r}: linear=True means the built-in "
+                     "weighted mean (the round fuses it and never calls aggregate); register "
+                     "your rule with linear=False")
   AGGREGATORS[aggregator.name] = aggregator
 
 
