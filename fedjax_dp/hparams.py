@@ -57,6 +57,10 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
                 "trim_fraction", "outlier_z", "cclip_tau", "geomed_eps")
 
 
+# keys after which central DP's calibration to target_epsilon is done again
+RECALIBRATING = frozenset({"target_epsilon", "delta", "noise_multiplier"})
+
+
 def _f32(v) -> np.ndarray:
   """One rounding from the float64 value, as a Python constant in the trace had."""
   return np.asarray(v, np.float64).astype(np.float32)
@@ -143,7 +147,7 @@ def check_same_structure(cfg, new) -> None:
   }
   bad = [k for k, changed in changes.items() if changed]
   if bad:
-    raise ConfigError(f"hparams_for: {bad[0]} {getattr(cfg, bad[0])!r} -> "
+    raise ConfigError(f"with_hparams: {bad[0]} {getattr(cfg, bad[0])!r} -> "
                       f"{getattr(new, bad[0])!r} changes the compiled round's structure "
                       "(momentum on or off, SCAFFOLD's step count, a noise multiplier or "
                       "target set or unset); build a new simulation")
@@ -175,10 +179,10 @@ def check_overridable(cfg, overrides: dict, calibrated, client_budgets: bool) ->
   from fedjax_dp.config import ConfigError
   keys = set(overrides)
   problems = []
-  if client_budgets and keys & {"target_epsilon", "delta", "noise_multiplier"}:
+  if client_budgets and keys & RECALIBRATING:
     problems.append("per-client budgets were allocated for the configured target, noise "
                     "and delta")
-  if calibrated is not None and keys & {"target_epsilon", "delta", "noise_multiplier"}:
+  if calibrated is not None and keys & RECALIBRATING:
     problems.append("this simulation resumes a run calibrated to what was left of its target")
   if cfg.kept_noise == "paper" and keys & {"lr", "lr_min"}:
     problems.append("kept_noise 'paper' calibrates its noise to the learning rate")

@@ -213,9 +213,7 @@ class Simulation:
     recomputed with the config path's own functions: the ledger charges what the
     round applies. Structural changes, and keys that would change nothing in this
     round, are refused in one line."""
-    cfg, privacy = self._config_and_privacy(overrides)
-    hp = hparams_lib.round_hparams(cfg, privacy)
-    self.issued.add(hparams_lib.digest(hp))
+    cfg, privacy, hp = self._issue(overrides)
     return dataclasses.replace(self, cfg=cfg, privacy=privacy, hparams=self.replicate(
         jax.tree.map(jnp.asarray, hp)))
 
@@ -223,10 +221,15 @@ class Simulation:
     """`with_hparams(**overrides).hparams` as host arrays, for stacking replicas
     (`jax.vmap` over run_chunk) or run_rounds(hparams=...). A run's reports and
     privacy log must come from the matching `with_hparams` simulation."""
+    return self._issue(overrides)[2]
+
+  def _issue(self, overrides: dict):
+    """(config, privacy, host hyperparameters) with `overrides`; the pytree's digest
+    is recorded, so that run_rounds accepts it."""
     cfg, privacy = self._config_and_privacy(overrides)
     hp = hparams_lib.round_hparams(cfg, privacy)
     self.issued.add(hparams_lib.digest(hp))
-    return hp
+    return cfg, privacy, hp
 
   def privacy_for(self, **overrides) -> Privacy:
     """make_privacy of the config with `overrides` (see with_hparams)."""
@@ -250,10 +253,9 @@ class Simulation:
     if structure(privacy) != structure(self.privacy):
       raise ConfigError(f"with_hparams: {overrides} change the privacy set-up's structure; "
                         "build a new simulation")
-    base = hparams_lib.round_hparams(self.cfg, self.privacy)
     for key in overrides:   # a key this round never reads would give N identical replicas
       if getattr(cfg, key) != getattr(self.cfg, key) and hparams_lib.same(
-          base, hparams_lib.round_hparams(*self._one_change(key, overrides[key]))):
+          self.hparams, hparams_lib.round_hparams(*self._one_change(key, overrides[key]))):
         raise ConfigError(f"with_hparams: {key} = {overrides[key]!r} changes nothing in this "
                           "simulation's round (its stage or schedule is not on)")
     return cfg, privacy
@@ -267,8 +269,7 @@ class Simulation:
     """make_privacy of a changed config (cached: a calibration with a noise schedule
     tabulates 17 RDP curves), keeping this simulation's calibration unless the
     overrides recalibrate, and its per-client budgets."""
-    recalibrate = {"target_epsilon", "delta", "noise_multiplier"} & set(overrides)
-    calibrated = None if recalibrate else self.calibrated
+    calibrated = None if hparams_lib.RECALIBRATING & set(overrides) else self.calibrated
     if (cfg, calibrated) not in self._privacy_cache:
       privacy = make_privacy(cfg, self.model, self.feature_tiers, calibrated)
       if self.privacy.client_budgets is not None:
