@@ -23,15 +23,17 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("api", "callbacks", "config", "data", "losses", "models", "runner")
+# public module name -> where it lives (the layout: README, Architecture)
+_SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data": "data",
+               "losses": "losses", "models": "models", "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
-          "ConfigError": "config", "DataError": "data", "RunError": "runner"}
-__all__ = sorted(_SUBMODULES + tuple(_NAMES))
+          "ConfigError": "config", "DataError": "data", "RunError": "experiment.runner"}
+__all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 
 def __getattr__(name: str):
   if name in _SUBMODULES:
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{_SUBMODULES[name]}")
   if name in _NAMES:
     return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

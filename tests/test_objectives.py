@@ -7,9 +7,13 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp import objectives
+import dataclasses
+
+from fedjax_dp import algorithms
+from fedjax_dp.algorithms.contrastive import bounded_push
+from fedjax_dp.config import Config
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.simulation import CLIENT_TRAINING, COHORT_SAMPLING
+from fedjax_dp.core.simulation import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import flat, toy_problem, toy_simulation
 
 
@@ -22,9 +26,19 @@ C_CLIENT = jax.tree.map(lambda v: RNG.normal(size=v.shape), W)
 DUAL = jax.tree.map(lambda v: RNG.normal(size=v.shape), W)
 
 
+def objective(terms=(), prox_mu=0.001, contrastive_form="bounded", mu1=0.01, mu2=0.005,
+              radius=1.0, contrastive_tau=0.5, rho=0.01, momentum=0.0):
+  """The composite objective of `terms` with these numbers (the old keyword names)."""
+  cfg = dataclasses.replace(Config(), prox_mu=prox_mu, contrastive_form=contrastive_form,
+                            contrastive_mu1=mu1, contrastive_mu2=mu2,
+                            contrastive_radius=radius, contrastive_tau=contrastive_tau,
+                            admm_rho=rho, momentum=momentum)
+  return algorithms.objective_for(tuple(terms), cfg)
+
+
 def penalty_grad(objective, client_state, server_state=None):
   """Gradient of the objective's added terms at W (the CE part is made constant)."""
-  ctx = objectives.LocalContext(jax.tree.map(jnp.asarray, W_T),
+  ctx = algorithms.LocalContext(jax.tree.map(jnp.asarray, W_T),
                                 jax.tree.map(jnp.asarray, client_state),
                                 jax.tree.map(jnp.asarray, server_state or {}))
   zero_logits = lambda p, x: jnp.zeros((x.shape[0], 3))
@@ -39,13 +53,13 @@ def fl(tree):
 
 
 def test_fedprox_gradient():
-  g = penalty_grad(objectives.Objective(terms=("fedprox",), prox_mu=0.3), {})
+  g = penalty_grad(objective(terms=("fedprox",), prox_mu=0.3), {})
   np.testing.assert_allclose(g, 0.3 * (fl(W) - fl(W_T)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("radius", [10.0, 0.1])
 def test_bounded_contrastive_gradient(radius):
-  obj = objectives.Objective(terms=("contrastive",), mu1=0.2, mu2=0.5, radius=radius)
+  obj = objective(terms=("contrastive",), mu1=0.2, mu2=0.5, radius=radius)
   g = penalty_grad(obj, {"prev_model": W_PREV, "seen": True})
   inside = np.sum((fl(W) - fl(W_PREV)) ** 2) < radius ** 2
   want = 0.2 * (fl(W) - fl(W_T)) - (0.5 * (fl(W) - fl(W_PREV)) if inside else 0.0)
@@ -65,18 +79,18 @@ def test_bounded_push_matches_autodiff_of_its_formula():
   p, q = jax.tree.map(jnp.asarray, W), jax.tree.map(jnp.asarray, W_PREV)
   d2 = float(np.sum((fl(W) - fl(W_PREV)) ** 2))
   for r2 in (2.0 * d2, 0.5 * d2):
-    np.testing.assert_allclose(objectives.bounded_push(p, q, r2), plain(p, q, r2), rtol=1e-6)
-    np.testing.assert_allclose(flat(jax.grad(objectives.bounded_push)(p, q, r2)),
+    np.testing.assert_allclose(bounded_push(p, q, r2), plain(p, q, r2), rtol=1e-6)
+    np.testing.assert_allclose(flat(jax.grad(bounded_push)(p, q, r2)),
                                flat(jax.grad(plain)(p, q, r2)), rtol=1e-6, atol=1e-7)
   on = ({"a": jnp.array([3.0, 0.0])}, {"a": jnp.array([0.0, 4.0])})   # distance 5 exactly
-  np.testing.assert_array_equal(flat(jax.grad(objectives.bounded_push)(*on, 25.0)),
+  np.testing.assert_array_equal(flat(jax.grad(bounded_push)(*on, 25.0)),
                                 flat(jax.grad(plain)(*on, 25.0)))     # jnp.minimum's tie: 1/2
-  np.testing.assert_array_equal(flat(jax.grad(objectives.bounded_push)(*on, 25.0)), [-1.5, 2.0])
+  np.testing.assert_array_equal(flat(jax.grad(bounded_push)(*on, 25.0)), [-1.5, 2.0])
 
 
 def test_moon_params_contrastive_gradient():
   tau, mu = 0.5, 0.7
-  obj = objectives.Objective(terms=("contrastive",), contrastive_form="moon_params", mu1=mu,
+  obj = objective(terms=("contrastive",), contrastive_form="moon_params", mu1=mu,
                              contrastive_tau=tau)
   g = penalty_grad(obj, {"prev_model": W_PREV, "seen": True})
   w, wt, wp = fl(W), fl(W_T), fl(W_PREV)
@@ -91,10 +105,10 @@ def test_moon_params_contrastive_gradient():
 
 
 def test_scaffold_and_fedadmm_gradients():
-  g = penalty_grad(objectives.Objective(terms=("scaffold",)), {"control": C_CLIENT},
+  g = penalty_grad(objective(terms=("scaffold",)), {"control": C_CLIENT},
                    {"control": C_SERVER})
   np.testing.assert_allclose(g, fl(C_SERVER) - fl(C_CLIENT), rtol=1e-5)
-  g = penalty_grad(objectives.Objective(terms=("fedadmm",), rho=0.4), {"dual": DUAL})
+  g = penalty_grad(objective(terms=("fedadmm",), rho=0.4), {"dual": DUAL})
   np.testing.assert_allclose(g, fl(DUAL) + 0.4 * (fl(W) - fl(W_T)), rtol=1e-5)
 
 
@@ -107,8 +121,8 @@ def test_moon_representation_loss_against_numpy():
   k = jax.random.PRNGKey(1)
   w_t = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(k, v.shape), params)
   prev = jax.tree.map(lambda v: v - 0.1 * jax.random.normal(k, v.shape), params)
-  ctx = objectives.LocalContext(w_t, {"prev_model": prev, "seen": jnp.bool_(True)}, {})
-  obj = objectives.make_objective(sim.cfg)
+  ctx = algorithms.LocalContext(w_t, {"prev_model": prev, "seen": jnp.bool_(True)}, {})
+  obj = algorithms.make_objective(sim.cfg)
   loss = obj.make_loss(lambda p, xb: jnp.zeros((xb.shape[0], 3)), model.apply_with_features, ctx)
   xb, yb, mb = jnp.asarray(x[:6]), jnp.asarray(y[:6]), jnp.array([1, 1, 1, 1, 0, 0], bool)
 
@@ -264,9 +278,9 @@ def test_partial_cohorts_equal_plain_loops(overrides, devices):
 
 
 def test_algorithm_names_and_errors():
-  assert objectives.parse_algorithm("fedprox+scaffold") == (("fedprox", "scaffold"), "sgd")
-  assert objectives.parse_algorithm("topksdp") == (("contrastive",), "sgd")
-  assert objectives.parse_algorithm("fedavgm") == ((), "momentum")
+  assert algorithms.parse_algorithm("fedprox+scaffold") == (("fedprox", "scaffold"), "sgd")
+  assert algorithms.parse_algorithm("topksdp") == (("contrastive",), "sgd")
+  assert algorithms.parse_algorithm("fedavgm") == ((), "momentum")
   with pytest.raises(ConfigError, match="'algorithm' = 'fedsgd'"):
     make_config({"algorithm": "fedsgd"})
   with pytest.raises(ConfigError, match="combines with nothing"):
@@ -279,7 +293,7 @@ def test_algorithm_names_and_errors():
     make_config({"algorithm": "feddyn+solo"})
   with pytest.raises(ConfigError, match="'feddyn_alpha' = 0: must be > 0"):
     make_config({"algorithm": "feddyn", "feddyn_alpha": 0})
-  assert objectives.parse_algorithm("feddyn+fedprox") == (("feddyn", "fedprox"), "sgd")
+  assert algorithms.parse_algorithm("feddyn+fedprox") == (("feddyn", "fedprox"), "sgd")
   with pytest.raises(ConfigError, match="'algorithm' = 'solo' with dp 'local'"):
     make_config({"algorithm": "solo", "dp": "local", "noise_multiplier": 1.0})
 
@@ -298,7 +312,7 @@ def test_solo_clients_train_alone():
 
 
 def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
-  from fedjax_dp.simulation import batch_for_eval, make_solo_evaluate
+  from fedjax_dp.core.simulation import batch_for_eval, make_solo_evaluate
   x, y, parts = toy_problem(sizes=(30, 30, 30))
   sim = toy_simulation(x, y, parts, algorithm="solo", hidden=[8])
   state, _ = sim.run_rounds(sim.init_state(), 3)
@@ -319,7 +333,7 @@ def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
 def test_solo_run_reports_the_mean_client_accuracy(tmp_path):
   import json
   import os
-  from fedjax_dp.cli import main
+  from fedjax_dp.experiment.cli import main
   out = str(tmp_path / "s")
   sets = ["dataset=digits", "num_clients=6", "clients_per_round=6", "hidden=[16]",
           "batch_size=16", "lr=0.05", "rounds=6", "eval_every=3", "devices=1", "algorithm=solo"]
@@ -334,11 +348,11 @@ def test_scaffold_control_variate_is_the_gradient_under_client_momentum(momentum
   """Found by an audit: option II's (w^t - w_i) / (K lr) assumes plain SGD; with
   momentum 0.5 a constant gradient [1, -2] gave c_i = [1.8, -3.6], 0.9 gave
   [4.1, -8.3]. K momentum steps of a constant g: c_i must come out g."""
-  from fedjax_dp import client
+  from fedjax_dp.training import client
   a = {"w": jnp.array([1.0, -2.0])}
-  obj = objectives.Objective(terms=("scaffold",), momentum=momentum)
+  obj = objective(terms=("scaffold",), momentum=momentum)
   zeros = {"w": jnp.zeros(2)}
-  ctx = objectives.LocalContext(zeros, {"control": zeros}, {"control": zeros})
+  ctx = algorithms.LocalContext(zeros, {"control": zeros}, {"control": zeros})
   linear = lambda p, xb, yb, mb: (jnp.sum(p["w"] * a["w"]), jnp.float32(0.0))
   x, y = jnp.zeros((40, 1)), jnp.zeros(40, jnp.int32)
   res = client.local_train(zeros, jnp.arange(40, dtype=jnp.int32), jnp.int32(40),
@@ -351,7 +365,7 @@ def test_scaffold_control_variate_is_the_gradient_under_client_momentum(momentum
   np.testing.assert_allclose(contrib["control"]["w"], a["w"], rtol=1e-5)
   # a client that ran no step keeps its control variate and moves nothing
   c_i = {"w": jnp.array([0.3, 0.4])}
-  ctx = objectives.LocalContext(zeros, {"control": c_i}, {"control": {"w": jnp.ones(2)}})
+  ctx = algorithms.LocalContext(zeros, {"control": c_i}, {"control": {"w": jnp.ones(2)}})
   _, state, contrib = obj.finish(ctx, zeros, zeros, jnp.int32(0), jnp.float32(0.01),
                                  jnp.bool_(True))
   np.testing.assert_array_equal(state["control"]["w"], c_i["w"])

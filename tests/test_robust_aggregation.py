@@ -183,7 +183,7 @@ def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
 
 
 def test_byzantine_clients_send_their_attack_and_robust_rules_resist():
-  from fedjax_dp import attacks
+  from fedjax_dp.robust import attacks
   bad = attacks.malicious_clients(10, 0.2, seed=0)
   assert bad.sum() == 2
   np.testing.assert_array_equal(bad, attacks.malicious_clients(10, 0.2, seed=0))
@@ -247,10 +247,14 @@ def test_krum_resists_one_huge_upload_as_exact_krum_does(scale):
 def test_robust_rules_drop_non_finite_uploads_and_ignore_masked_slots(aggregator):
   """A NaN or inf upload is left out by every robust rule (and counted in
   flagged); a masked slot holding NaN or inf changes nothing (0 * inf was NaN)."""
-  from fedjax_dp.aggregation import make_aggregator
-  rule = make_aggregator(make_config({"aggregator": aggregator, "byzantine_f": 1,
-                                      "clients_per_round": 8, "num_clients": 8,
-                                      "trim_fraction": 0.2}))
+  from fedjax_dp.robust import get_aggregator
+  cfg = make_config({"aggregator": aggregator, "byzantine_f": 1, "clients_per_round": 8,
+                     "num_clients": 8, "trim_fraction": 0.2})
+  spec = get_aggregator(aggregator)
+
+  def rule(u, mask, w):   # one call from the rule's initial state
+    agg, _, metrics = spec.aggregate(u, mask, w, spec.init(u.shape[1], 8), spec.hparams(cfg))
+    return agg, metrics["flagged"], metrics["clusters"]
   rng = np.random.default_rng(3)
   u = rng.normal(size=(9, 5)).astype(np.float32)
   mask = np.array([1, 1, 1, 1, 1, 1, 0, 0, 0], bool)

@@ -15,7 +15,7 @@ def server_optimizer_name(cfg: Config) -> str:
   (fedavgm: momentum, fedadam: adam, otherwise sgd)."""
   if cfg.server_optimizer != "auto":
     return cfg.server_optimizer
-  from fedjax_dp.objectives import parse_algorithm
+  from fedjax_dp.algorithms import parse_algorithm
   return parse_algorithm(cfg.algorithm)[1]
 
 

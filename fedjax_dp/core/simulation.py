@@ -32,23 +32,23 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_dp import accounting
-from fedjax_dp import attacks
-from fedjax_dp import client as client_lib
-from fedjax_dp import dp_round
-from fedjax_dp import hparams as hparams_lib
+from fedjax_dp.privacy import accounting
+from fedjax_dp.robust import attacks
+from fedjax_dp.training import client as client_lib
+from fedjax_dp.privacy import dp_round
+from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp import losses
-from fedjax_dp import mechanisms
-from fedjax_dp import noise_control
-from fedjax_dp import objectives
-from fedjax_dp import pipeline as pipeline_lib
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import noise_control
+from fedjax_dp import algorithms
+from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp import robust
-from fedjax_dp import server as server_lib
-from fedjax_dp import server_stages as server_stages_lib
+from fedjax_dp.training import server as server_lib
+from fedjax_dp.training import server_stages as server_stages_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
-from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort, target_dtype
+from fedjax_dp.placement.store import FederatedStore, default_max_cohort, sample_cohort, target_dtype
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
@@ -341,7 +341,7 @@ def init_state(cfg: Config, model: Model) -> SimState:
   params = model.init(jax.random.fold_in(key, MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
-  objective = objectives.make_objective(cfg)
+  objective = algorithms.make_objective(cfg)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
@@ -366,7 +366,7 @@ def init_state(cfg: Config, model: Model) -> SimState:
 def _client_phase(params, cohort_ids, cohort_mask, client_hp, round_key, clip_norm, noise_scales,
                   client_noise_factor, client_state, server_state, x, y, client_index,
                   client_count, *, train_one: Callable,
-                  objective: objectives.Objective, model: Model, parallelism: str,
+                  objective: algorithms.Objective, model: Model, parallelism: str,
                   client_batch: int, privacy: Privacy, client_pipeline, shuffle: bool,
                   aggregate_noise: bool, robust_aggregator: Callable | None,
                   malicious: np.ndarray | None, attack: tuple[str, float],
@@ -501,7 +501,7 @@ def _client_step(params, client_hp, server_state, x, y, pipeline_key, *, train_o
   def one(args, cstate):
     row, count, key, took_part, cid = args
     start = cstate["model"] if objective.solo else params
-    ctx = objectives.LocalContext(start, cstate, server_state)
+    ctx = algorithms.LocalContext(start, cstate, server_state)
     loss_fn = objective.make_loss(model.apply, model.apply_with_features, ctx,
                                   hp=client_hp["terms"])
     res = train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn,
@@ -794,7 +794,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   task = task or losses.CLASSIFICATION
-  objective = objectives.make_objective(cfg, task.loss)
+  objective = algorithms.make_objective(cfg, task.loss)
   aggregator = robust.get_aggregator(cfg.aggregator)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
@@ -851,7 +851,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
   keep_if = ((lambda adm, stats: adm.skip) if privacy.mode == "central"
              else (lambda adm, stats: stats.participants == 0))
-  server_context = lambda adm, stats: objectives.ServerContext(
+  server_context = lambda adm, stats: algorithms.ServerContext(
       num_clients=cfg.num_clients,
       cohort_size=cfg.clients_per_round if privacy.mode == "central" else stats.participants,
       applied=~keep_if(adm, stats))
@@ -948,7 +948,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     return Privacy()
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   if cfg.clip_parts == "tiers":
-    from fedjax_dp.tabular import TIERS
+    from fedjax_dp.data.tabular import TIERS
     if feature_tiers is None:
       raise ValueError("clip_parts 'tiers' needs data with sensitivity tiers (dataset "
                        "healthcare, or csv with tier_map_path)")

@@ -75,8 +75,8 @@ def budget_limit(target_epsilon):
 def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   """The compiled round's hyperparameters from the config and its resolved
   `privacy` (simulation.Privacy): host numpy float32, placed by the caller."""
-  from fedjax_dp import accounting   # (accounting imports nothing of ours)
-  from fedjax_dp.server import server_optimizer_name
+  from fedjax_dp.privacy import accounting   # (accounting imports nothing of ours)
+  from fedjax_dp.training.server import server_optimizer_name
   # only what the round reads: an entry it never reads would let a sweep over it
   # run identical replicas (with_hparams refuses such a key)
   hp = {"lr": _f32(cfg.lr), "server_lr": _f32(cfg.server_lr), "clip_norm": _f32(cfg.clip_norm)}
@@ -125,7 +125,7 @@ def _term_and_rule_hparams(cfg) -> dict:
   """{'terms': {term: {key: array}}, 'aggregator': {key: array}}: the local terms'
   and the aggregation rule's numbers (algorithms/, robust/), as their hparams(cfg)."""
   from fedjax_dp import robust
-  from fedjax_dp.objectives import make_objective
+  from fedjax_dp.algorithms import make_objective
   terms = make_objective(cfg).hyperparameters()
   rule = robust.get_aggregator(cfg.aggregator).hparams(cfg)
   return {"terms": {t: {k: _as_array(v) for k, v in values.items()}
@@ -137,7 +137,7 @@ def check_same_structure(cfg, new) -> None:
   """Raises ConfigError where changing numeric keys from `cfg` to `new` would
   change the compiled round's structure (a new simulation is needed)."""
   from fedjax_dp.config import ConfigError
-  from fedjax_dp.objectives import parse_algorithm
+  from fedjax_dp.algorithms import parse_algorithm
   changes = {
       "momentum": (cfg.momentum > 0) != (new.momentum > 0)
                   or ("scaffold" in parse_algorithm(cfg.algorithm)[0]

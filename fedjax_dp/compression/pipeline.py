@@ -272,7 +272,7 @@ def communication(cfg, d: int) -> dict:
   (c_i' - c_i up, c down); SOLO exchanges nothing (no server). The down link is
   one round's broadcast per participant: a client that missed rounds would in
   practice also need the updates it missed, which is not counted."""
-  from fedjax_dp.objectives import parse_algorithm  # objectives imports client, not pipeline
+  from fedjax_dp.algorithms import parse_algorithm  # algorithms imports client, not pipeline
   terms, _ = parse_algorithm(cfg.algorithm)
   if "solo" in terms:
     none = "nothing (SOLO: every client trains alone)"

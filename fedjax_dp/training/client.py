@@ -48,7 +48,7 @@ def local_train(params, index_row: jax.Array, count: jax.Array, key: jax.Array, 
   which then returns a zero delta); lr: this round's learning rate.
   x [N, ...], y [N, ...]: the store's examples and targets (int32 labels or float32).
   loss_fn(p, xb, yb, mb) -> (objective, data loss): the local objective (see
-  objectives.py); default: `loss`(apply_fn(p, xb), yb, mb) alone, the task's
+  algorithms/objective.py); default: `loss`(apply_fn(p, xb), yb, mb) alone, the task's
   loss (losses.py; default the masked cross-entropy).
   """
   max_n = index_row.shape[0]  # a multiple of batch_size: every slice stays in the row
