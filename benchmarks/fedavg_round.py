@@ -35,7 +35,7 @@ from cli_args import nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
 from fedjax_dp.experiment.runner import setup
-from fedjax_dp.core.simulation import batch_for_eval
+from fedjax_dp.core.evaluate import batch_for_eval
 
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
                 alpha=0.5, model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,

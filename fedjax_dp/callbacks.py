@@ -184,7 +184,7 @@ def evaluate() -> Callback:
 
   def start(ctx: RunContext) -> None:
     if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
-      from fedjax_dp.core.simulation import make_solo_evaluate
+      from fedjax_dp.core.evaluate import make_solo_evaluate
       solo["eval"] = make_solo_evaluate(ctx.sim.model)
       solo["dist"] = runner.client_label_distribution(ctx.ds, ctx.parts)
 

@@ -40,7 +40,7 @@ def round_zero_deltas(sim, state):
   import jax
   from functools import partial
   from fedjax_dp.training import client as client_lib
-  from fedjax_dp.core.simulation import CLIENT_TRAINING
+  from fedjax_dp.core.state import CLIENT_TRAINING
   cfg = sim.cfg
   train = jax.jit(partial(client_lib.local_train, apply_fn=sim.model.apply, epochs=cfg.local_epochs,
                           batch_size=cfg.batch_size, momentum=cfg.momentum))

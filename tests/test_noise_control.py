@@ -100,7 +100,7 @@ def test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_targe
     scales = np.asarray(nc.noise_scales("convergence", score, p.tier_scales(), 0.3), np.float64)
     z_acc = accounting.effective_noise_multiplier(
         [p.update_noise_multiplier * s / f for s, f in zip(scales, p.layout.fractions)])
-    from fedjax_dp.core.simulation import round_event_rdp
+    from fedjax_dp.privacy.setup import round_event_rdp
     low += round_event_rdp(sim.cfg, z_acc)
     state, _ = sim.run_rounds(state, 1)
   got = np.asarray(state.ledger, np.float64)

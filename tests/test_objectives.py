@@ -13,7 +13,7 @@ from fedjax_dp import algorithms
 from fedjax_dp.algorithms.contrastive import bounded_push
 from fedjax_dp.config import Config
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.core.simulation import CLIENT_TRAINING, COHORT_SAMPLING
+from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import flat, toy_problem, toy_simulation
 
 
@@ -312,7 +312,7 @@ def test_solo_clients_train_alone():
 
 
 def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
-  from fedjax_dp.core.simulation import batch_for_eval, make_solo_evaluate
+  from fedjax_dp.core.evaluate import batch_for_eval, make_solo_evaluate
   x, y, parts = toy_problem(sizes=(30, 30, 30))
   sim = toy_simulation(x, y, parts, algorithm="solo", hidden=[8])
   state, _ = sim.run_rounds(sim.init_state(), 3)

@@ -61,7 +61,7 @@ import pytest
 
 from fedjax_dp.experiment import runner
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.core.simulation import (CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE)
+from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
 from fedjax_dp.data.tabular import TIERS
 
 dpa = pytest.importorskip("dp_accounting")

@@ -281,7 +281,7 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
   import numpy as np
   from fedjax_dp.experiment import runner
   from fedjax_dp.config import make_config
-  from fedjax_dp.core.simulation import make_solo_evaluate
+  from fedjax_dp.core.evaluate import make_solo_evaluate
   values = dict(dataset="digits", num_clients=6, clients_per_round=6, sampling="fixed",
                 hidden=[16], batch_size=16, lr=0.05, rounds=4, eval_every=2,
                 checkpoint_every=2, devices=2, algorithm=algorithm,

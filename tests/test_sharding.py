@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from fedjax_dp.core.simulation import (make_mesh, map_clients_with_resident_state,
-                                  map_clients_with_state)
+from fedjax_dp.core.simulation import make_mesh
+from fedjax_dp.placement.executor import map_clients_with_resident_state, map_clients_with_state
 from tests.helpers import toy_problem, toy_simulation
 
 

@@ -142,7 +142,7 @@ def budget(args) -> list[dict]:
   """Budget per round and rounds to exhaustion: one base noise multiplier (the one
   that makes static DP spend epsilon 2.0 in 800 rounds, the paper's static row),
   a budget of 2.0, and up to 2,000 rounds."""
-  from fedjax_dp.core.simulation import noise_multiplier_for
+  from fedjax_dp.privacy.setup import noise_multiplier_for
   base = load_config(os.path.join(HERE, "base.yaml"),
                      [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
   z = noise_multiplier_for(make_config({"dp": "central", "target_epsilon": 2.0,

@@ -1,6 +1,6 @@
 """Numeric hyperparameters as data: the pytree of arrays a compiled round reads.
 
-The compiled round (simulation.round_fn) takes its numbers from a flat dict of
+The compiled round (core/simulation.make_round) takes its numbers from a flat dict of
 float32 arrays rather than from Python constants baked in at trace time, so a
 new learning rate, clip norm or noise multiplier runs the same compiled program
 (no recompilation), and a batch of such dicts can be `vmap`ped over. What stays
@@ -74,7 +74,7 @@ def budget_limit(target_epsilon):
 
 def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   """The compiled round's hyperparameters from the config and its resolved
-  `privacy` (simulation.Privacy): host numpy float32, placed by the caller."""
+  `privacy` (privacy/setup.Privacy): host numpy float32, placed by the caller."""
   from fedjax_dp.privacy import accounting   # (accounting imports nothing of ours)
   from fedjax_dp.training.server import server_optimizer_name
   # only what the round reads: an entry it never reads would let a sweep over it

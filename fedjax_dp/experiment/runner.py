@@ -37,9 +37,10 @@ from fedjax_dp.compression import pipeline
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.privacy.privacy_report import (_finite, clients_spent, privacy_report,
                                       resolved_feature_scaling, rounds_skipped)
-from fedjax_dp.core.simulation import (Simulation, batch_for_eval, build_simulation,
-                                  local_event_rdp, noise_multiplier_for, round_event_rdp,
-                                  sampling_rate)
+from fedjax_dp.core.simulation import Simulation, build_simulation
+from fedjax_dp.core.evaluate import batch_for_eval
+from fedjax_dp.privacy.setup import (local_event_rdp, noise_multiplier_for, round_event_rdp,
+                                     sampling_rate)
 from fedjax_dp.placement.store import build_store, target_dtype
 
 
@@ -94,7 +95,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   'custom'); `task`: the loss and metrics (losses.py; default classification).
   The simulation's test_data holds the test set in evaluation batches.
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
-  to target_epsilon from round 0 (a resumed run's; simulation.make_privacy)."""
+  to target_epsilon from round 0 (a resumed run's; privacy/setup.make_privacy)."""
   task = task or losses.CLASSIFICATION
   ds = ds if ds is not None else load_data(cfg)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:

@@ -1,6 +1,6 @@
 """A DP mechanism's part of the compiled round: planner, admission, release.
 
-`make_dp_round(privacy, ...)` turns the resolved set-up (simulation.Privacy) into
+`make_dp_round(privacy, ...)` turns the resolved set-up (privacy/setup.Privacy) into
 three functions the round calls in order; the mechanism's client half (clip,
 local noise) runs in the client phase, its report is privacy_report.py.
 
@@ -60,11 +60,15 @@ class DPRound(NamedTuple):
   release: Callable
   clip_norm: Callable      # (state, hp) -> this round's clip norm
   client: Callable         # the client half: clip (and local noise), in the client phase
+  # static properties the executor and the round read
+  mode: str = "none"       # none | central | local
+  per_upload: bool = False       # the client half reads each upload (uploads are stacked)
+  refuses_clients: bool = False  # admission may refuse a drawn client or skip the round
 
 
 def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise: bool,
                   noise_tag: int, count_tag: int, local_noise_tag: int) -> DPRound:
-  """The round's DP functions for `privacy` (simulation.Privacy; mode none too)."""
+  """The round's DP functions for `privacy` (privacy/setup.Privacy; mode none too)."""
   mode = privacy.mode
 
   def plan(state, hp) -> Plan:
@@ -155,4 +159,6 @@ def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise
                                            privacy.layout, scales, factor[ids])
     return deltas, unclipped, nonfinite
 
-  return DPRound(plan, admit, release, clip_norm, client)
+  return DPRound(plan, admit, release, clip_norm, client, mode=mode, per_upload=mode != "none",
+                 refuses_clients=privacy.stop_in_round or (
+                     mode == "local" and privacy.target_epsilon is not None))

@@ -25,8 +25,10 @@ from fedjax_dp.privacy import privacy_log
 from fedjax_dp.config import Config
 from fedjax_dp.data import TABULAR
 from fedjax_dp.models import num_params
-from fedjax_dp.core.simulation import (Simulation, budget_limit, learning_rate_schedule,
-                                  neighbouring_relation, round_event_rdp, sampling_rate)
+from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.core.hparams import budget_limit
+from fedjax_dp.core.schedules import learning_rate_schedule
+from fedjax_dp.privacy.setup import neighbouring_relation, round_event_rdp, sampling_rate
 
 
 def resolved_feature_scaling(cfg: Config) -> str:

@@ -12,6 +12,8 @@ client follows no protocol):
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,3 +53,18 @@ def replace_uploads(uploads, malicious: jax.Array, client_ids: jax.Array, key: j
     return unravel(jnp.where(is_bad, attack(flat, jax.random.fold_in(key, cid), kind, scale),
                              flat))
   return jax.vmap(one)(uploads, malicious, client_ids)
+
+
+def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scale: float,
+                   tag: int) -> Callable | None:
+  """The round's attack stage: (uploads [m, ...], ids [m], mask [m], round_key) ->
+  uploads with each malicious participant's replaced, drawn from
+  fold_in(fold_in(round_key, tag), id); None without malicious clients."""
+  if fraction <= 0:
+    return None
+  malicious = malicious_clients(num_clients, fraction, seed)
+
+  def apply(uploads, ids, mask, round_key):
+    return replace_uploads(uploads, jnp.asarray(malicious)[ids] & mask, ids,
+                           jax.random.fold_in(round_key, tag), kind, scale)
+  return apply

@@ -1,0 +1,279 @@
+"""The client phase of a round: every cohort client's work, then the aggregate.
+
+Runs inside shard_map over the mesh axis "clients", each device on its slice of
+the cohort, in the stages' order:
+
+  local training on the objective (its local terms)    ClientStages.train_one
+  the terms' after-training step (upload, state)       objective.finish
+  the upload pipeline (clips, top-k, kept noise)       ClientStages.pipeline
+  the DP mechanism's client half (clip, local noise)   ClientStages.dp.client
+  Byzantine clients' replacement                       ClientStages.byzantine
+  the aggregate: a robust rule over the gathered       ClientStages.aggregator
+  uploads, or the weighted sum over the devices
+
+How the clients run (map or vmap, state layout, the fused sum) is the
+executor's (placement/executor.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from fedjax_dp import algorithms
+from fedjax_dp.compression import pipeline as pipeline_lib
+from fedjax_dp.core.schedules import round_learning_rate
+from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
+from fedjax_dp.kernels import robust_aggregation, weighted_mean
+from fedjax_dp.models import Model
+from fedjax_dp.placement.executor import Executor, gather_over_devices
+from fedjax_dp.privacy.dp_round import DPRound
+
+
+class ClientStages(NamedTuple):
+  """The static parts of the client phase, resolved once by build_simulation."""
+  train_one: Callable             # training/client.local_train, bound to the model
+  objective: algorithms.Objective  # the loss and the local terms
+  model: Model
+  pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
+  dp: DPRound                     # the mechanism; its client half where dp.per_upload
+  byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
+  aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
+  cluster_threshold: float | None  # the cluster rule whose clusters set next round's noise
+  shuffle: bool                   # layer-wise shuffled tuples: uniform weights
+  aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
+  guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
+  executor: Executor
+
+
+def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_hp, round_key,
+                 clip_norm, noise_scales, client_noise_factor, client_state, server_state, x,
+                 y, client_index, client_count):
+  """Runs on each device over its slice of the cohort; returns psum'd totals.
+
+  cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
+  leaves [num_clients, ...], replicated: each client reads its own row where it
+  trains (a gather of the cohort's rows beforehand would copy them all once
+  more) and its new row is written back batch by batch (map_clients_with_state).
+  With a resident executor, client_state is instead this device's rows in the
+  resident layout, [local_cohort, ...], row i that of slot i, and comes back the
+  same way (placement/executor.py).
+  guard_nonfinite: an upload's NaN or inf coordinates enter the client pipeline
+  (its clips, noise and residual) as zero; under DP, clip_update sends an update
+  whose norm is not finite as zero. Both are counted.
+  client_hp: this round's client hyperparameters (hparams.py): lr, update_noise
+  (local DP), momentum (where the client optimizer has momentum).
+  Returns (aggregate, stats, client state, the psum of the objective's server
+  contributions, cluster info, server-state slots), all but a resident client
+  state identical on all devices.
+  noise_scales [parts]: this round's local noise std per part, over
+  noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
+  client's own multiplier on top (per-cluster noise, else ones). With
+  stages.cluster_threshold (per-cluster noise) a fifth output holds the cohort's
+  clusters (ids, mask and cluster size per upload, the median cluster size),
+  else (). The server-state slots are {"aggregator": its new state} for a
+  stateful robust aggregator (which reads server_state["aggregator"]), else {}.
+    dp none: the example-weighted mean delta (FedAvg).
+    dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
+      server noises the sum; weights by example count would give one client
+      unbounded influence).
+    dp local: the mean over participants of the deltas, each clipped and
+      noised by its client with N(0, (z clip_norm)^2) from the client's own key.
+    aggregator other than mean: the rule applied to the cohort's uploads,
+      all-gathered over the device axis (see fedjax_dp/robust/).
+  """
+  # Replicated params enter as device-invariant values; per-client gradients
+  # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
+  params = jax.lax.pcast(params, "clients", to="varying")
+  counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
+  client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
+  keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
+  # The plain (example- or uniformly-) weighted mean of the uploads is summed
+  # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
+  # a write and a read of it per round. DP, attacks and robust rules need the
+  # uploads one by one and stack them.
+  fused = stages.executor.fused_sum
+  one = _client_step(stages, params, client_hp, server_state, x, y,
+                     jax.random.fold_in(round_key, PIPELINE))
+  args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)
+  sums = None
+  if fused:
+    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
+    if stages.aggregate_noise:
+      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
+  out, client_state = stages.executor.map_clients(one, args, client_state, cohort_ids,
+                                                  cohort_mask, client_count.shape[0], sums)
+  (res, contribs, owed, nonfinite), sums = out if fused else (out, None)
+  contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
+  mask_f = cohort_mask.astype(jnp.float32)
+  weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
+  unclipped = jnp.zeros((), jnp.int32)
+  if stages.dp.per_upload:
+    weights = mask_f
+    deltas, unclipped, clip_nonfinite = stages.dp.client(deltas, cohort_ids, cohort_mask,
+                                                         round_key, clip_norm, client_hp,
+                                                         noise_scales, client_noise_factor)
+    nonfinite = nonfinite | clip_nonfinite
+  if stages.byzantine is not None:
+    deltas = stages.byzantine(deltas, cohort_ids, cohort_mask, round_key)
+  if stages.shuffle:
+    # The shuffler hands the server, per layer, the cohort's tuples in random
+    # order: the server cannot link sizes to updates, so it weights uniformly.
+    # The server's plain sum of each layer's multiset is the same for every
+    # permutation, and the robust rules refuse shuffled tuples (config.py), so
+    # the rows are not permuted here (pipeline.layerwise_shuffle): on CPU the
+    # permutation cost 7 % of a TopkSDP-FL round and changed no number beyond
+    # float summation order.
+    weights = mask_f
+  flagged = clusters = jnp.zeros((), jnp.int32)
+  cluster_info, server_slots = (), {}
+  if stages.aggregator is not None:
+    mean_delta, flagged, clusters, cluster_info, server_slots = _robust_aggregate(
+        deltas, cohort_ids, cohort_mask, weights * mask_f, server_state, client_hp["aggregator"],
+        stages.aggregator, stages.cluster_threshold)
+  else:
+    mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
+                                   mode=stages.dp.mode, shuffle=stages.shuffle,
+                                   aggregate_noise=stages.aggregate_noise)
+  # the integer counts in one all-reduce: a separate psum for the non-finite count
+  # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
+  participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
+      jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
+      jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
+  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
+                     examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
+                     participants=participants, unclipped=unclipped,
+                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
+                     event=jnp.zeros((), jnp.int32), lr=client_hp["lr"],
+                     nonfinite=nonfinite)
+  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+
+
+def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
+                 pipeline_key) -> Callable:
+  """One client's work, (args, state row) -> (outputs, new row): local training on
+  the objective with its local terms, the terms' after-training step, then the
+  client pipeline (clips, top-k, kept noise). `summed`: the upload is returned
+  weighted for the in-loop sum (FedAvg: n_i; shuffled tuples: uniform) instead
+  of stacked, where the executor fuses the sum."""
+  lr = client_hp["lr"]
+  objective, client_pipeline = stages.objective, stages.pipeline
+  keep_rows, summed = stages.executor.keep_rows, stages.executor.fused_sum
+
+  def one(args, cstate):
+    row, count, key, took_part, cid = args
+    start = cstate["model"] if objective.solo else params
+    ctx = algorithms.LocalContext(start, cstate, server_state)
+    loss_fn = objective.make_loss(stages.model.apply, stages.model.apply_with_features, ctx,
+                                  hp=client_hp["terms"])
+    res = stages.train_one(start, row, count, key, lr, x=x, y=y, loss_fn=loss_fn,
+                    momentum=client_hp.get("momentum"))
+    upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
+                                               took_part, keep_rows, hp=client_hp["terms"])
+    bad = jnp.zeros((), bool)
+    owed = ()
+    if client_pipeline is not None:
+      if stages.guard_nonfinite:
+        # a NaN or inf would reach the noise, the residual and the released sum: such
+        # coordinates enter the pipeline as zero, whose clips then bound the upload as
+        # any other (the select fuses into the ravel; the count is one read of it)
+        bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(upload)]))
+        upload = jax.tree.map(lambda a: jnp.where(jnp.isfinite(a), a, 0.0), upload)
+        bad = bad & took_part
+      flat, unravel = ravel_pytree(upload)
+      stage_ctx = pipeline_lib.StageContext(
+          key=jax.random.fold_in(pipeline_key, cid), num_examples=count, lr=lr,
+          public_update=server_state.get("public_update", jnp.zeros_like(flat)))
+      sent, pstate = client_pipeline.update(
+          pipeline_lib.Upload(flat, jnp.ones(flat.shape, bool)), cstate["pipeline"], stage_ctx)
+      cstate["pipeline"] = (jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
+                                         cstate["pipeline"]) if keep_rows else pstate)
+      upload = unravel(sent.values)
+      if stages.aggregate_noise:  # the noise this upload owes, drawn below for the sum
+        owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
+    if not summed:
+      return (res._replace(delta=upload, params=()), contrib, owed, bad), cstate
+    w = (took_part if stages.shuffle else count).astype(jnp.float32)
+    out = {"delta": jax.tree.map(lambda a: w * a, upload)}
+    if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
+      out["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
+    return ((res._replace(delta=(), params=()), contrib, (), bad), out), cstate
+  return one
+
+
+def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
+                      cluster_threshold):
+  """A robust rule over every upload: the cohort all-gathered over the devices,
+  aggregated replicated. Returns (aggregate, flagged, clusters, cluster info,
+  server-state slots: the rule's new state where it keeps one)."""
+  rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
+  all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
+  all_weights = gather_over_devices(weights)
+  unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
+  if cluster_threshold is None:
+    # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
+    # replicated, lives in server_state["aggregator"] when it keeps one
+    agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
+                                   server_state.get("aggregator", ()), hp)
+    slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
+    return unravel(agg), metrics["flagged"], metrics["clusters"], (), slots
+  # the cluster rule whose clusters also set next round's noise: cluster once
+  # (on the finite uploads, as the registry's rules)
+  all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
+  labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
+  agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
+                                                    cluster_threshold, labels)
+  same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
+  size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
+  heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
+  median = robust_aggregation.coordinate_median(size[:, None], heads)[0]
+  cluster_info = (gather_over_devices(cohort_ids), all_mask, size, median)
+  return unravel(agg), flagged, clusters, cluster_info, {}
+
+
+def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *, mode: str,
+                      shuffle: bool, aggregate_noise: bool):
+  """The weighted sum of the uploads over the devices (summed in the client loop
+  where `sums`), plus the kept-coordinate noise owed to it in one draw; divided by
+  the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
+  sum under central DP (the server noises the sum and divides)."""
+  if sums is not None:   # weight_of(...) is weights * mask_f, summed in the loop
+    delta_sum = jax.lax.psum(sums["delta"], "clients")
+  else:
+    delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+  if aggregate_noise:
+    # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
+    # distribution (pipeline.gaussian_on_kept). The weights pair with their own
+    # client's mask and std: shuffling is per layer but its weights are uniform.
+    if sums is not None:
+      var = sums["noise_var"]
+    else:
+      sent, noise_std = owed
+      var = pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std, sent)
+    std = jnp.sqrt(jax.lax.psum(var, "clients"))
+    flat, unravel = ravel_pytree(delta_sum)
+    noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
+    delta_sum = unravel(flat + noise)
+  if mode == "central":
+    return delta_sum
+  total_weight = jax.lax.psum(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
+                                      dtype=jnp.float32), "clients")
+  return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
+
+
+def client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentum: bool,
+                    local_dp: bool) -> dict:
+  """What the client phase reads of the hyperparameters this round: the lr, the
+  local terms' and the aggregator's numbers, momentum and local DP's noise."""
+  out = {"lr": round_learning_rate(hp, round_index, schedule, rounds), "terms": hp["terms"],
+         "aggregator": hp["aggregator"]}
+  if momentum:
+    out["momentum"] = hp["momentum"]
+  if local_dp:
+    out["update_noise"] = hp["update_noise"]
+  return out
+
+

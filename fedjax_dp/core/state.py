@@ -1,0 +1,102 @@
+"""The simulation's state, a round's statistics, the key tags, and round 0's state.
+
+Keys: round r uses fold_in(run_key, r); within it, purpose tags separate the
+cohort draw from client training, and client c trains with
+fold_in(fold_in(round_key, CLIENT_TRAINING), c). No key is used twice.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp import algorithms
+from fedjax_dp import robust
+from fedjax_dp.compression import pipeline as pipeline_lib
+from fedjax_dp.config import Config
+from fedjax_dp.models import Model
+from fedjax_dp.privacy import accounting
+from fedjax_dp.training import server as server_lib
+from fedjax_dp.training import server_stages as server_stages_lib
+
+# fold_in tags: one per random purpose inside a round
+COHORT_SAMPLING = 0
+CLIENT_TRAINING = 1
+SERVER_NOISE = 2
+LOCAL_NOISE = 3
+CLIP_COUNT_NOISE = 4
+PIPELINE = 5
+SHUFFLE = 6  # reserved: the simulated mean needs no permutation (client_phase.py)
+KEPT_NOISE = 7
+DOWNLINK = 8
+BYZANTINE = 9
+MODEL_INIT = 2**20  # folded into the run key itself, never into a round key
+
+
+class SimState(NamedTuple):
+  """Everything a run needs to continue bit for bit; saved whole by checkpoints."""
+  round: jax.Array            # int32 scalar: rounds completed
+  params: Any                 # server model
+  server_opt_state: Any       # optax state of the server optimizer
+  client_state: Any           # per-client pytrees, leading axis [num_clients] (empty for FedAvg)
+  server_state: Any           # the algorithm's server-side state (e.g. SCAFFOLD's control variate)
+  key: jax.Array              # uint32[2] run key
+  participations: jax.Array   # int32: client participations so far (for bytes)
+  cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
+  ledger: jax.Array           # float32 RDP spent: [orders] (central, zeros without DP),
+                              # [num_clients, orders] (local: one ledger per client)
+  clip_norm: jax.Array        # float32: the clip norm of the next round (moves if adaptive)
+
+
+class RoundStats(NamedTuple):
+  loss_sum: jax.Array      # sum of local minibatch losses weighted by batch examples
+  examples: jax.Array      # example-visits in local training this round
+  participants: jax.Array  # int32 clients that trained this round
+  unclipped: jax.Array     # int32 participants whose update norm was <= the clip norm
+  spent: jax.Array         # int32 cohort draws refused because the client's budget is spent
+  flagged: jax.Array       # int32 uploads the aggregator flagged as outliers or left out
+  clusters: jax.Array      # int32 clusters the `cluster` aggregator formed (0 otherwise)
+  event: jax.Array         # int32 what the round released, for the host's privacy log:
+                           # the index into Privacy.event_multipliers of the noise the
+                           # accountant charged (central DP; local DP: 0 when anyone took
+                           # part, static noise), -1 when nothing was released, -2 for
+                           # local DP's scheduled noise (composed in the clients' ledgers)
+  lr: jax.Array            # float32 the clients' learning rate this round
+  nonfinite: jax.Array     # int32 uploads with a NaN or inf, replaced by zero before the
+                           # mechanism (DP or kept noise; unnoised diagnostic)
+
+
+def secret_run_key() -> jax.Array:
+  """A uint32[2] PRNG key from the operating system's entropy (os.urandom)."""
+  return jnp.asarray(np.frombuffer(os.urandom(8), np.uint32))
+
+
+def init_state(cfg: Config, model: Model) -> SimState:
+  key = jax.random.PRNGKey(cfg.seed)
+  params = model.init(jax.random.fold_in(key, MODEL_INIT))
+  server_opt = server_lib.make_server_optimizer(cfg)
+  ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
+  objective = algorithms.make_objective(cfg)
+  one_client = objective.init_client_state(params)
+  server_state = objective.init_server_state(params)
+  d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
+  if client_pipeline is not None:
+    one_client["pipeline"] = client_pipeline.init(d)
+  aggregator = robust.get_aggregator(cfg.aggregator)
+  if aggregator.stateful:   # only then: a stateless rule's runs keep their state pytree
+    server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
+  server_state.update(server_stages_lib.make_server_stages(cfg, cfg.dp != "none", DOWNLINK)
+                      .init(params, d))
+  client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
+                              one_client)
+  return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
+                  client_state=client_state, server_state=server_state,
+                  key=key, participations=jnp.int32(0),
+                  cohort_overflow=jnp.int32(0),
+                  ledger=accounting.init_ledger(shape=ledger_shape),
+                  clip_norm=jnp.float32(cfg.clip_norm))
