@@ -54,6 +54,18 @@ class Callback(NamedTuple):
   on_run_end: Callable[["RunContext"], None] | None = None
 
 
+def check_callbacks(callbacks) -> list[Callback]:
+  """The user's callbacks as a list, or a one-line ConfigError naming the first
+  that is not a Callback (before anything is loaded or written)."""
+  from fedjax_dp.config import ConfigError
+  callbacks = list(callbacks)
+  for i, cb in enumerate(callbacks):
+    if not isinstance(cb, Callback):
+      raise ConfigError(f"callbacks[{i}] is a {type(cb).__name__}: allowed are "
+                        "callbacks.Callback(on_run_start=, after_chunk=, on_run_end=)")
+  return callbacks
+
+
 # diagnostics summed between evaluations, saved in every checkpoint: their values at round 0
 DIAGNOSTICS = {"loss_sum": 0.0, "examples": 0.0, "unclipped": 0.0, "clip_seen": 0.0,
                "flagged": 0.0, "clusters": 0.0, "agg_rounds": 0, "nonfinite": 0}

@@ -239,7 +239,9 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "ldp_delta": (0, 1, False, False),
     "clip_lr": (0, None, False, True),
     "clip_count_stddev": (0, None, False, True),
-    "rounds": (1, None, True, True),
+    # round r's key is fold_in(run_key, r) and the model's initialisation key is
+    # fold_in(run_key, 2^20) (core/state.MODEL_INIT): round 2^20 would reuse it
+    "rounds": (1, 2**20, True, False),
     "analyzer_steps": (10, None, True, True),
     "convergence_lambda": (0, None, True, True),
     "convergence_window": (1, None, True, True),

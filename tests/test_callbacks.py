@@ -125,3 +125,12 @@ def test_own_inputs_are_written_and_a_resume_with_others_is_refused(tmp_path, ca
   again = run_experiment(longer, out, resume=True, progress=False, model=model, data=ds,
                          task=losses.REGRESSION_MSE)
   assert again["rounds"] == 6 and [x["round"] for x in rows(out)] == [2, 4, 6]
+
+
+def test_a_callback_that_is_not_one_is_refused_before_anything_is_written(tmp_path):
+  from fedjax_dp.config import ConfigError
+  out = tmp_path / "run"
+  with pytest.raises(ConfigError, match=r"^callbacks\[1\] is a function: allowed are "):
+    run_experiment(make_config({"rounds": 1}), str(out),
+                   callbacks=[Callback(), lambda ctx: None], progress=False)
+  assert not out.exists()

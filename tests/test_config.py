@@ -113,3 +113,12 @@ def test_experiment_configs_still_validate():
                                        "fedadmm", "fedprox+contrastive"])
 def test_kept_noise_with_algorithms_that_send_only_the_noised_upload(algorithm):
   assert make_config(dict(KEPT, algorithm=algorithm)).kept_noise == "multiplier"
+
+
+def test_rounds_stop_below_the_model_initialisation_key():
+  """Round r's key is fold_in(run_key, r); the model's is fold_in(run_key, 2^20)."""
+  from fedjax_dp.core.state import MODEL_INIT
+  assert MODEL_INIT == 2**20
+  make_config({"rounds": 2**20 - 1})
+  with pytest.raises(ConfigError, match=r"'rounds' = 1048576: must be >= 1 and < 1048576"):
+    make_config({"rounds": 2**20})

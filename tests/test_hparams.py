@@ -33,6 +33,15 @@ CASES = {
                                 clients_per_round=4),
                            dict(moon_mu=0.5, moon_tau=0.25, feddyn_alpha=0.1,
                                 geomed_eps=1e-4)),
+    "multi_krum_counts": (dict(aggregator="multi_krum", byzantine_f=0, multi_krum_m=2),
+                          dict(byzantine_f=1, multi_krum_m=3)),
+    "geomed_iters": (dict(aggregator="geometric_median", clients_per_round=4),
+                     dict(geomed_iters=3)),
+    "cclip_iters": (dict(aggregator="centered_clip"), dict(cclip_iters=2, cclip_tau=0.5)),
+    # the threshold whose clusters set next round's per-cluster noise
+    "cluster_noise_threshold": (dict(dp="local", noise_multiplier=1.0, aggregator="cluster",
+                                     cluster_noise="equalize", clients_per_round=4),
+                                dict(cluster_threshold=0.3)),
     "central_tiers": (dict(dp="central", noise_multiplier=1.0, clip_parts="tiers",
                            clients_per_round=4),
                       dict(tier_noise_multipliers=(3.0, 1.5, 1.0, 0.5, 0.2))),
@@ -59,9 +68,10 @@ def test_changed_hyperparameters_reuse_the_compiled_round_and_match_a_fresh_buil
   want, want_stats = fresh.run_rounds(fresh.init_state(), 2)
   for a, b in zip(_leaves(got) + _leaves(got_stats), _leaves(want) + _leaves(want_stats)):
     np.testing.assert_array_equal(a, b)
-  # the accountant charged the new noise: the ledger moved with it
+  # the accountant charged the new noise: the ledger moved with it (a new cluster
+  # threshold moves the noise only where the clusters change)
   assert not np.array_equal(np.asarray(got.ledger), np.asarray(state.ledger)) or \
-      sim.cfg.dp == "none"
+      sim.cfg.dp == "none" or "cluster_threshold" in change
   assert sim.privacy_for(**change).event_multipliers == fresh.privacy.event_multipliers
   # with_hparams: the same compiled round, and the host's view (config, privacy, epsilons)
   # follows the new values

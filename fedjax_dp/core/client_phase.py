@@ -42,7 +42,7 @@ class ClientStages(NamedTuple):
   dp: DPRound                     # the mechanism; its client half where dp.per_upload
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
-  cluster_threshold: float | None  # the cluster rule whose clusters set next round's noise
+  cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   shuffle: bool                   # layer-wise shuffled tuples: uniform weights
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
@@ -72,7 +72,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   noise_scales [parts]: this round's local noise std per part, over
   noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
   client's own multiplier on top (per-cluster noise, else ones). With
-  stages.cluster_threshold (per-cluster noise) a fifth output holds the cohort's
+  stages.cluster_noise (per-cluster noise) a fifth output holds the cohort's
   clusters (ids, mask and cluster size per upload, the median cluster size),
   else (). The server-state slots are {"aggregator": its new state} for a
   stateful robust aggregator (which reads server_state["aggregator"]), else {}.
@@ -133,7 +133,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   if stages.aggregator is not None:
     mean_delta, flagged, clusters, cluster_info, server_slots = _robust_aggregate(
         deltas, cohort_ids, cohort_mask, weights * mask_f, server_state, client_hp["aggregator"],
-        stages.aggregator, stages.cluster_threshold)
+        stages.aggregator, stages.cluster_noise)
   else:
     mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
                                    mode=stages.dp.mode, shuffle=stages.shuffle,
@@ -205,7 +205,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
 
 
 def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
-                      cluster_threshold):
+                      cluster_noise: bool):
   """A robust rule over every upload: the cohort all-gathered over the devices,
   aggregated replicated. Returns (aggregate, flagged, clusters, cluster info,
   server-state slots: the rule's new state where it keeps one)."""
@@ -213,7 +213,7 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
   all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
   all_weights = gather_over_devices(weights)
   unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
-  if cluster_threshold is None:
+  if not cluster_noise:
     # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
     # replicated, lives in server_state["aggregator"] when it keeps one
     agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
@@ -223,9 +223,9 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
   # the cluster rule whose clusters also set next round's noise: cluster once
   # (on the finite uploads, as the registry's rules)
   all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
-  labels = robust_aggregation.cosine_clusters(all_rows, all_mask, cluster_threshold)
+  labels = robust_aggregation.cosine_clusters(all_rows, all_mask, hp["threshold"])
   agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
-                                                    cluster_threshold, labels)
+                                                    hp["threshold"], labels)
   same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
   size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
   heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster

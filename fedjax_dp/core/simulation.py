@@ -329,7 +329,7 @@ def _client_stages(cfg: Config, model: Model, task: losses.Task, dp: dp_round.DP
       objective=algorithms.make_objective(cfg, task.loss), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine,
       aggregator=None if aggregator.linear else aggregator.aggregate,
-      cluster_threshold=(cfg.cluster_threshold if cfg.cluster_noise == "equalize" else None),
+      cluster_noise=cfg.cluster_noise == "equalize",
       shuffle=cfg.shuffle == "layerwise",
       aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
                        and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),

@@ -597,13 +597,14 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   Returns the summary dict (also written to `out/summary.json`).
   """
   from fedjax_dp import callbacks as callbacks_lib
+  callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
   task = task or losses.CLASSIFICATION
   ctx = _open_run(cfg, out, resume, overwrite, log, mesh, model, data, task)
   if isinstance(ctx, dict):
     return ctx   # a finished run: its summary
   ctx.progress = progress
-  return callbacks_lib.run_loop(ctx, callbacks_lib.defaults() + list(callbacks))
+  return callbacks_lib.run_loop(ctx, callbacks_lib.defaults() + callbacks)
 
 
 def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, model, data,
