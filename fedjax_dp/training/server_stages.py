@@ -80,8 +80,10 @@ def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
 
 
 def public_update() -> ServerStage:
-  return ServerStage("public_update", lambda params, d: jnp.zeros((d,), jnp.float32),
-                     lambda delta, _, ctx: (delta, ravel_pytree(delta)[0]))
+  def update(delta, previous, ctx):
+    # a round the server does not apply published nothing new: keep the last update
+    return delta, jnp.where(ctx.applied, ravel_pytree(delta)[0], previous)
+  return ServerStage("public_update", lambda params, d: jnp.zeros((d,), jnp.float32), update)
 
 
 def cluster_noise(num_clients: int) -> ServerStage:
