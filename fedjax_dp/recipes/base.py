@@ -104,15 +104,8 @@ class Recipe:
     values = self.config_values()
     check_agrees(self, values, setup)
     from fedjax_dp.config import make_config
-    from fedjax_dp.recipes.flat import from_config
     start = {k: v for k, v in (base or Config()).to_dict().items() if k in SETUP_KEYS}
-    cfg = make_config({**start, **values, **setup})
-    # a stage the config has no key for would be dropped without a word
-    if outline(from_config(cfg)) != outline(self):
-      raise ConfigError(f"recipe {self.name!r}: its stages {outline(self)} are not what its "
-                        f"config keys give {outline(from_config(cfg))}; a stage without config "
-                        "keys must be registered (README: Extending)")
-    return cfg
+    return check_expressed(self, make_config({**start, **values, **setup}))
 
   # ------------------------------------------------------------------ resolved stages
   def objective(self, data_loss: Callable | None = None, momentum: float = 0.0):
@@ -171,6 +164,18 @@ class Recipe:
 
   def replace(self, **changes) -> "Recipe":
     return dataclasses.replace(self, **changes)
+
+
+def check_expressed(recipe: Recipe, cfg: Config) -> Config:
+  """cfg, or a ConfigError where cfg's recipe (the one a run builds) has other stages
+  than `recipe`: a stage the config has no key for would be dropped without a word."""
+  from fedjax_dp.recipes.flat import from_config
+  built = outline(from_config(cfg))
+  if built != outline(recipe):
+    raise ConfigError(f"recipe {recipe.name!r}: its stages {outline(recipe)} are not what its "
+                      f"config keys give {built}; a stage without config keys must be "
+                      "registered (README: Extending)")
+  return cfg
 
 
 def outline(recipe: Recipe) -> dict[str, Any]:
