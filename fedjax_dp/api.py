@@ -53,9 +53,9 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
   elif isinstance(recipe, Config):
     base, values = recipe, {}
   else:
-    raise ConfigError(f"recipe of type {type(recipe).__name__}: allowed are a recipe "
-                      "(fedjax_dp.recipes), an algorithm name (e.g. 'fedavg', 'dp_fedavg'), a "
-                      "dict of config keys, or a Config")
+    raise ConfigError(f"recipe of type {type(recipe).__name__}: allowed are an algorithm name "
+                      "(e.g. 'fedavg', 'dp_fedavg'), a dict of config keys, a Config, or a "
+                      "recipe (fedjax_dp.recipes)")
   values.update(overrides)
   if model is not None:
     _own(values, "model", model.name)

@@ -264,3 +264,17 @@ def test_readme_recipes_example_runs(capsys):
   exec(compile(block, "README.md", "exec"), namespace)
   assert int(namespace["state"].round) == 5
   assert "central 1.0 True" in capsys.readouterr().out
+
+
+def test_an_auto_draw_follows_the_whole_recipe():
+  """kept_noise_draw 'auto': the aggregate's noise drawn by the server only where the
+  recipe has no DP mechanism and the weighted mean, as from_config resolves it."""
+  kept = dict(s_local=0.5, index_selection="random_k", final_clip_l2=0.1,
+              kept_noise="multiplier", kept_noise_multiplier=1.0)
+  plain = recipes.compose("x", st.upload(**kept)).validate()
+  private = recipes.compose("x", st.upload(**kept), st.local_dp(noise_multiplier=1.0)).validate()
+  robust_rule = recipes.compose("x", st.upload(**kept), st.aggregator("median")).validate()
+  owes = lambda r: any(c.stage.owes_noise for c in r.upload)
+  assert owes(plain) and not owes(private) and not owes(robust_rule)
+  assert owes(recipes.from_config(plain.to_config()))
+  assert not owes(recipes.from_config(private.to_config()))

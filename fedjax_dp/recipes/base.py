@@ -10,6 +10,10 @@ are the properties `validate` reads, and the flat Config keys it stands for.
 
 What is not a recipe is the set-up (`SETUP_KEYS`): the data and its clients,
 the model, local training, Byzantine clients, how long and on what it runs.
+Local training (lr, epochs, batch, momentum) is set-up rather than recipe
+because it is tuned per data set and model like the data's own keys, and a
+recipe object then runs unchanged on any of them (fedjax_dp.run(recipe,
+lr=...) is allowed; changing a recipe's own key is refused as a contradiction).
 `Recipe.to_config(**setup)` and `recipes.from_config(cfg)` translate between a
 recipe and the flat Config, which stays the CLI / YAML / config.json format.
 
@@ -241,5 +245,20 @@ def compose(name: str, *parts, algorithm: str | None = None) -> Recipe:
   opt = fields.get("server_optimizer")
   if opt is not None and registry.parse_algorithm(algorithm)[1] == opt.stage:
     fields["server_optimizer"] = opt._replace(config={**opt.config, "server_optimizer": "auto"})
-  return Recipe(name=name, algorithm=algorithm, terms=tuple(terms),
-                upload=tuple(fields.pop("upload")), server=tuple(fields.pop("server")), **fields)
+  recipe = Recipe(name=name, algorithm=algorithm, terms=tuple(terms),
+                  upload=tuple(fields.pop("upload")), server=tuple(fields.pop("server")),
+                  **fields)
+  return _resolve_draw(recipe)
+
+
+def _resolve_draw(recipe: Recipe) -> Recipe:
+  """The kept-noise stage rebuilt where its draw is 'auto': whether the server may
+  draw the aggregate's noise depends on the recipe's mechanism and rule, known
+  only once the recipe is whole (from_config resolves it from the whole config)."""
+  if not any(c.config.get("kept_noise_draw") == "auto" for c in recipe.upload):
+    return recipe
+  from fedjax_dp.recipes.flat import upload_choices
+  namespace = dataclasses.replace(Config(), **recipe.config_values())
+  rebuilt = {c.stage.name: c for c in upload_choices(namespace)}
+  return recipe.replace(upload=tuple(rebuilt[c.stage.name] if "kept_noise_draw" in c.config
+                                     else c for c in recipe.upload))

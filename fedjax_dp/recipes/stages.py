@@ -61,16 +61,15 @@ def aggregator(name: str = "mean", **keys) -> Slot:
   return "aggregator", Choice(rule, {"aggregator": name, **flat._take(cfg, rule.keys)})
 
 
-def upload(*, dp: str = "none", aggregator_name: str = "mean", **keys) -> list[Slot]:
+def upload(**keys) -> list[Slot]:
   """The client upload stages the pipeline keys name (coordinate_clip,
   update_clip_l2, s_local, index_selection, error_feedback, topk_kernel,
   final_clip_l2, kept_noise, kept_noise_multiplier, kept_noise_draw, ldp_epsilon,
-  ldp_delta), in the paper's order. `dp` and `aggregator_name` are the recipe's
-  (kept_noise_draw 'auto' draws the noise on the aggregate only under the plain
-  weighted mean without DP; Byzantine clients, a set-up key, make a run's config
-  resolve it per client)."""
-  cfg = _cfg(dp=dp, aggregator=aggregator_name, **keys)
-  return [("upload", c) for c in flat.upload_choices(cfg)]
+  ldp_delta), in the paper's order. kept_noise_draw 'auto' is resolved by
+  `compose` against the recipe's mechanism and rule (on the aggregate only under
+  the plain weighted mean without DP; a run's Byzantine clients, a set-up key,
+  make its config resolve it per client)."""
+  return [("upload", c) for c in flat.upload_choices(_cfg(**keys))]
 
 
 def shuffle(name: str = "layerwise") -> Slot:
