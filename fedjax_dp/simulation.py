@@ -42,7 +42,6 @@ from fedjax_dp import mechanisms
 from fedjax_dp import noise_control
 from fedjax_dp import objectives
 from fedjax_dp import pipeline as pipeline_lib
-from fedjax_dp import recipes
 from fedjax_dp import robust
 from fedjax_dp import server as server_lib
 from fedjax_dp import server_stages as server_stages_lib
@@ -795,10 +794,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
   task = task or losses.CLASSIFICATION
-  recipe = recipes.from_config(cfg)   # the run's stages (cfg's validate read the same)
-  objective = recipe.objective(task.loss, cfg.momentum)
-  aggregator = recipe.rule
-  client_pipeline = recipe.client_pipeline()
+  objective = objectives.make_objective(cfg, task.loss)
+  aggregator = robust.get_aggregator(cfg.aggregator)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
   train_one = partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                       batch_size=cfg.batch_size)
   dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
@@ -841,10 +841,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       cohort = sample_cohort(key, cfg.num_clients, cfg.clients_per_round, cfg.sampling, capacity)
       ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, padded_capacity)
       return ids, mask, cohort.overflow
-  server_stages = recipe.server_stages(cfg.num_clients, DOWNLINK)
+  server_stages = server_stages_lib.make_server_stages(cfg, privacy.mode != "none", DOWNLINK)
   client_hparams = partial(_client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
                            momentum=cfg.momentum > 0, local_dp=privacy.mode == "local")
-  server_optimizer = recipe.server_optimizer_fn
+  server_optimizer = partial(server_lib.make_server_optimizer, cfg)
   objective_server_step = lambda server_state, contrib, hp: objective.server_step(
       server_state, contrib, cfg.num_clients, hp=hp)
   # central DP applies a round nobody took part in (its noise was released and
