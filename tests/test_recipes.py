@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp import api, pipeline, recipes
+from fedjax_dp import api, recipes
+from fedjax_dp.compression import pipeline
 from fedjax_dp.algorithms import LocalTerm
 from fedjax_dp.algorithms import registry as term_registry
 from fedjax_dp.config import Config, ConfigError, load_config, make_config
@@ -21,9 +22,9 @@ from fedjax_dp.models import make_model
 from fedjax_dp.recipes import stages as st
 from fedjax_dp.robust import Aggregator, metrics
 from fedjax_dp.robust import registry as rule_registry
-from fedjax_dp.simulation import build_simulation, make_mesh
-from fedjax_dp.store import build_store
-from fedjax_dp.tabular import TIERS
+from fedjax_dp.core.simulation import build_simulation, make_mesh
+from fedjax_dp.placement.store import build_store
+from fedjax_dp.data.tabular import TIERS
 from tests.helpers import toy_problem
 from tests.test_golden import CONFIGS as GOLDEN_CONFIGS
 
@@ -106,7 +107,8 @@ def test_named_recipe_runs_as_its_flat_config_bit_for_bit(name):
 def test_recipe_resolves_to_the_stages_the_flat_path_builds():
   """Objective (terms + numbers), aggregation rule and its numbers, server optimizer
   and stage layout agree with the pre-recipe factories on every named recipe."""
-  from fedjax_dp import robust, server
+  from fedjax_dp import robust
+  from fedjax_dp.training import server
   from fedjax_dp.algorithms import make_objective
   for name, (recipe, flat_keys) in NAMED.items():
     cfg = make_config({**SETUP, **flat_keys})

@@ -132,13 +132,13 @@ class Recipe:
 
   def client_pipeline(self):
     """The upload stages chained (pipeline.ClientStage), or None without any."""
-    from fedjax_dp import pipeline
+    from fedjax_dp.compression import pipeline
     return pipeline.chain(*(c.stage for c in self.upload)) if self.upload else None
 
   def server_stages(self, num_clients: int, key_tag: int):
     """The server stages for `num_clients` (server_stages.chain); the DP mechanism
     brings its noise controller. `key_tag`: the downlink top-k's key tag."""
-    from fedjax_dp import server_stages as lib
+    from fedjax_dp.training import server_stages as lib
     stages = [c.stage.build(num_clients, key_tag) for c in self.server]
     if self.privacy is not None:
       p = self.planner.config if self.planner is not None else _DEFAULTS
@@ -149,7 +149,7 @@ class Recipe:
   def server_optimizer_fn(self, lr=None, momentum=None):
     """The server optimizer (optax); `lr` and `momentum` (default: the recipe's)
     may be traced arrays."""
-    from fedjax_dp import server
+    from fedjax_dp.training import server
     c = self.server_optimizer.config if self.server_optimizer is not None else _DEFAULTS
     kind = self.server_optimizer.stage if self.server_optimizer is not None else "sgd"
     return server.make_optimizer(kind, c["server_lr"] if lr is None else lr,

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dp import budgets, dp_round, noise_control, pipeline, robust
-from fedjax_dp import server as server_lib
-from fedjax_dp import server_stages
+from fedjax_dp.privacy import budgets, dp_round, noise_control
+
+from fedjax_dp.compression import pipeline
+
+from fedjax_dp import robust
+from fedjax_dp.training import server as server_lib
+from fedjax_dp.training import server_stages
 from fedjax_dp.algorithms import registry
 from fedjax_dp.config import Config
 from fedjax_dp.recipes.base import _DEFAULTS, RECIPE_KEYS, Choice, Recipe

@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedjax_dp import budgets, dp_round, noise_control, pipeline, robust, server_stages
+from fedjax_dp.privacy import budgets, dp_round, noise_control
+
+from fedjax_dp.compression import pipeline
+
+from fedjax_dp import robust
+
+from fedjax_dp.training import server_stages
 from fedjax_dp.config import Config
 from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.base import Choice
