@@ -2,6 +2,8 @@
 
 Public API (each name is imported on first use, so `import fedjax_dp` stays cheap):
 
+  recipes                 the algorithms as recipes of stages: fedavg(), fedprox(mu=),
+                          dp_fedavg(noise_multiplier=), ...; Recipe, compose, from_config
   run(recipe, model=, data=, loss=, rounds=, out=, callbacks=, **config)
                           a whole run with the CLI's outputs: metrics.jsonl, summary.json
                           with the privacy report, plots, checkpoints, resume
@@ -15,8 +17,8 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   ConfigError, DataError, RunError
                           the one-line errors of bad input
 
-`recipe` is, until recipes exist, an algorithm name ('fedavg'; 'dp_fedavg' for
-central DP), a dict of config keys, or a Config (see fedjax_dp.api).
+`recipe` is a recipe (fedjax_dp.recipes), an algorithm name ('fedavg'; 'dp_fedavg'
+for central DP), a dict of config keys, or a Config (see fedjax_dp.api).
 """
 
 import importlib
@@ -25,7 +27,8 @@ __version__ = "0.1.0"
 
 # public module name -> where it lives (the layout: README, Architecture)
 _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data": "data",
-               "losses": "losses", "models": "models", "runner": "experiment.runner"}
+               "losses": "losses", "models": "models", "recipes": "recipes",
+               "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.runner"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))

@@ -6,13 +6,17 @@
     summary = fedjax_dp.run("dp_fedavg", model=model, data=data, loss="mse", rounds=50,
                             out="runs/mine", noise_multiplier=1.0, clients_per_round=5)
 
-`recipe` says which algorithm runs. Until recipes exist it is one of
+`recipe` says which algorithm runs. It is one of
+  * a recipe (fedjax_dp.recipes: recipes.fedprox(mu=0.01), recipes.dp_fedavg(...));
+    keyword arguments then set the set-up (data, population, model, local
+    training, run: recipes.SETUP_KEYS) and may not contradict the recipe;
   * an algorithm name, as the config key `algorithm` takes ('fedavg', 'fedprox',
     'scaffold', 'fedprox+scaffold', ...); 'dp_<name>' is the same with central DP
     (dp 'central': it needs noise_multiplier or target_epsilon);
   * a dict of config keys;
   * a Config (config.make_config).
-Keyword arguments are config keys (README, Config keys) and override the recipe's.
+Keyword arguments are config keys (README, Config keys) and override a name's,
+a dict's or a Config's.
 Your data sets the config keys dataset 'custom' and num_clients (its clients);
 clients_per_round defaults to min(10, clients) unless given (a Config recipe's
 stands). Your model sets model 'custom'.
@@ -36,7 +40,12 @@ DEFAULT_COHORT = 10   # Config's clients_per_round default
 def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = None,
                   **overrides) -> Config:
   """The Config that `recipe` and the overrides say, with your model and data in it."""
-  if isinstance(recipe, str):
+  from fedjax_dp import recipes
+  as_recipe = isinstance(recipe, recipes.Recipe)
+  if as_recipe:
+    base, values = None, recipe.config_values()
+    recipes.base.check_agrees(recipe, values, overrides)
+  elif isinstance(recipe, str):
     base, values = None, ({"algorithm": recipe[3:], "dp": "central"} if recipe.startswith("dp_")
                           else {"algorithm": recipe})
   elif isinstance(recipe, dict):
@@ -45,7 +54,8 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
     base, values = recipe, {}
   else:
     raise ConfigError(f"recipe of type {type(recipe).__name__}: allowed are an algorithm name "
-                      "(e.g. 'fedavg', 'dp_fedavg'), a dict of config keys, or a Config")
+                      "(e.g. 'fedavg', 'dp_fedavg'), a dict of config keys, a Config, or a "
+                      "recipe (fedjax_dp.recipes)")
   values.update(overrides)
   if model is not None:
     _own(values, "model", model.name)
@@ -61,7 +71,8 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
     values["num_clients"] = clients
     if "clients_per_round" not in values and base is None:
       values["clients_per_round"] = min(DEFAULT_COHORT, clients)
-  return make_config(values, base=base)
+  cfg = make_config(values, base=base)
+  return recipes.base.check_expressed(recipe, cfg) if as_recipe else cfg
 
 
 def _own(values: dict, key: str, name: str) -> None:

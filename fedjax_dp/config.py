@@ -338,10 +338,18 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def _check(cfg: Config, raw: dict[str, Any]) -> None:
-  """Raises ConfigError for the first bad value, shown as the user wrote it (`raw`)."""
-  def shown(key):
-    return raw.get(key, getattr(cfg, key))
+  """Raises ConfigError for the first bad value, shown as the user wrote it (`raw`):
+  each key's own values, the set-up's (population, sampling, Byzantine clients),
+  then the run's recipe (recipes.from_config(cfg).validate(): which stages combine,
+  from their properties), then the data's."""
+  _check_keys(cfg, raw)
+  _check_population(cfg, raw)
+  _check_stages(cfg)
+  _check_data(cfg)
 
+
+def _check_keys(cfg: Config, raw: dict[str, Any]) -> None:
+  """Each key on its own: a choice among its values, a number in its range."""
   for key, choices in CHOICES.items():
     value = getattr(cfg, key)
     if key == "aggregator":
@@ -361,7 +369,18 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
     if hi is not None:
       ok &= value <= hi if hi_inc else value < hi
     if not ok:
-      raise ConfigError(f"config key '{key}' = {shown(key)!r}: must be {_describe_range(key)}")
+      raise ConfigError(f"config key '{key}' = {raw.get(key, value)!r}: must be "
+                        f"{_describe_range(key)}")
+  if cfg.byzantine_scale > FLOAT32_MAX:
+    raise ConfigError(f"config key 'byzantine_scale' = {cfg.byzantine_scale:g}: above float32's "
+                      "largest value (3.4e38)")
+
+
+def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
+  """Keys against the population and its sampling (num_clients, clients_per_round)."""
+  def shown(key):
+    return raw.get(key, getattr(cfg, key))
+
   if cfg.clients_per_round > cfg.num_clients:
     raise ConfigError(
         f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
@@ -383,25 +402,24 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
         f"({cfg.clients_per_round})")
   if cfg.lr_min > cfg.lr:
     raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
-  if cfg.dp == "central":
-    if cfg.sampling == "fixed" and cfg.accountant == "pld":
-      raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
-                        "fixed-size (without replacement) sampling; use accountant 'rdp' or "
-                        "sampling 'poisson'")
-    if cfg.noise_multiplier is None and cfg.target_epsilon is None:
-      raise ConfigError("dp 'central' needs noise_multiplier or target_epsilon")
-  if cfg.dp == "local" and cfg.noise_multiplier is None:
-    raise ConfigError("dp 'local' needs noise_multiplier (target_epsilon, if given, caps each "
-                      "client's own ledger)")
-  if cfg.noise_schedule != "static" and cfg.dp == "none":
-    raise ConfigError(f"config key 'noise_schedule' = {cfg.noise_schedule!r} with dp 'none': "
-                      "adaptive noise needs dp 'local' or 'central'")
-  if cfg.noise_schedule != "static" and cfg.adaptive_clipping:
-    raise ConfigError(f"config key 'noise_schedule' = {cfg.noise_schedule!r} with "
-                      "adaptive_clipping: use one or the other")
-  if cfg.noise_schedule == "weighted" and cfg.clip_parts != "tiers":
-    raise ConfigError("config key 'noise_schedule' = 'weighted': the sensitivity weights are per "
-                      f"tier (needs clip_parts 'tiers'; clip_parts is {cfg.clip_parts!r})")
+  if cfg.dp == "central" and cfg.sampling == "fixed" and cfg.accountant == "pld":
+    raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
+                      "fixed-size (without replacement) sampling; use accountant 'rdp' or "
+                      "sampling 'poisson'")
+  if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
+    raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
+                      f"{cfg.num_clients} clients that is no malicious client (floor of "
+                      f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
+  if cfg.byzantine_fraction > 0 and cfg.kept_noise != "none" and \
+      cfg.kept_noise_draw == "aggregate":
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
+                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
+                      "honest uploads under the weighted mean have the aggregate's noise in "
+                      "closed form (use 'client' or 'auto')")
+
+
+def _check_stages(cfg: Config) -> None:
+  """The stages' own numbers, then their combination (the recipe's validate)."""
   if cfg.noise_multiplier is not None and 0 < cfg.noise_multiplier < MIN_NOISE_MULTIPLIER:
     raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g}: must be 0 (no "
                       f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
@@ -414,95 +432,22 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
                         f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
                         f"{' (z / 2 under local DP)' if cfg.dp == 'local' else ''}; use "
                         "accountant 'rdp'")
-  if cfg.noise_schedule != "static" and cfg.accountant == "pld":
-    raise ConfigError(f"config key 'accountant' = 'pld' with noise_schedule "
-                      f"{cfg.noise_schedule!r}: the noise changes each round; use 'rdp'")
-  if cfg.client_budgets == "allocated" and (cfg.dp != "local" or cfg.target_epsilon is None):
-    raise ConfigError("config key 'client_budgets' = 'allocated': per-client budgets need dp "
-                      "'local' and target_epsilon (the mean budget)")
-  if cfg.cluster_noise != "uniform" and (cfg.aggregator != "cluster" or cfg.dp != "local"):
-    raise ConfigError(f"config key 'cluster_noise' = {cfg.cluster_noise!r}: per-cluster noise "
-                      f"needs aggregator 'cluster' and dp 'local' (aggregator is "
-                      f"{cfg.aggregator!r}, dp {cfg.dp!r})")
-  if cfg.adaptive_clipping and cfg.dp != "central":
-    raise ConfigError(f"config key 'adaptive_clipping' = true: needs dp 'central' (dp is "
-                      f"{cfg.dp!r})")
+  if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
+    raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
+                      "client budget of the paper's calibration)")
   from fedjax_dp.algorithms import parse_algorithm
   try:
-    terms, _ = parse_algorithm(cfg.algorithm)
+    parse_algorithm(cfg.algorithm)
   except ValueError as e:
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
-  if "solo" in terms and cfg.dp != "none":
-    raise ConfigError(f"config key 'algorithm' = 'solo' with dp {cfg.dp!r}: SOLO's clients "
-                      "send nothing, and the per-client models it evaluates are never noised, "
-                      "so no epsilon would describe the run; use dp 'none'")
-  if "scaffold" in terms and cfg.dp != "none":
-    raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r} with dp {cfg.dp!r}: SCAFFOLD's "
-                      "control variates are not privatized, so no guarantee would hold")
-  # kept_noise's guarantee covers the noised upload only; of the local terms, SCAFFOLD sends
-  # more (objectives.finish's contribution) and SOLO's models are evaluated, never noised
-  # (fedprox, contrastive, moon and fedadmm keep their extra state on the client)
-  if cfg.kept_noise != "none" and "scaffold" in terms:
-    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r} with algorithm "
-                      f"{cfg.algorithm!r}: SCAFFOLD's control-variate update c_i' - c_i is built "
-                      "from the raw, unclipped update and reaches the server unnoised, so no "
-                      "kept-noise guarantee would hold")
-  if cfg.kept_noise != "none" and "solo" in terms:
-    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r} with algorithm 'solo': "
-                      "SOLO's per-client models are evaluated and never noised, so no kept-noise "
-                      "guarantee would describe the run")
-  if cfg.kept_noise != "none":
-    if cfg.s_local == 0:
-      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: noise on the kept "
-                        "coordinates needs top-k (s_local > 0)")
-    if cfg.coordinate_clip is None and cfg.update_clip_l2 is None and cfg.final_clip_l2 is None:
-      raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: needs final_clip_l2, "
-                        "coordinate_clip or update_clip_l2 (the noise is calibrated to the clip)")
-    if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
-      raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
-                        "client budget of the paper's calibration)")
-  from fedjax_dp.robust import get_aggregator
-  aggregator = get_aggregator(cfg.aggregator)
-  if not aggregator.linear and cfg.dp == "central":
-    raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with dp 'central': the "
-                      "server noise is calibrated to a sum of clipped updates, which only "
-                      "'mean' computes (robust rules are post-processing under dp 'local')")
-  if (not aggregator.linear or cfg.byzantine_fraction > 0) and \
-      cfg.kept_noise_draw == "aggregate":
-    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
-                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
-                      "honest uploads under the weighted mean have the aggregate's noise in "
-                      "closed form (use 'client' or 'auto')")
-  if not aggregator.linear and cfg.shuffle != "none":
-    raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r} with shuffle "
-                      f"{cfg.shuffle!r}: the robust rules are not defined on per-layer shuffled "
-                      "tuples; use aggregator 'mean' with the shuffler")
-  problem = aggregator.check(cfg)   # the rule's own keys (Krum's f and m)
+  from fedjax_dp.recipes import from_config
+  recipe = from_config(cfg).validate()
+  problem = recipe.rule.check(cfg)   # the rule's own keys (Krum's f and m)
   if problem:
     raise ConfigError(problem)
-  if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
-    raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
-                      f"{cfg.num_clients} clients that is no malicious client (floor of "
-                      f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
-  if cfg.byzantine_scale > FLOAT32_MAX:
-    raise ConfigError(f"config key 'byzantine_scale' = {cfg.byzantine_scale:g}: above float32's "
-                      "largest value (3.4e38)")
-  if cfg.kept_noise_draw == "aggregate" and cfg.dp != "none":
-    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with dp {cfg.dp!r}: the DP "
-                      "clip comes after the pipeline, so the noise must be drawn per client "
-                      "(use 'client' or 'auto')")
-  if cfg.dp == "local" and cfg.s_local > 0 and cfg.index_selection == "topk":
-    # the bytes are a sparse upload's, whose positions are the update's largest, unnoised;
-    # the epsilon is a dense noised vector's
-    raise ConfigError(f"config key 'index_selection' = 'topk' with dp 'local' and s_local "
-                      f"{cfg.s_local:g}: the top-k positions come from the private update and "
-                      "are sent unnoised, outside the local guarantee; use random_k or "
-                      "public_topk")
-  if cfg.final_clip_l2 is not None and cfg.s_local == 0:
-    raise ConfigError("config key 'final_clip_l2' clips the sent top-k update: needs s_local > 0 "
-                      "(without top-k use update_clip_l2)")
-  if cfg.index_selection == "public_topk" and cfg.s_local == 0:
-    raise ConfigError("config key 'index_selection' = 'public_topk': needs s_local > 0")
+
+
+def _check_data(cfg: Config) -> None:
   from fedjax_dp.data import TABULAR
   if cfg.feature_scaling != "auto" and cfg.dataset == "custom":
     raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "

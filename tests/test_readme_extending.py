@@ -18,7 +18,7 @@ def extending_blocks() -> list[str]:
 
 def test_readme_extending_snippets_run(capsys):
   blocks = extending_blocks()
-  assert len(blocks) == 4
+  assert len(blocks) == 5
   namespace = {}
   registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS)
   saved = [dict(r) for r in registries]
@@ -33,6 +33,7 @@ def test_readme_extending_snippets_run(capsys):
   assert stats.flagged.shape == (2,)
   assert int(namespace["state"].round) == 2
   assert "weight_decay" in namespace["cfg"].algorithm
+  assert namespace["cfg"].aggregator == "norm_bound"   # the recipe composed of both
 
 
 def test_readme_server_stage_snippet_keeps_its_average():

@@ -99,6 +99,13 @@ class LocalTerm(NamedTuple):
   exclusion_reason: str = ""
   configure: Callable | None = None  # cfg -> the variant a static option picks (contrastive's
                                      # form); None: the term itself
+  keys: tuple[str, ...] = ()       # the config keys hparams and configure read (a recipe keeps
+                                   # their values: recipes.from_config / to_config)
+  # Why no privacy guarantee on the upload would describe a run with this term ('': the
+  # term only post-processes, or keeps its extra state on the client); recipes refuse the
+  # combination with a DP mechanism / kept noise with this reason.
+  outside_dp: str = ""
+  outside_kept_noise: str = ""
 
 
 # -------------------------------------------------------------- pytree arithmetic

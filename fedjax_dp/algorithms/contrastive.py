@@ -74,4 +74,9 @@ def configure(cfg) -> LocalTerm:
   return FORMS[cfg.contrastive_form]
 
 
+# every form's keys: the recipe keeps the other form's numbers too (a config round-trips)
+KEYS = ("contrastive_form", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
+        "contrastive_tau")
+BOUNDED, MOON_PARAMS = BOUNDED._replace(keys=KEYS), MOON_PARAMS._replace(keys=KEYS)
+FORMS = {"bounded": BOUNDED, "moon_params": MOON_PARAMS}
 TERM = BOUNDED._replace(configure=configure)

@@ -28,4 +28,4 @@ def _finish(inputs, upload, state, hp):
 
 TERM = LocalTerm(name="fedadmm", hparams=lambda cfg: {"rho": cfg.admm_rho},
                  init_client=lambda params: {"dual": zeros_like_tree(params)},
-                 loss=_loss, finish=_finish)
+                 loss=_loss, finish=_finish, keys=("admm_rho",))

@@ -49,5 +49,5 @@ TERM = LocalTerm(
     init_client=lambda params: {"feddyn_g": zeros_like_tree(params)},
     init_server=lambda params: {"feddyn_h": zeros_like_tree(params)},
     loss=_loss, finish=_finish, server_update=_server_update,
-    excludes=("fedadmm",),
+    excludes=("fedadmm",), keys=("feddyn_alpha",),
     exclusion_reason="both keep a dual variable of the same consensus constraint; use one")

@@ -7,4 +7,5 @@ def _loss(inputs, hp):
   return 0.5 * hp["mu"] * sq_dist(inputs.params, inputs.global_params)
 
 
-TERM = LocalTerm(name="fedprox", hparams=lambda cfg: {"mu": cfg.prox_mu}, loss=_loss)
+TERM = LocalTerm(name="fedprox", hparams=lambda cfg: {"mu": cfg.prox_mu}, loss=_loss,
+                 keys=("prox_mu",))

@@ -25,4 +25,4 @@ def _loss(inputs, hp):
 
 
 TERM = LocalTerm(name="moon", hparams=lambda cfg: {"mu": cfg.moon_mu, "tau": cfg.moon_tau},
-                 loss=_loss, needs_prev_model=True, needs_features=True)
+                 loss=_loss, needs_prev_model=True, needs_features=True, keys=("moon_mu", "moon_tau"))

@@ -171,8 +171,15 @@ def objective_for(names, cfg, data_loss: Callable = masked_cross_entropy) -> Obj
   """The objective of the terms `names` with cfg's hyperparameters (cfg: a Config or
   anything with its attributes) on the task loss `data_loss` (losses.py)."""
   terms = registry.resolve(names, cfg)
-  return Objective(terms=terms, frozen_hp=_freeze({t.name: t.hparams(cfg) for t in terms}),
-                   momentum=cfg.momentum, data_loss=data_loss)
+  return of_terms(terms, {t.name: t.hparams(cfg) for t in terms}, cfg.momentum, data_loss)
+
+
+def of_terms(terms, hp: dict, momentum: float,
+             data_loss: Callable = masked_cross_entropy) -> Objective:
+  """The objective of resolved `terms` (registry order) with hyperparameters
+  hp {term: {key: number}} (a recipe's: recipes.Recipe.objective)."""
+  return Objective(terms=tuple(terms), frozen_hp=_freeze(hp), momentum=momentum,
+                   data_loss=data_loss)
 
 
 def make_objective(cfg, data_loss: Callable = masked_cross_entropy) -> Objective:

@@ -7,7 +7,7 @@ with client momentum beta (heavy ball, optax's trace) K steps of a constant
 gradient g move w by lr g sum_{k=1..K} (1 - beta^k) / (1 - beta), so that sum
 replaces K (it is K at beta = 0), and c_i stays an estimate of the mean
 gradient rather than 1 / (1 - beta) of it. A client that ran no step keeps c_i.
-c_i' - c_i is sent to the server unnoised (config.py refuses DP and kept noise).
+c_i' - c_i is sent to the server unnoised (`outside_dp`: recipes refuse DP and kept noise).
 """
 
 import jax
@@ -51,4 +51,9 @@ def _server_step(server_state, contrib_sum, num_clients, hp):
 
 TERM = LocalTerm(name="scaffold", init_client=lambda params: {"control": zeros_like_tree(params)},
                  init_server=lambda params: {"control": zeros_like_tree(params)},
-                 loss=_loss, finish=_finish, server_step=_server_step)
+                 loss=_loss, finish=_finish, server_step=_server_step,
+                 outside_dp="SCAFFOLD's control variates are not privatized, so no guarantee "
+                            "would hold",
+                 outside_kept_noise="SCAFFOLD's control-variate update c_i' - c_i is built "
+                                    "from the raw, unclipped update and reaches the server "
+                                    "unnoised, so no kept-noise guarantee would hold")

@@ -16,4 +16,9 @@ def _finish(inputs, upload, state, hp):
 
 
 TERM = LocalTerm(name="solo", init_client=lambda params: {"model": params}, finish=_finish,
-                 own_model=True)
+                 own_model=True,
+                 outside_dp="SOLO's clients send nothing, and the per-client models it "
+                            "evaluates are never noised, so no epsilon would describe the run; "
+                            "use dp 'none'",
+                 outside_kept_noise="SOLO's per-client models are evaluated and never noised, "
+                                    "so no kept-noise guarantee would describe the run")

@@ -53,6 +53,16 @@ class StageContext(NamedTuple):
 class ClientStage(NamedTuple):
   init: Callable[[int], Any]
   update: Callable[[Upload, Any, StageContext], tuple[Upload, Any]]
+  # static properties: what recipes (recipes/validate.py) check a combination by
+  name: str = ""
+  bound: float | None = None       # the norm it clips the upload to (per coordinate or L2)
+  sparsifies: bool = False         # sends only some coordinates (top-k)
+  private_positions: bool = False  # which coordinates are sent depends on the private update
+  needs_sparsifier: bool = False   # acts on the sent coordinates: an earlier stage sparsifies
+  needs_bound: bool = False        # calibrated to the bound an earlier stage clips to
+  privatizes: bool = False         # adds noise meant as the upload's privacy guarantee
+  owes_noise: bool = False         # leaves its noise for the server to draw on the aggregate
+                                   # (exact only for a weighted sum of unchanged uploads)
 
 
 def chain(*stages: ClientStage) -> ClientStage:
@@ -75,14 +85,23 @@ def identity() -> ClientStage:
 
 def clip_per_coordinate(clip: float) -> ClientStage:
   return ClientStage(lambda d: (),
-                     lambda u, s, ctx: (u._replace(values=jnp.clip(u.values, -clip, clip)), s))
+                     lambda u, s, ctx: (u._replace(values=jnp.clip(u.values, -clip, clip)), s),
+                     name="clip_per_coordinate", bound=clip)
 
 
 def clip_l2(clip: float) -> ClientStage:
   def update(u, s, ctx):
     norm = jnp.linalg.norm(u.values)
     return u._replace(values=u.values * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-30))), s
-  return ClientStage(lambda d: (), update)
+  return ClientStage(lambda d: (), update, name="clip_l2", bound=clip)
+
+
+def clip_sent(clip: float) -> ClientStage:
+  """The L2 clip of the sent top-k vector (final_clip_l2). It runs inside
+  topk_with_error_feedback (what it removes joins the residual); on its own it
+  only names a clip that has no top-k to follow, which recipes refuse."""
+  stage = clip_l2(clip)
+  return stage._replace(name="clip_sent", needs_sparsifier=True)
 
 
 def keep_count(d: int, sparsity: float) -> int:
@@ -141,7 +160,8 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
       sent = sent * jnp.minimum(1.0, final_clip / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
     new_residual = v - sent if error_feedback else ()
     return Upload(sent, mask & u.sent), new_residual
-  return ClientStage(init, update)
+  return ClientStage(init, update, name="topk", bound=final_clip, sparsifies=True,
+                     private_positions=selection == "topk")
 
 
 def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
@@ -163,7 +183,18 @@ def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
       return u._replace(noise_std=std), s
     noise = std * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
     return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s
-  return ClientStage(lambda d: (), update)
+  return ClientStage(lambda d: (), update, name="gaussian_on_kept", needs_sparsifier=True,
+                     needs_bound=True, privatizes=True, owes_noise=draw == "aggregate")
+
+
+def paper_noise_on_kept(epsilon: float, delta: float, clip: float, sparsity: float,
+                        draw: str = "client") -> ClientStage:
+  """gaussian_on_kept with `paper_std` for k = keep_count(d, sparsity), k taken from
+  the upload's size when the stage runs (so the stage is built without d)."""
+  def update(u, s, ctx):
+    k = keep_count(u.values.shape[0], sparsity)
+    return gaussian_on_kept(paper_std(epsilon, delta, clip, k), draw).update(u, s, ctx)
+  return gaussian_on_kept(lambda ctx: 0.0, draw)._replace(update=update)
 
 
 def aggregate_noise_var(weights: jax.Array, noise_std: jax.Array, sent: jax.Array) -> jax.Array:
@@ -187,6 +218,14 @@ def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
 # ------------------------------------------------------------------ server side
 
 
+class Shuffler(NamedTuple):
+  """A permutation of the cohort's uploads before aggregation, and its static property."""
+  name: str
+  shuffle: Callable               # (uploads [m, ...] pytree, key) -> uploads
+  needs_linear_aggregate: bool = True   # the result is a multiset of per-layer tuples: only
+                                        # a sum over the cohort is defined on it
+
+
 def layerwise_shuffle(uploads, key: jax.Array):
   """Per layer (leaf), a random permutation of the cohort axis: leaves [m, ...].
 
@@ -196,6 +235,9 @@ def layerwise_shuffle(uploads, key: jax.Array):
   out = [leaf[jax.random.permutation(jax.random.fold_in(key, i), leaf.shape[0])]
          for i, leaf in enumerate(leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+SHUFFLERS = {"layerwise": Shuffler("layerwise", layerwise_shuffle)}
 
 
 def downlink_topk(update: jax.Array, residual: jax.Array, sparsity: float,
@@ -241,9 +283,12 @@ def kept_noise_draw(cfg) -> str:
   return "aggregate" if linear else "client"
 
 
-def make_client_pipeline(cfg, d: int) -> ClientStage | None:
-  """The configured client stages, in the paper's order: clip, top-k with error
-  feedback, noise on the kept coordinates. None when no stage is configured."""
+def upload_stages(cfg, draw: str) -> list[ClientStage]:
+  """The client stages the config's pipeline keys name, in the paper's order:
+  clip, top-k with error feedback, noise on the kept coordinates (`draw`: its
+  resolved kept_noise_draw). Stages a combination check refuses are still
+  built (final_clip_l2 without top-k, kept noise without a clip): recipes
+  read their properties and refuse them with a one-line message."""
   stages = []
   if cfg.coordinate_clip is not None:
     stages.append(clip_per_coordinate(cfg.coordinate_clip))
@@ -252,16 +297,25 @@ def make_client_pipeline(cfg, d: int) -> ClientStage | None:
   if cfg.s_local > 0:
     stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback,
                                            cfg.topk_kernel, cfg.final_clip_l2))
+  elif cfg.final_clip_l2 is not None:
+    stages.append(clip_sent(cfg.final_clip_l2))
   if cfg.kept_noise != "none":
-    clip = noise_clip(cfg)
-    draw = kept_noise_draw(cfg)
+    clips = (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2)
+    clip = next((c for c in clips if c is not None), None)
     if cfg.kept_noise == "paper":
-      stages.append(gaussian_on_kept(paper_std(cfg.ldp_epsilon, cfg.ldp_delta, clip,
-                                               keep_count(d, cfg.s_local)), draw))
+      stages.append(paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip, cfg.s_local, draw))
     else:
-      std = cfg.kept_noise_multiplier * clip
+      std = cfg.kept_noise_multiplier * (clip or 0.0)
       stages.append(gaussian_on_kept(lambda ctx: jnp.float32(std), draw))
-  return chain(*stages) if stages else None
+  return stages
+
+
+def make_client_pipeline(cfg, d: int) -> ClientStage | None:
+  """The configured client stages (the run's recipe's, recipes.from_config),
+  chained; None when no stage is configured. `d` is unused (stages size
+  themselves from the upload); kept for callers."""
+  from fedjax_dp.recipes import from_config   # recipes import this module
+  return from_config(cfg).client_pipeline()
 
 
 def communication(cfg, d: int) -> dict:

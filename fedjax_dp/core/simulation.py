@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import algorithms
 from fedjax_dp import losses
-from fedjax_dp import robust
+from fedjax_dp import recipes
 from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.core import hparams as hparams_lib
@@ -48,7 +48,6 @@ from fedjax_dp.privacy import noise_control
 from fedjax_dp.privacy.setup import Privacy, make_privacy
 from fedjax_dp.robust import attacks
 from fedjax_dp.training import client as client_lib
-from fedjax_dp.training import server as server_lib
 from fedjax_dp.training import server_stages as server_stages_lib
 
 
@@ -281,7 +280,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
                               cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE,
                               LOCAL_NOISE)
-  aggregator = robust.get_aggregator(cfg.aggregator)
+  recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
+  aggregator = recipe.rule
   byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, cfg.seed,
                                      cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
@@ -292,15 +292,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
           jax.eval_shape(lambda: init_state(cfg, model).client_state))),
       resident=resident_state, refuses_clients=dp.refuses_clients,
       inspects_uploads=dp.per_upload or byzantine is not None or not aggregator.linear)
-  stages = _client_stages(cfg, model, task or losses.CLASSIFICATION, dp, aggregator, byzantine,
-                          executor)
+  stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
+                          byzantine, executor)
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
           if executor.resident else None)
   sample = cohort_lib.make_sampler(
       resident=executor.resident, num_clients=cfg.num_clients,
       clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
       n_dev=n_dev, slots=slots, home=home)
-  round_fn = make_round(cfg, mesh, stages, dp, sample)
+  round_fn = make_round(cfg, recipe, mesh, stages, dp, sample)
 
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
@@ -317,16 +317,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     issued={hparams_lib.digest(host_hp)}, **layouts)
 
 
-def _client_stages(cfg: Config, model: Model, task: losses.Task, dp: dp_round.DPRound,
-                   aggregator, byzantine, executor: Executor) -> ClientStages:
-  """The client phase's stages for this config."""
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
-  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
+def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,
+                   dp: dp_round.DPRound, aggregator, byzantine,
+                   executor: Executor) -> ClientStages:
+  """The client phase's stages: the recipe's, with this config's set-up."""
+  client_pipeline = recipe.client_pipeline()
   return ClientStages(
       train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                         batch_size=cfg.batch_size),
-      objective=algorithms.make_objective(cfg, task.loss), model=model,
+      objective=recipe.objective(task.loss, cfg.momentum), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine,
       aggregator=None if aggregator.linear else aggregator.aggregate,
       cluster_noise=cfg.cluster_noise == "equalize",
@@ -338,8 +337,8 @@ def _client_stages(cfg: Config, model: Model, task: losses.Task, dp: dp_round.DP
       executor=executor)
 
 
-def make_round(cfg: Config, mesh: Mesh, stages: ClientStages, dp: dp_round.DPRound,
-               sample: Callable) -> Callable:
+def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientStages,
+               dp: dp_round.DPRound, sample: Callable) -> Callable:
   """round_fn(state, store, hp) -> (state, RoundStats): one round of the stages."""
   state_spec = stages.executor.client_state_spec
   phase = jax.shard_map(
@@ -348,10 +347,10 @@ def make_round(cfg: Config, mesh: Mesh, stages: ClientStages, dp: dp_round.DPRou
                 P(), P(), P(), P()),
       out_specs=(P(), P(), state_spec, P(), P(), P()))
   objective = stages.objective
-  server_stages = server_stages_lib.make_server_stages(cfg, dp.mode != "none", DOWNLINK)
+  server_stages = recipe.server_stages(cfg.num_clients, DOWNLINK)
   round_client_hp = partial(client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
                             momentum=cfg.momentum > 0, local_dp=dp.mode == "local")
-  server_optimizer = partial(server_lib.make_server_optimizer, cfg)
+  server_optimizer = recipe.server_optimizer_fn
   num_clients, expected_cohort = cfg.num_clients, cfg.clients_per_round
   # central DP applies a round nobody took part in (its noise was released and
   # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing

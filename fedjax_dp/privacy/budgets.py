@@ -26,6 +26,16 @@ import numpy as np
 from fedjax_dp.data.tabular import TIERS
 
 
+class Allocation(NamedTuple):
+  """Per-client budgets as a recipe names them (client_budgets 'allocated')."""
+  name: str = "allocated"
+  needs_per_client_ledgers: bool = True   # each client's ledger stops at its own budget
+  needs_target: bool = True               # the budgets share out target_epsilon
+
+
+ALLOCATED = Allocation()
+
+
 class TierBudget(NamedTuple):
   epsilon: float
   low: float

@@ -40,6 +40,35 @@ from fedjax_dp.kernels import gaussian_noise
 SCORE_GRID = 17   # controller outputs at which central DP's adaptive-noise RDP is tabulated
 
 
+class Mechanism(NamedTuple):
+  """A DP mechanism as a recipe names it, with the static properties recipes
+  check a combination by (its numbers and clip layout: simulation.Privacy)."""
+  name: str
+  noises_sum: bool = False          # noise on the sum of clipped updates (needs a linear
+                                    # aggregate; the clipped-count query of adaptive clipping)
+  noises_each_upload: bool = False  # each client noises its whole clipped upload: the guarantee
+                                    # is a dense vector's; the noise can be set per client
+  per_client_ledgers: bool = False  # each client accounts its own epsilon (per-client budgets)
+  calibrates_to_target: bool = False  # can set its noise from target_epsilon
+  clips_after_pipeline: bool = True   # its clip follows the upload pipeline's stages
+
+
+MECHANISMS = {
+    "central": Mechanism("central", noises_sum=True, calibrates_to_target=True),
+    "local": Mechanism("local", noises_each_upload=True, per_client_ledgers=True),
+}
+
+
+class AdaptiveClipping(NamedTuple):
+  """Adaptive clipping (Andrew et al. 2021) as a recipe names it."""
+  name: str = "adaptive_clipping"
+  needs_noised_sum: bool = True        # its clipped-count query is noised on the cohort's sum
+  excludes_varying_noise: bool = True  # the count noise is fitted to one static multiplier
+
+
+ADAPTIVE_CLIPPING = AdaptiveClipping()
+
+
 class Plan(NamedTuple):
   scales: jax.Array        # [parts] float32 noise std per part / (z C)
   event: jax.Array | None  # [orders] float32 RDP of the round (central) or participation (local)

@@ -33,6 +33,7 @@ summing ignores delta).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,22 @@ from fedjax_dp.privacy import accounting
 SCHEDULES = ("static", "convergence", "weighted")
 MEASURES = ("update_diff", "norm_diff")
 MAX_CONVERGENCE_FACTOR = 0.8
+
+
+class Planner(NamedTuple):
+  """A noise schedule as a recipe names it, with the static properties recipes
+  check a combination by."""
+  name: str
+  varies_noise: bool = False    # the noise changes from round to round
+  needs_tiers: bool = False     # its weights are per sensitivity tier (clip_parts 'tiers')
+  needs_mechanism: bool = False   # scales a DP mechanism's noise (nothing to schedule without)
+
+
+PLANNERS = {
+    "static": Planner("static"),
+    "convergence": Planner("convergence", varies_noise=True, needs_mechanism=True),
+    "weighted": Planner("weighted", varies_noise=True, needs_tiers=True, needs_mechanism=True),
+}
 
 
 def init_state(d: int, window: int, num_clients: int) -> dict:

@@ -20,6 +20,7 @@ Static properties the round and config.py read:
              state pytree) and passes it back in the next round
   reports    the metrics that mean something for it, for metrics.jsonl
   check      cfg -> a one-line config error, or None (its own keys' bounds)
+  keys       the config keys `hparams` reads (recipes.from_config keeps their values)
 
 hp's numbers are call arguments, never baked in: the round passes the config's
 Python numbers today and may pass traced arrays (floats float32, counts
@@ -56,6 +57,7 @@ class Aggregator(NamedTuple):
   stateful: bool = False
   reports: tuple[str, ...] = ()
   check: Callable[[Any], str | None] = _no_check
+  keys: tuple[str, ...] = ()   # the config keys hparams reads (a recipe keeps their values)
 
 
 def metrics(flagged=None, clusters=None) -> dict:

@@ -40,5 +40,6 @@ def _aggregate(u, mask, weights, state, hp):
 
 AGGREGATOR = Aggregator(name="centered_clip", aggregate=on_finite_uploads(_aggregate),
                         hparams=lambda cfg: {"tau": cfg.cclip_tau, "iters": cfg.cclip_iters},
+                        keys=("cclip_tau", "cclip_iters"),
                         init=lambda d, num_clients: jnp.zeros((d,), jnp.float32),
                         stateful=True, reports=("flagged",))

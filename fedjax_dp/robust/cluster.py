@@ -13,4 +13,5 @@ def _aggregate(u, mask, weights, state, hp):
 
 AGGREGATOR = Aggregator(name="cluster", aggregate=on_finite_uploads(_aggregate),
                         hparams=lambda cfg: {"threshold": cfg.cluster_threshold},
+                        keys=("cluster_threshold",),
                         reports=("clusters",))

@@ -33,4 +33,5 @@ def _aggregate(u, mask, weights, state, hp):
 
 
 AGGREGATOR = Aggregator(name="geometric_median", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"iters": cfg.geomed_iters, "eps": cfg.geomed_eps})
+                        hparams=lambda cfg: {"iters": cfg.geomed_iters, "eps": cfg.geomed_eps},
+                        keys=("geomed_iters", "geomed_eps"))

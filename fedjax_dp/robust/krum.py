@@ -42,7 +42,8 @@ def _check_multi(cfg):
 
 KRUM = Aggregator(name="krum", aggregate=on_finite_uploads(_krum),
                   hparams=lambda cfg: {"f": cfg.byzantine_f}, reports=("flagged",),
-                  check=_check_f)
+                  check=_check_f, keys=("byzantine_f",))
 MULTI_KRUM = Aggregator(name="multi_krum", aggregate=on_finite_uploads(_multi_krum),
                         hparams=lambda cfg: {"f": cfg.byzantine_f, "m": cfg.multi_krum_m},
-                        reports=("flagged",), check=_check_multi)
+                        reports=("flagged",), check=_check_multi,
+                        keys=("byzantine_f", "multi_krum_m"))

@@ -14,4 +14,5 @@ def _aggregate(u, mask, weights, state, hp):
 
 
 AGGREGATOR = Aggregator(name="outlier_median", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"z": cfg.outlier_z}, reports=("flagged",))
+                        hparams=lambda cfg: {"z": cfg.outlier_z}, reports=("flagged",),
+                        keys=("outlier_z",))

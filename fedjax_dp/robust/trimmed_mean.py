@@ -10,4 +10,4 @@ def _aggregate(u, mask, weights, state, hp):
 
 
 AGGREGATOR = Aggregator(name="trimmed_mean", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"beta": cfg.trim_fraction})
+                        hparams=lambda cfg: {"beta": cfg.trim_fraction}, keys=("trim_fraction",))

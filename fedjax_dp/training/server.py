@@ -24,12 +24,18 @@ def make_server_optimizer(cfg: Config, lr=None, momentum=None) -> optax.Gradient
   arrays (hyperparameters as data: hparams.py). Adam's betas and eps stay
   constants: optax computes 1 - beta from them, which rounds differently from
   a float32 array's."""
-  name = server_optimizer_name(cfg)
-  lr = cfg.server_lr if lr is None else lr
+  return make_optimizer(server_optimizer_name(cfg), cfg.server_lr if lr is None else lr,
+                        cfg.server_momentum if momentum is None else momentum,
+                        cfg.server_beta1, cfg.server_beta2, cfg.server_eps)
+
+
+def make_optimizer(name: str, lr, momentum=0.9, b1: float = 0.9, b2: float = 0.99,
+                   eps: float = 1e-3) -> optax.GradientTransformation:
+  """sgd, momentum (FedAvgM) or adam (FedAdam) at server learning rate `lr`."""
   if name == "sgd":
     return optax.sgd(lr)
   if name == "momentum":
-    return optax.sgd(lr, momentum=cfg.server_momentum if momentum is None else momentum)
+    return optax.sgd(lr, momentum=momentum)
   if name == "adam":
-    return optax.adam(lr, b1=cfg.server_beta1, b2=cfg.server_beta2, eps=cfg.server_eps)
+    return optax.adam(lr, b1=b1, b2=b2, eps=eps)
   raise ValueError(f"unknown server optimizer {name!r} (allowed: sgd, momentum, adam)")

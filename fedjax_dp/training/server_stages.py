@@ -25,7 +25,7 @@ server_state reads the same whichever stages ran before).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -125,16 +125,32 @@ def noise_controller(schedule: str, measure: str, window: int, num_clients: int)
                      lambda params, d: noise_control.init_state(d, window, num_clients), update)
 
 
+class ServerStageSpec(NamedTuple):
+  """A server stage as a recipe names it, before the run's sizes are known, with
+  the static properties recipes check a combination by."""
+  name: str
+  build: Callable[[int, int], ServerStage]   # (num_clients, key_tag) -> the stage
+  needs_sparsifier: bool = False     # serves a client top-k stage (public_topk's indices)
+  needs_clusters: bool = False       # reads the clusters the aggregator formed
+  needs_client_noise: bool = False   # sets each client's own noise (local DP's)
+
+
+def downlink_topk_spec(sparsity: float, kernel: str) -> ServerStageSpec:
+  return ServerStageSpec("downlink_topk", lambda n, tag: downlink_topk(sparsity, tag, kernel))
+
+
+def public_update_spec() -> ServerStageSpec:
+  return ServerStageSpec("public_update", lambda n, tag: public_update(), needs_sparsifier=True)
+
+
+def cluster_noise_spec() -> ServerStageSpec:
+  return ServerStageSpec("cluster_noise", lambda n, tag: cluster_noise(n), needs_clusters=True,
+                         needs_client_noise=True)
+
+
 def make_server_stages(cfg, dp_on: bool, downlink_key_tag: int) -> ServerStage:
-  """The config's server stages, in the round's order."""
-  stages: list[Any] = []
-  if cfg.s_global > 0:
-    stages.append(downlink_topk(cfg.s_global, downlink_key_tag, cfg.topk_kernel))
-  if cfg.index_selection == "public_topk":
-    stages.append(public_update())
-  if cfg.cluster_noise == "equalize":
-    stages.append(cluster_noise(cfg.num_clients))
-  if dp_on:
-    stages.append(noise_controller(cfg.noise_schedule, cfg.convergence_measure,
-                                   cfg.convergence_window, cfg.num_clients))
-  return chain(*stages)
+  """The config's server stages, in the round's order: its recipe's
+  (recipes.from_config), whose DP mechanism brings the noise controller
+  (`dp_on` is cfg.dp != 'none'; kept for callers)."""
+  from fedjax_dp.recipes import from_config   # recipes import this module
+  return from_config(cfg).server_stages(cfg.num_clients, downlink_key_tag)

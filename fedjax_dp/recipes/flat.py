@@ -1,0 +1,111 @@
+"""`from_config`: the flat Config (CLI, YAML, config.json) read as a recipe.
+
+Each stage is built by its own module (registry lookups, pipeline.upload_stages,
+the server stage specs) from the config's keys, and keeps the keys it stands
+for, so that `from_config(cfg).to_config(**setup of cfg)` is `cfg` again. The
+tables below are the config's vocabulary: which keys belong to which stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedjax_dp.privacy import budgets, dp_round, noise_control
+
+from fedjax_dp.compression import pipeline
+
+from fedjax_dp import robust
+from fedjax_dp.training import server as server_lib
+from fedjax_dp.training import server_stages
+from fedjax_dp.algorithms import registry
+from fedjax_dp.config import Config
+from fedjax_dp.recipes.base import _DEFAULTS, RECIPE_KEYS, Choice, Recipe
+
+# pipeline.ClientStage name -> the config keys it stands for
+UPLOAD_KEYS = {
+    "clip_per_coordinate": ("coordinate_clip",),
+    "clip_l2": ("update_clip_l2",),
+    "topk": ("s_local", "index_selection", "error_feedback", "topk_kernel", "final_clip_l2"),
+    "clip_sent": ("final_clip_l2",),
+    "gaussian_on_kept": ("kept_noise", "kept_noise_multiplier", "kept_noise_draw", "ldp_epsilon",
+                         "ldp_delta"),
+}
+SERVER_OPTIMIZER_KEYS = ("server_optimizer", "server_lr", "server_momentum", "server_beta1",
+                         "server_beta2", "server_eps")
+MECHANISM_KEYS = ("dp", "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant",
+                  "clip_parts", "rest_tier", "tier_noise_multipliers", "tier_source",
+                  "analyzer_rule", "analyzer_steps")
+PLANNER_KEYS = ("noise_schedule", "convergence_measure", "convergence_lambda",
+                "convergence_window", "convergence_beta", "noise_ema")
+ADAPTIVE_KEYS = ("adaptive_clipping", "target_quantile", "clip_lr", "clip_count_stddev")
+
+
+def _take(cfg, keys) -> dict[str, Any]:
+  return {k: getattr(cfg, k) for k in keys}
+
+
+def term_choices(cfg) -> tuple[Choice, ...]:
+  """The algorithm's local terms (registry order, the variant cfg picks) with their keys."""
+  names, _ = registry.parse_algorithm(cfg.algorithm)
+  return tuple(Choice(t, _take(cfg, t.keys)) for t in registry.resolve(names, cfg))
+
+
+def upload_choices(cfg) -> tuple[Choice, ...]:
+  """The client upload stages (pipeline.upload_stages) with their keys; kept_noise_draw
+  'auto' resolves as pipeline.kept_noise_draw does (the set-up's Byzantine clients
+  included: the recipe of a run is read from its whole config)."""
+  stages = pipeline.upload_stages(cfg, pipeline.kept_noise_draw(cfg))
+  return tuple(Choice(s, _take(cfg, UPLOAD_KEYS[s.name])) for s in stages)
+
+
+def server_choices(cfg) -> tuple[Choice, ...]:
+  """The server stages the config turns on, in the round's order (the DP
+  mechanism's noise controller comes with the mechanism: Recipe.server_stages)."""
+  out = []
+  if cfg.s_global > 0:
+    out.append(Choice(server_stages.downlink_topk_spec(cfg.s_global, cfg.topk_kernel),
+                      _take(cfg, ("s_global", "topk_kernel"))))
+  if cfg.index_selection == "public_topk":
+    out.append(Choice(server_stages.public_update_spec(), {"index_selection": "public_topk"}))
+  if cfg.cluster_noise != "uniform":
+    out.append(Choice(server_stages.cluster_noise_spec(), {"cluster_noise": cfg.cluster_noise}))
+  return tuple(out)
+
+
+def privacy_choices(cfg) -> dict[str, Choice | None]:
+  """The DP mechanism, its noise planner (a mechanism always has one; a varying
+  schedule without a mechanism is kept for validate to refuse), adaptive
+  clipping and per-client budgets."""
+  on = cfg.dp != "none"
+  return {
+      "privacy": Choice(dp_round.MECHANISMS[cfg.dp], _take(cfg, MECHANISM_KEYS)) if on else None,
+      "planner": (Choice(noise_control.PLANNERS[cfg.noise_schedule], _take(cfg, PLANNER_KEYS))
+                  if on or cfg.noise_schedule != "static" else None),
+      "adaptive_clip": (Choice(dp_round.ADAPTIVE_CLIPPING, _take(cfg, ADAPTIVE_KEYS))
+                        if cfg.adaptive_clipping else None),
+      "budgets": (Choice(budgets.ALLOCATED, {"client_budgets": cfg.client_budgets})
+                  if cfg.client_budgets == "allocated" else None),
+  }
+
+
+def from_config(cfg: Config) -> Recipe:
+  """The recipe of `cfg` (any Config: a combination validate refuses is still
+  read, so that validate can name it). Raises ValueError for an algorithm or
+  aggregator that is not registered (config.make_config names those first)."""
+  rule = robust.get_aggregator(cfg.aggregator)
+  recipe = Recipe(
+      name={"none": "", "central": "dp_", "local": "ldp_"}[cfg.dp] + cfg.algorithm,
+      algorithm=cfg.algorithm,
+      terms=term_choices(cfg),
+      upload=upload_choices(cfg),
+      shuffle=(Choice(pipeline.SHUFFLERS[cfg.shuffle], {"shuffle": cfg.shuffle})
+               if cfg.shuffle != "none" else None),
+      aggregator=Choice(rule, {"aggregator": cfg.aggregator, **_take(cfg, rule.keys)}),
+      server=server_choices(cfg),
+      server_optimizer=Choice(server_lib.server_optimizer_name(cfg),
+                              _take(cfg, SERVER_OPTIMIZER_KEYS)),
+      **privacy_choices(cfg))
+  owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
+  unused = {k: getattr(cfg, k) for k in RECIPE_KEYS
+            if k not in owned and getattr(cfg, k) != _DEFAULTS[k]}
+  return recipe.replace(unused=unused)
