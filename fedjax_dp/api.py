@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from fedjax_dp import losses
 from fedjax_dp.config import Config, ConfigError, make_config
-from fedjax_dp.data import Dataset
+from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.models import Model
 
 DEFAULT_COHORT = 10   # Config's clients_per_round default

@@ -41,7 +41,7 @@ from fedjax_dp.privacy import privacy_log
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment import runner
 from fedjax_dp.config import Config
-from fedjax_dp.data import Dataset
+from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.losses import Task
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.core.simulation import Simulation

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp import data
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.data import DataError, apply_feature_scaling, load_dataset, scale_features
+from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
 from fedjax_dp.privacy import privacy_report
 from fedjax_dp.experiment import runner
@@ -187,7 +187,7 @@ def test_dp_none_keeps_the_pooled_numbers(tmp_path):
           for i in range(120)]
   path.write_text("a,b,c,label\n" + "".join(f"{a:.6f},{b},{c:.9f},{l}\n" for a, b, c, l in rows))
   x64 = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1, 2))
-  tr, te = data._split(len(x64), 0.2, 0)
+  tr, te = train_test_split(len(x64), 0.2, 0)
   cases = {"csv": ({"csv_path": str(path)}, x64[tr], x64[te]),
            "synthetic": ({"synthetic_examples": 400}, None, None),
            "healthcare": ({"healthcare_examples": 300}, None, None),

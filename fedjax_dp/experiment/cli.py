@@ -40,8 +40,8 @@ def _run(args) -> int:
 
 
 def _datasets(args) -> int:
-  from fedjax_dp import data
   from fedjax_dp.config import load_config
+  from fedjax_dp.data.registry import DATASETS, find_dataset
 
   from fedjax_dp.experiment.runner import RunError
   if args.plot and not args.partition:
@@ -51,8 +51,8 @@ def _datasets(args) -> int:
   if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
     raise RunError(f"--plot {args.plot}: its folder does not exist")
   if not args.partition:
-    for name in data.DATASETS:
-      ok, where = data.find_dataset(name, args.data_dir)
+    for name in DATASETS:
+      ok, where = find_dataset(name, args.data_dir)
       print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")
     return 0
   from fedjax_dp.data import partition as part_lib
@@ -118,7 +118,7 @@ def run_guarded(fn) -> int:
   from fedjax_dp.privacy.planning import AccountError
   from fedjax_dp.experiment.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
-  from fedjax_dp.data import DataError
+  from fedjax_dp.data.dataset import DataError
   from fedjax_dp.experiment.runner import RunError
   try:
     return fn()

@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.config import Config
-from fedjax_dp.data import TABULAR
+from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.models import num_params
 from fedjax_dp.core.simulation import (Simulation, budget_limit, learning_rate_schedule,
                                   neighbouring_relation, round_event_rdp, sampling_rate)
