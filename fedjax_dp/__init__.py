@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data": "data",
                "losses": "losses", "models": "models", "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
-          "ConfigError": "config", "DataError": "data", "RunError": "experiment.runner"}
+          "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

@@ -107,7 +107,7 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
       metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
 
   Writes nothing; the privacy report of a state: runner.privacy_report(sim.cfg, sim, state)."""
-  from fedjax_dp.experiment.runner import setup
+  from fedjax_dp.experiment.setup import setup
   task = losses.get(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
   _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
