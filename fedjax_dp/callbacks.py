@@ -50,7 +50,8 @@ from fedjax_dp.experiment.resume import mark_released
 from fedjax_dp.experiment.runner import chunk_ends
 from fedjax_dp.experiment.setup import client_label_distribution
 from fedjax_dp.experiment.summary import run_summary
-from fedjax_dp.privacy.privacy_report import clients_spent, rounds_skipped
+from fedjax_dp.privacy.local_dp_report import clients_spent
+from fedjax_dp.privacy.privacy_report import rounds_skipped
 
 
 class Callback(NamedTuple):

@@ -10,7 +10,8 @@ import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
-from fedjax_dp.privacy.privacy_report import _finite, clients_spent, rounds_skipped
+from fedjax_dp.privacy.local_dp_report import clients_spent
+from fedjax_dp.privacy.privacy_report import finite_or_none, rounds_skipped
 
 
 def published_participations(cfg: Config, state) -> int:
@@ -45,7 +46,7 @@ def spent_epsilon(sim: Simulation, state) -> dict:
   if sim.cfg.dp == "none":
     return {"epsilon": None, "delta": None}
   eps, _ = sim.epsilons(state)
-  row = {"epsilon": _finite(np.max(eps)), "delta": sim.cfg.delta}
+  row = {"epsilon": finite_or_none(np.max(eps)), "delta": sim.cfg.delta}
   if sim.cfg.dp == "local":
     row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
   return row
