@@ -33,7 +33,7 @@ import numpy as np
 
 from fedjax_dp.privacy import accounting
 from fedjax_dp.config import make_config
-from fedjax_dp.experiment.runner import setup
+from fedjax_dp.experiment.setup import setup
 
 PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", alpha=0.5,
                 model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,

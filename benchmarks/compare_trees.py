@@ -39,7 +39,11 @@ def worker(variant: str, chunk_rounds: int) -> None:
   use_cpu_devices()
   import jax
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment.runner import setup
+  try:
+    from fedjax_dp.experiment.setup import setup
+  except ImportError:   # a tree from before setup.py split off the runner
+    from fedjax_dp import runner
+    setup = runner.setup
   _, _, sim = setup(make_config(dict(PROTOCOL, **VARIANTS[variant])))
   state, _ = sim.run_working(sim.to_working(sim.init_state()), chunk_rounds)   # compile
   jax.block_until_ready(state)

@@ -34,7 +34,7 @@ import numpy as np
 from cli_args import nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
-from fedjax_dp.experiment.runner import setup
+from fedjax_dp.experiment.setup import setup
 from fedjax_dp.core.evaluate import batch_for_eval
 
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
@@ -71,7 +71,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   from peak import measure_matmul_peak
-  from fedjax_dp.experiment.runner import client_partition, load_data
+  from fedjax_dp.experiment.setup import client_partition, load_data
   cfg = make_config(dict(PROTOCOL, data_dir=args.data_dir, client_parallelism=args.parallelism,
                          client_batch=args.client_batch, devices=args.devices))
   # The PyTorch loop runs first, before JAX computes anything: XLA's worker

@@ -30,7 +30,7 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "losses": "losses", "models": "models", "recipes": "recipes",
                "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
-          "ConfigError": "config", "DataError": "data", "RunError": "experiment.runner"}
+          "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

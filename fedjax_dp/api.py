@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from fedjax_dp import losses
 from fedjax_dp.config import Config, ConfigError, make_config
-from fedjax_dp.data import Dataset
+from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.models import Model
 
 DEFAULT_COHORT = 10   # Config's clients_per_round default
@@ -118,7 +118,7 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
       metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
 
   Writes nothing; the privacy report of a state: runner.privacy_report(sim.cfg, sim, state)."""
-  from fedjax_dp.experiment.runner import setup
+  from fedjax_dp.experiment.setup import setup
   task = losses.get(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
   _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)

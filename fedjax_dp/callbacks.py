@@ -39,12 +39,19 @@ import numpy as np
 from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment import runner
 from fedjax_dp.config import Config
-from fedjax_dp.data import Dataset
+from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.losses import Task
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.experiment.metrics_row import (aggregator_metrics, published_participations,
+                                              spent_epsilon)
+from fedjax_dp.experiment.resume import mark_released
+from fedjax_dp.experiment.runner import chunk_ends
+from fedjax_dp.experiment.setup import client_label_distribution
+from fedjax_dp.experiment.summary import run_summary
+from fedjax_dp.privacy.local_dp_report import clients_spent
+from fedjax_dp.privacy.privacy_report import rounds_skipped
 
 
 class Callback(NamedTuple):
@@ -87,12 +94,12 @@ class RunContext:
   last: int                  # the last round the privacy budget allows (<= cfg.rounds)
   plog: dict | None          # the privacy log (None: resumed from a checkpoint without one)
   calibration: float | None  # central DP's calibrated noise multiplier, else None
-  meta: dict                 # the restored checkpoint's host meta (runner.FRESH_META at 0)
+  meta: dict                 # the restored checkpoint's host meta (resume.FRESH_META at 0)
   rows: list[dict]           # metrics.jsonl's rows so far
   setup_s: float
   num_params: int
   comm: dict                 # pipeline.communication: bytes per participant and round
-  inputs: dict | None = None # your own data, model, loss (runner.own_inputs), else None
+  inputs: dict | None = None # your own data, model, loss (inputs_fingerprint.py), else None
   progress: bool = True      # show the progress bar
   round: int = 0             # rounds done
   prev_round: int = 0        # rounds done before this chunk
@@ -141,7 +148,7 @@ def run_loop(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
   # the rounds keep the per-client state in their own layout from chunk to
   # chunk; it is put in client order only where it is read (client_order)
   ctx.state = ctx.sim.to_working(ctx.state)
-  for end in runner.chunk_ends(ctx.start, ctx.cfg, ctx.last):
+  for end in chunk_ends(ctx.start, ctx.cfg, ctx.last):
     t = time.perf_counter()
     ctx.state, stats = ctx.sim.run_working(ctx.state, end - ctx.round)
     if ctx.plog is not None:
@@ -175,7 +182,7 @@ def budget_stop() -> Callback:
   def after(ctx: RunContext, stats) -> bool:
     cfg, sim = ctx.cfg, ctx.sim
     # local DP: once every client's budget is spent, no round can change the model
-    spent = bool(np.all(runner.clients_spent(sim, ctx.state))) if cfg.dp == "local" else False
+    spent = bool(np.all(clients_spent(sim, ctx.state))) if cfg.dp == "local" else False
     if spent:
       ctx.log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
               f"the run stops after round {ctx.round}")
@@ -198,7 +205,7 @@ def evaluate() -> Callback:
     if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
       from fedjax_dp.core.evaluate import make_solo_evaluate
       solo["eval"] = make_solo_evaluate(ctx.sim.model)
-      solo["dist"] = runner.client_label_distribution(ctx.ds, ctx.parts)
+      solo["dist"] = client_label_distribution(ctx.ds, ctx.parts)
 
   def measure(ctx: RunContext) -> None:
     if solo:
@@ -249,20 +256,20 @@ def metrics() -> Callback:
 def write_row(ctx: RunContext) -> None:
   """Appends this round's metrics.jsonl row and starts the diagnostics afresh."""
   cfg, sim, state, d = ctx.cfg, ctx.sim, ctx.state, ctx.diag
-  participations = runner.published_participations(cfg, state)
+  participations = published_participations(cfg, state)
   row = {"round": ctx.round, **{f"test_{k}": v for k, v in ctx.test_metrics.items()},
          "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
-         **runner.spent_epsilon(sim, state),
+         **spent_epsilon(sim, state),
          **({"clip_norm": float(state.clip_norm),
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}
             if cfg.dp != "none" else {}),
-         **runner.aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"]),
+         **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"]),
          "bytes_up": participations * ctx.comm["bytes_per_client_up"],
          "bytes_down": participations * ctx.comm["bytes_per_client_down"],
          "wall_s": round(time.perf_counter() - ctx.wall0, 4)}
   reporting.append_metrics(os.path.join(ctx.out, "metrics.jsonl"), row)
-  runner.mark_released(ctx.out, ctx.round)
+  mark_released(ctx.out, ctx.round)
   ctx.rows.append(row)
   ctx.row = row
   ctx.diag = dict(DIAGNOSTICS)
@@ -279,7 +286,7 @@ def checkpoint() -> Callback:
                                    "noise_multiplier": ctx.calibration}}
                   if calibrating else {})},
               keep=ctx.cfg.keep_checkpoints)
-    runner.mark_released(ctx.out, ctx.round)
+    mark_released(ctx.out, ctx.round)
     ctx.last_checkpoint = ctx.round
 
   def after(ctx: RunContext, stats) -> None:
@@ -315,12 +322,12 @@ def progress() -> Callback:
 def summary() -> Callback:
   """Writes summary.json (final metrics, privacy report, communication, timing)."""
   def end(ctx: RunContext) -> None:
-    skipped = runner.rounds_skipped(ctx.cfg, ctx.state)
+    skipped = rounds_skipped(ctx.cfg, ctx.state)
     # the run ended before `rounds`: a budget stopped it (the last round, or a skip),
     # unless one of your callbacks did
     stopped = (int(ctx.state.round) - skipped < ctx.cfg.rounds
                and not (ctx.stop and not ctx.budget_stopped))
-    ctx.summary = runner.run_summary(ctx, stopped)
+    ctx.summary = run_summary(ctx, stopped)
     reporting.write_json_atomic(os.path.join(ctx.out, "summary.json"), ctx.summary)
   return Callback(on_run_end=end)
 

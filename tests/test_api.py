@@ -15,7 +15,8 @@ import pytest
 import fedjax_dp
 from fedjax_dp.api import recipe_config
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.experiment.runner import RunError, privacy_report
+from fedjax_dp.experiment.runner import RunError
+from fedjax_dp.privacy.privacy_report import privacy_report
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

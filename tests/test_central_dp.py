@@ -169,7 +169,7 @@ def test_bad_dp_settings(tmp_path, capsys, sets, fragment):
 def test_calibrated_long_run_takes_every_round():
   # 1,350 rounds: the float32 ledger's upward drift must not cost the last round
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment.runner import budget_rounds
+  from fedjax_dp.experiment.target_epsilon import budget_rounds
   cfg = make_config({"dp": "central", "target_epsilon": 1.9, "rounds": 1350,
                      "num_clients": 120, "clients_per_round": 12, "sampling": "poisson"})
   assert budget_rounds(cfg) == 1350
@@ -177,7 +177,7 @@ def test_calibrated_long_run_takes_every_round():
 
 def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
   from fedjax_dp.config import ConfigError, make_config
-  from fedjax_dp.privacy.privacy_report import _add_pld
+  from fedjax_dp.privacy.privacy_report import add_pld
   from fedjax_dp.privacy.planning import pld_epsilon
   with pytest.raises(ConfigError, match="'noise_multiplier' = 0.001 with accountant 'pld'"):
     make_config({"dp": "central", "sampling": "poisson", "accountant": "pld",
@@ -186,8 +186,8 @@ def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
     make_config({"dp": "local", "accountant": "pld", "noise_multiplier": 0.015})
   # a multiplier known only after setup (calibrated, or tiers' composition): RDP stands
   report = {"epsilon": 12.0, "accountant": "rdp"}
-  _add_pld(report, lambda: pld_epsilon(0.1, 0.001, 10, 1e-5), "pld")
+  add_pld(report, lambda: pld_epsilon(0.1, 0.001, 10, 1e-5), "pld")
   assert report["epsilon"] == 12.0 and report["pld_epsilon"] is None
   assert "needs >= 0.01" in report["pld_note"] and report["accountant"] == "rdp"
-  _add_pld(report, lambda: 3.0, "pld")
+  add_pld(report, lambda: 3.0, "pld")
   assert report["epsilon"] == 3.0 and report["accountant"] == "pld"

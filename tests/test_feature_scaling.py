@@ -9,12 +9,13 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp import data
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.data import DataError, apply_feature_scaling, load_dataset, scale_features
+from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
 from fedjax_dp.privacy import privacy_report
 from fedjax_dp.experiment import runner
+from fedjax_dp.experiment.setup import load_data, setup
 
 
 def _problem(seed=0, n=300, d=5, clients=6):
@@ -94,19 +95,19 @@ def test_setup_scales_per_client_after_partitioning():
   leaves every other client's rows of the store bit-identical."""
   cfg = make_config(dict(dataset="breast_cancer", dp="central", noise_multiplier=1.0,
                          num_clients=8, clients_per_round=4, hidden=[8], devices=1))
-  assert runner.resolved_feature_scaling(cfg) == "per_client"
-  raw = runner.load_data(cfg)
+  assert privacy_report.resolved_feature_scaling(cfg) == "per_client"
+  raw = load_data(cfg)
   assert raw.feature_scaling == "none"
   np.testing.assert_array_equal(raw.x_train, load_dataset("breast_cancer",
                                                           feature_scaling="none").x_train)
-  ds, parts, sim = runner.setup(cfg)
+  ds, parts, sim = setup(cfg)
   assert ds.feature_scaling == "per_client"
   want_train, want_test = _loop(raw.x_train, parts, raw.x_test)
   np.testing.assert_array_equal(ds.x_train, want_train)
   np.testing.assert_array_equal(ds.x_test, want_test)
   np.testing.assert_array_equal(np.asarray(sim.store.x), want_train)
   x2, k = _neighbour(raw.x_train, parts)
-  ds2, parts2, sim2 = runner.setup(cfg, dataclasses.replace(raw, x_train=x2))
+  ds2, parts2, sim2 = setup(cfg, dataclasses.replace(raw, x_train=x2))
   assert all(np.array_equal(a, b) for a, b in zip(parts, parts2))
   store, store2 = np.asarray(sim.store.x), np.asarray(sim2.store.x)
   for j, p in enumerate(parts):
@@ -114,7 +115,7 @@ def test_setup_scales_per_client_after_partitioning():
 
 
 def test_auto_resolution_and_not_accounted():
-  resolved = lambda **kw: runner.resolved_feature_scaling(make_config(kw))
+  resolved = lambda **kw: privacy_report.resolved_feature_scaling(make_config(kw))
   assert resolved(dataset="healthcare") == "pooled"
   assert resolved(dataset="healthcare", dp="central", noise_multiplier=1.0) == "per_client"
   assert resolved(dataset="breast_cancer", dp="local", noise_multiplier=1.0) == "per_client"
@@ -160,9 +161,9 @@ def test_loader_and_setup_errors():
       (lambda: scale_features(np.zeros((2, 1)), np.zeros((1, 1)), None, "minmax"),
        "allowed values are pooled, per_client, none"),
       # pooled-standardised data cannot be made per-client (the pooled statistics are in it)
-      (lambda: runner.setup(make_config(dict(dataset="breast_cancer", dp="central",
-                                             noise_multiplier=1.0)),
-                            load_dataset("breast_cancer")),
+      (lambda: setup(make_config(dict(dataset="breast_cancer", dp="central",
+                                      noise_multiplier=1.0)),
+                     load_dataset("breast_cancer")),
        "loaded with feature_scaling 'pooled' but the config resolves it to 'per_client'")):
     with pytest.raises(DataError) as e:
       call()
@@ -187,7 +188,7 @@ def test_dp_none_keeps_the_pooled_numbers(tmp_path):
           for i in range(120)]
   path.write_text("a,b,c,label\n" + "".join(f"{a:.6f},{b},{c:.9f},{l}\n" for a, b, c, l in rows))
   x64 = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1, 2))
-  tr, te = data._split(len(x64), 0.2, 0)
+  tr, te = train_test_split(len(x64), 0.2, 0)
   cases = {"csv": ({"csv_path": str(path)}, x64[tr], x64[te]),
            "synthetic": ({"synthetic_examples": 400}, None, None),
            "healthcare": ({"healthcare_examples": 300}, None, None),
@@ -195,13 +196,13 @@ def test_dp_none_keeps_the_pooled_numbers(tmp_path):
   for name, (extra, raw_train, raw_test) in cases.items():
     cfg = make_config(dict(extra, dataset=name, num_clients=5, clients_per_round=5, hidden=[4],
                            devices=1))
-    assert runner.resolved_feature_scaling(cfg) == "pooled"
+    assert privacy_report.resolved_feature_scaling(cfg) == "pooled"
     if raw_train is None:
-      raw = runner.load_data(make_config({"feature_scaling": "none"}, cfg))
+      raw = load_data(make_config({"feature_scaling": "none"}, cfg))
       assert raw.x_train.dtype == np.float32   # these loaders' raw precision: the cast is exact
       raw_train, raw_test = raw.x_train, raw.x_test
     want_train, want_test = _old_standardize(raw_train, raw_test)
-    ds, _, sim = runner.setup(cfg)
+    ds, _, sim = setup(cfg)
     assert ds.feature_scaling == "pooled"
     np.testing.assert_array_equal(ds.x_train, want_train, err_msg=name)
     np.testing.assert_array_equal(ds.x_test, want_test, err_msg=name)

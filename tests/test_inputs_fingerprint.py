@@ -9,6 +9,7 @@ import pytest
 from fedjax_dp import api, data, losses, models
 
 from fedjax_dp.experiment import runner
+from fedjax_dp.experiment.inputs_fingerprint import own_inputs
 
 
 class Net(nn.Module):
@@ -24,12 +25,12 @@ def test_models_and_losses_of_equal_names_and_shapes_differ():
   x = np.zeros((1, 6), np.float32)
   relu, tanh = models.from_flax(Net("relu"), x), models.from_flax(Net("tanh"), x)
   ce = losses.CLASSIFICATION
-  assert runner.own_inputs(relu, None, ce) != runner.own_inputs(tanh, None, ce)
-  assert runner.own_inputs(relu, None, ce) == runner.own_inputs(
+  assert own_inputs(relu, None, ce) != own_inputs(tanh, None, ce)
+  assert own_inputs(relu, None, ce) == own_inputs(
       models.from_flax(Net("relu"), x), None, ce)
   sq = losses.get(lambda o, t, m: jnp.sum(jnp.square(o[:, 0] - t) * m) / jnp.maximum(m.sum(), 1))
   ab = losses.get(lambda o, t, m: jnp.sum(jnp.abs(o[:, 0] - t) * m) / jnp.maximum(m.sum(), 1))
-  assert runner.own_inputs(relu, None, sq) != runner.own_inputs(relu, None, ab)
+  assert own_inputs(relu, None, sq) != own_inputs(relu, None, ab)
 
 
 def test_reuse_refuses_a_finished_run_made_with_other_data(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from fedjax_dp import data
 from fedjax_dp.data import DataError, from_arrays, from_clients
+from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
 
 
@@ -72,7 +73,7 @@ def test_a_partition_name_splits_the_rows_left_after_the_test_split():
   x, y = _xy(n=60, real=False)
   ds = from_arrays(x, y, partition="dirichlet", num_clients=4, alpha=1.0, test_fraction=0.2,
                    seed=5)
-  train, test = data._split(60, 0.2, 5)
+  train, test = train_test_split(60, 0.2, 5)
   want = partition(y[train], 4, "dirichlet", alpha=1.0, seed=5)
   np.testing.assert_array_equal(np.sort(_row_ids(ds.x_test)), np.sort(test))
   for p, q in zip(want, ds.client_parts):

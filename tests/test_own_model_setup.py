@@ -1,4 +1,4 @@
-"""runner.setup with your own model, loss and data: one FedAvg round against a numpy
+"""setup with your own model, loss and data: one FedAvg round against a numpy
 closed form, and the one-line refusals of what cannot work."""
 
 import flax.linen as nn
@@ -11,7 +11,7 @@ from fedjax_dp.experiment.cli import main
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.data import DataError, from_clients
 from fedjax_dp.models import from_flax
-from fedjax_dp.experiment.runner import setup
+from fedjax_dp.experiment.setup import setup
 
 SIZES = (5, 9, 3, 7)
 

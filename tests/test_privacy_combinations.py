@@ -60,6 +60,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.experiment import runner
+from fedjax_dp.experiment.run_folder import saved_config
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
 from fedjax_dp.data.tabular import TIERS
@@ -512,7 +513,7 @@ def run_phases(rec: Recorder, values: dict, out: str, resume_rounds: int | None 
   refused = None
   if resume_rounds is not None:
     cfg2 = make_config({"rounds": resume_rounds},
-                       base=runner.saved_config(os.path.join(out, "config.json")))
+                       base=saved_config(os.path.join(out, "config.json")))
     try:
       summary = runner.run_experiment(cfg2, out, resume=True, progress=False, log=_silent)
     except runner.RunError as e:   # refusing the changed rounds is an accepted fix
@@ -671,7 +672,7 @@ def run_rerun(folder, tmp_path, monkeypatch, overrides: dict, what: str, tier_ma
                           **overrides)
   runner.run_experiment(make_config(values), out, progress=False, log=_silent)
   damage_checkpoint(out, 6)
-  cfg2 = make_config({"rounds": 10}, base=runner.saved_config(os.path.join(out, "config.json")))
+  cfg2 = make_config({"rounds": 10}, base=saved_config(os.path.join(out, "config.json")))
   try:
     summary = runner.run_experiment(cfg2, out, resume=True, progress=False, log=_silent)
   except runner.RunError:

@@ -12,7 +12,8 @@ import pytest
 
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.experiment.cli import main
-from fedjax_dp.experiment.runner import RunError, privacy_report, run_experiment
+from fedjax_dp.experiment.runner import RunError, run_experiment
+from fedjax_dp.privacy.privacy_report import privacy_report
 from fedjax_dp.config import make_config
 from tests.helpers import toy_problem, toy_simulation
 
@@ -209,7 +210,7 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
          for r, ts in ((4, range(4)), (8, range(4, 8))) for t in ts]
   cfg = make_config({**BASE, **over, "rounds": 8})
   sizes = json.load(open(tmp_path / "k" / "summary.json"))["data"]["client_examples"]
-  from fedjax_dp.experiment.runner import setup
+  from fedjax_dp.experiment.setup import setup
   _, parts, sim = setup(cfg)
   d = num_params(jax.tree.leaves(sim.init_state().params))
   expected = topksdp_report(cfg, d, 8, [len(p) for p in parts], round_lrs=lrs)

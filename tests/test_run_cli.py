@@ -279,17 +279,18 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
   run_rounds loop gives them."""
   import jax
   import numpy as np
-  from fedjax_dp.experiment import runner
   from fedjax_dp.config import make_config
-  from fedjax_dp.core.evaluate import make_solo_evaluate
+  from fedjax_dp.core.evaluate import batch_for_eval, make_solo_evaluate
+  from fedjax_dp.experiment.runner import run_experiment
+  from fedjax_dp.experiment.setup import client_label_distribution, setup
   values = dict(dataset="digits", num_clients=6, clients_per_round=6, sampling="fixed",
                 hidden=[16], batch_size=16, lr=0.05, rounds=4, eval_every=2,
                 checkpoint_every=2, devices=2, algorithm=algorithm,
                 s_local=0.5 if algorithm != "solo" else 0.0)
   cfg = make_config(values)
   out = str(tmp_path / "run")
-  runner.run_experiment(cfg, out, progress=False, log=lambda msg: None)
-  ds, parts, sim = runner.setup(cfg)
+  run_experiment(cfg, out, progress=False, log=lambda msg: None)
+  ds, parts, sim = setup(cfg)
   working = sim.to_working(sim.init_state())     # the resident layout is in use
   assert not jax.tree.leaves(working.client_state)[0].sharding.is_fully_replicated
   state, _ = sim.run_rounds(sim.init_state(), 2)
@@ -299,9 +300,9 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
   for a, b in zip(jax.tree.leaves(state.client_state), jax.tree.leaves(saved.client_state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   if algorithm == "solo":
-    eval_data = runner.batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
+    eval_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size)
     acc, _ = make_solo_evaluate(sim.model)(state.client_state["model"], *eval_data,
-                                           runner.client_label_distribution(ds, parts))
+                                           client_label_distribution(ds, parts))
     assert read_rows(out)[-1]["test_accuracy"] == pytest.approx(float(acc), abs=1e-6)
 
 

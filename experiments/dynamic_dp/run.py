@@ -40,7 +40,8 @@ use_cpu_devices()
 from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config, make_config  # noqa: E402
-from fedjax_dp.experiment.runner import make_out_folder, run_or_reuse  # noqa: E402
+from fedjax_dp.experiment.run_folder import make_out_folder  # noqa: E402
+from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
     "paper": {},
@@ -160,7 +161,7 @@ def budget(args) -> list[dict]:
 
 
 def majority_share(args) -> float:
-  from fedjax_dp.experiment.runner import load_data
+  from fedjax_dp.experiment.setup import load_data
   cfg = load_config(os.path.join(HERE, "base.yaml"),
                     [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
   y = load_data(cfg).y_test

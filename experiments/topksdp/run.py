@@ -34,7 +34,8 @@ from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
 from fedjax_dp.compression.pipeline import communication  # noqa: E402
-from fedjax_dp.experiment.runner import make_out_folder, run_or_reuse  # noqa: E402
+from fedjax_dp.experiment.run_folder import make_out_folder  # noqa: E402
+from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
 ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo"]

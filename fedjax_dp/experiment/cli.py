@@ -16,18 +16,20 @@ INTERRUPTED = 130
 
 
 def _run(args) -> int:
-  from fedjax_dp.experiment import runner
   from fedjax_dp.config import load_config, make_config, parse_set
+  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.experiment.run_folder import saved_config
+  from fedjax_dp.experiment.runner import run_experiment
 
   if args.resume and not args.config:
     cfg_path = os.path.join(args.out, "config.json")
     if not os.path.exists(cfg_path):
-      raise runner.RunError(f"--resume: {args.out} holds no run (no config.json)")
-    cfg = make_config(parse_set(args.set), base=runner.saved_config(cfg_path))
+      raise RunError(f"--resume: {args.out} holds no run (no config.json)")
+    cfg = make_config(parse_set(args.set), base=saved_config(cfg_path))
   else:
     cfg = load_config(args.config, args.set)
-  summary = runner.run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
-                                  progress=not args.no_progress)
+  summary = run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
+                           progress=not args.no_progress)
   final = summary["final"]
   out = os.path.abspath(args.out)
   if final:
@@ -40,10 +42,10 @@ def _run(args) -> int:
 
 
 def _datasets(args) -> int:
-  from fedjax_dp import data
   from fedjax_dp.config import load_config
+  from fedjax_dp.data.registry import DATASETS, find_dataset
 
-  from fedjax_dp.experiment.runner import RunError
+  from fedjax_dp.experiment.errors import RunError
   if args.plot and not args.partition:
     raise RunError("--plot needs --partition (it plots the partition's label histogram)")
   if args.plot and not args.plot.lower().endswith(".png"):
@@ -51,18 +53,18 @@ def _datasets(args) -> int:
   if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
     raise RunError(f"--plot {args.plot}: its folder does not exist")
   if not args.partition:
-    for name in data.DATASETS:
-      ok, where = data.find_dataset(name, args.data_dir)
+    for name in DATASETS:
+      ok, where = find_dataset(name, args.data_dir)
       print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")
     return 0
   from fedjax_dp.data import partition as part_lib
-  from fedjax_dp.experiment import runner
+  from fedjax_dp.experiment.setup import client_partition, load_data
   sets = list(args.set)
   if args.data_dir:
     sets.append(f"data_dir={args.data_dir}")
   cfg = load_config(args.config, sets)
-  ds = runner.load_data(cfg)
-  parts = runner.client_partition(cfg, ds)
+  ds = load_data(cfg)
+  parts = client_partition(cfg, ds)
   hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
   print(f"{cfg.dataset}: {len(ds.y_train)} training examples, {cfg.num_clients} clients, "
         f"partition {cfg.partition}" + (f" (alpha {cfg.alpha})" if cfg.partition == "dirichlet" else ""))
@@ -118,8 +120,8 @@ def run_guarded(fn) -> int:
   from fedjax_dp.privacy.planning import AccountError
   from fedjax_dp.experiment.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
-  from fedjax_dp.data import DataError
-  from fedjax_dp.experiment.runner import RunError
+  from fedjax_dp.data.dataset import DataError
+  from fedjax_dp.experiment.errors import RunError
   try:
     return fn()
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:

@@ -1,0 +1,92 @@
+"""inputs.json: what a run's own data, model and loss were, so that a resume or reuse can tell.
+
+Names, sizes and SHA-256 digests of the data, of the model's parameter shapes
+and traced initialisation, and of the loss's traced program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import jax
+import numpy as np
+
+from fedjax_dp import losses
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.models import Model, num_params
+
+INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run): what they were
+
+
+def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> dict | None:
+  """What a run's own data, model and loss were (None: all the config's): names,
+  sizes and SHA-256 digests of the data and of the model's parameter shapes."""
+  if model is None and data is None and task == losses.CLASSIFICATION:
+    return None
+  inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
+                     "metrics": list(task.metrics), "sha256": _loss_digest(task)}}
+  if data is not None:
+    h = hashlib.sha256()
+    for a in (data.x_train, data.y_train, data.x_test, data.y_test,
+              *(data.client_parts or ())):
+      a = np.ascontiguousarray(a)
+      h.update(f"{a.dtype.str}{a.shape}".encode())
+      h.update(a.tobytes())
+    inputs["data"] = {"name": data.name, "source": data.source, "sha256": h.hexdigest(),
+                      "train_examples": len(data.y_train), "test_examples": len(data.y_test)}
+  if model is not None:
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    described = str(jax.tree.map(lambda a: (a.shape, str(a.dtype)), shapes))
+    # the traced initialisation runs the module's forward pass once: its program tells a
+    # relu from a tanh model of the same shapes (names and shapes alone did not)
+    program = str(jax.make_jaxpr(model.init)(jax.random.PRNGKey(0)))
+    inputs["model"] = {"name": model.name,
+                       "params_sha256": hashlib.sha256(described.encode()).hexdigest(),
+                       "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
+                       "params": num_params(shapes),
+                       "with_features": model.apply_with_features is not None}
+  return inputs
+
+
+def _loss_digest(task: losses.Task) -> str:
+  """SHA-256 of the loss's traced program on small examples (two lambdas with the
+  same name differ), or of its code where it cannot be traced on them."""
+  import jax.numpy as jnp
+  y = jnp.zeros((2,), task.target_dtype)
+  mask = jnp.ones((2,), bool)
+  for outputs in (jnp.zeros((2, 3)), jnp.zeros((2, 1)), jnp.zeros((2,))):
+    try:
+      return hashlib.sha256(str(jax.make_jaxpr(task.loss)(outputs, y, mask)).encode()).hexdigest()
+    except Exception:   # shapes this loss does not take: try the next
+      continue
+  code = getattr(task.loss, "__code__", None)
+  text = repr(task.loss) if code is None else repr((code.co_code, code.co_consts, code.co_names))
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_inputs(out: str, inputs: dict | None) -> None:
+  """RunError when a resume's own data, model or loss differ from the run's."""
+  path = os.path.join(out, INPUTS)
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except FileNotFoundError:
+    saved = None
+  except (OSError, ValueError) as e:
+    raise RunError(f"--resume: {path} is unreadable ({e.__class__.__name__}): it says which "
+                   "data, model and loss the run had") from None
+  if saved == inputs:
+    return
+  if inputs is None:
+    raise RunError(f"--resume: the run in {out} was made by fedjax_dp.run with your own "
+                   f"{', '.join(k for k in ('data', 'model', 'loss') if k in saved)} "
+                   f"({INPUTS}): resume it from Python with fedjax_dp.run(..., resume=True)")
+  if saved is None:
+    raise RunError(f"--resume: the run in {out} used the config's data, model and loss; "
+                   "resume it without data=, model= or loss=")
+  differ = [k for k in ("data", "model", "loss") if saved.get(k) != inputs.get(k)]
+  raise RunError(f"--resume: the {' and '.join(differ)} differ from those of the run in {out} "
+                 f"({INPUTS}): resume with the same ones, or start a new run")

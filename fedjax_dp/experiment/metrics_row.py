@@ -1,0 +1,52 @@
+"""The figures of a metrics.jsonl row that follow the config's privacy and aggregation rules.
+
+What may be published about participation (expected cohorts under Poisson
+sampling), the epsilon spent so far, and the robust aggregators' counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_dp.config import Config
+from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.privacy.local_dp_report import clients_spent
+from fedjax_dp.privacy.privacy_report import finite_or_none, rounds_skipped
+
+
+def published_participations(cfg: Config, state) -> int:
+  """The participations that bytes_up/bytes_down and the summary publish. Under
+  central DP with Poisson sampling the realised cohort sizes are private (add/
+  remove-one neighbours change them), so the expected ones are published:
+  clients_per_round per round that ran (skipped rounds released nothing)."""
+  if cfg.dp == "central" and cfg.sampling == "poisson":
+    ran = int(state.round) - rounds_skipped(cfg, state)
+    return cfg.clients_per_round * ran
+  return int(state.participations)
+
+
+def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dict:
+  """metrics.jsonl keys of the robust aggregators, over the rounds since the last
+  evaluation: `flagged` uploads (outliers detected, or left out by Krum) and the
+  mean number of `clusters` per round; those the rule `reports` (robust/)."""
+  from fedjax_dp import robust
+  reports = robust.get_aggregator(cfg.aggregator).reports
+  out = {}
+  if "flagged" in reports:
+    out["flagged"] = int(flagged)
+  if "clusters" in reports:
+    out["clusters"] = clusters / rounds if rounds else None
+  return out
+
+
+def spent_epsilon(sim: Simulation, state) -> dict:
+  """Epsilon spent so far by the in-round ledger, for metrics.jsonl: central DP
+  gives the run's epsilon; local DP the largest client's, and how many clients
+  can no longer take part."""
+  if sim.cfg.dp == "none":
+    return {"epsilon": None, "delta": None}
+  eps, _ = sim.epsilons(state)
+  row = {"epsilon": finite_or_none(np.max(eps)), "delta": sim.cfg.delta}
+  if sim.cfg.dp == "local":
+    row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
+  return row

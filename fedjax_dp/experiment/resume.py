@@ -1,0 +1,144 @@
+"""Resuming a run: its checkpoint, the rounds already released, and the run key.
+
+A resume restores the newest readable checkpoint and refuses (RunError,
+nothing written) to run again, differently, rounds whose outputs were already
+released (RELEASED keeps the high-water mark); segments.jsonl says which
+`rounds` and noise each stretch of rounds ran under.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from fedjax_dp.config import Config
+from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.privacy.setup import noise_multiplier_for
+from fedjax_dp.experiment import checkpoint as ckpt
+from fedjax_dp.experiment import reporting
+from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.experiment.run_folder import rounds_done, saved_config
+from fedjax_dp.experiment.target_epsilon import calibrated_multiplier
+from fedjax_dp.privacy import accounting, privacy_log
+
+SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
+FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0
+SECRET_KEY = "run_key.secret"   # noise_seed 'secret': the run key, for a restart from round 0
+RELEASED = "released.json"      # the last round any output (metrics, checkpoint) came from
+
+
+def save_secret_key(out: str, key) -> None:
+  """Writes the run key (owner-only) before any round runs: a restart from round
+  0 must draw the same noise, or re-run rounds would be released twice."""
+  reporting.write_json_atomic(os.path.join(out, SECRET_KEY),
+                              [int(v) for v in np.asarray(key)], mode=0o600)
+
+
+def _round_in(path: str, key: str) -> int:
+  """The integer `key` of a JSON file (0 when it is missing or unreadable)."""
+  try:
+    with open(path) as f:
+      return int(json.load(f)[key])
+  except (OSError, ValueError, KeyError, TypeError):
+    return 0
+
+
+def _released_round(out: str) -> int:
+  """The last round any output of the run came from: metrics rows, checkpoints
+  (readable or not), the summary and the high-water mark (never lowered)."""
+  return max([rounds_done(out), _round_in(os.path.join(out, RELEASED), "round"),
+              _round_in(os.path.join(out, "summary.json"), "rounds")]
+             + ckpt.steps(os.path.join(out, "checkpoints")))
+
+
+def mark_released(out: str, end: int) -> None:
+  """Raises the high-water mark (it survives a resume that cuts metrics.jsonl back)."""
+  if end > _round_in(os.path.join(out, RELEASED), "round"):
+    reporting.write_json_atomic(os.path.join(out, RELEASED), {"round": end})
+
+
+def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: bool):
+  """A resume's (state, meta, privacy_log, calibrated multiplier): the newest
+  readable checkpoint (or round 0), checked against what was released, with
+  the noise multiplier the rounds to come run at. RunError, nothing written,
+  when the resume would change released rounds."""
+  ckpt_dir = os.path.join(out, "checkpoints")
+  meta = dict(FRESH_META)
+  if ckpt.steps(ckpt_dir):
+    _, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
+  restored = int(state.round)
+  if cfg.noise_seed == "secret" and restored == 0:
+    state = _restore_secret_key(out, sim, state)
+  _check_rerun(out, cfg, restored, calibrating)
+  log(f"resuming {out} from the checkpoint at round {restored}" if restored
+      else f"no checkpoint in {out}: starting from round 0")
+  plog = meta.get("privacy_log") if privacy_log.is_valid(meta.get("privacy_log")) else None
+  if plog is None and restored == 0:
+    plog = privacy_log.empty()   # else a checkpoint from before the log: no PLD figure
+  if not calibrating:
+    return state, meta, plog, None
+  segments = reporting.read_metrics(os.path.join(out, SEGMENTS))
+  current = [g for g in segments if g["from_round"] <= restored]
+  saved = current[-1] if current else (meta.get("calibration") or {})
+  if saved.get("rounds") == cfg.rounds and saved.get("noise_multiplier") is not None:
+    return state, meta, plog, saved["noise_multiplier"]   # as the rounds ran, bit for bit
+  if restored == 0 or restored >= cfg.rounds:
+    return state, meta, plog, noise_multiplier_for(cfg)
+  # other rounds: the rounds to come calibrated to what the ledger (digest-checked) left
+  spent = np.asarray(state.ledger, np.float64)
+  calibration = calibrated_multiplier(cfg, spent, restored)
+  log(f"rounds {saved.get('rounds')} -> {cfg.rounds}: the {restored} rounds run spent "
+      f"epsilon {accounting.epsilon_np(spent, cfg.delta)[0]:.4g} (RDP) of target_epsilon "
+      f"{cfg.target_epsilon:g}; the rounds to come are calibrated to what is left: accounted "
+      f"noise multiplier {calibration:.6g}")
+  return state, meta, plog, calibration
+
+
+def _restore_secret_key(out: str, sim: Simulation, state):
+  """Round 0 of a noise_seed 'secret' run restarts with the key it ran with."""
+  try:
+    with open(os.path.join(out, SECRET_KEY)) as f:
+      key = np.asarray(json.load(f), np.uint32).reshape(2)
+  except (OSError, ValueError):
+    if _released_round(out) > 0:
+      raise RunError(f"--resume: {out} has no readable checkpoint and no {SECRET_KEY}: with "
+                     "noise_seed 'secret' a restart would release its rounds again under new "
+                     "noise, which no epsilon covers; start a new run") from None
+    return state
+  return state._replace(key=sim.replicate(jax.numpy.asarray(key)))
+
+
+def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> None:
+  """RunError when a resume would run again rounds that were already released
+  (the newest checkpoints were unreadable, or there were none) under another
+  `rounds` that changes what those rounds compute: the learning-rate schedule
+  and a calibrated noise multiplier depend on it. The re-run would then
+  publish other sums under the same cohorts and noise draws, and the noise
+  would no longer hide their difference. With the same `rounds` a re-run
+  repeats the first release bit for bit."""
+  if (cfg.lr_schedule == "constant" and not calibrating) or (cfg.dp == "none"
+                                                            and cfg.kept_noise == "none"):
+    return   # nothing changes, or no noise to reuse
+  released = _released_round(out)
+  if released <= restored:
+    return
+  segments = reporting.read_metrics(os.path.join(out, SEGMENTS)) or [
+      {"from_round": 0, "rounds": saved_config(os.path.join(out, "config.json")).rounds}]
+  ends = [s["from_round"] for s in segments[1:]] + [released]
+  for seg, seg_end in zip(segments, ends):
+    if seg["from_round"] < released and seg_end > restored and seg["rounds"] != cfg.rounds:
+      why = ("lr_schedule " + repr(cfg.lr_schedule) if cfg.lr_schedule != "constant"
+             else "the noise calibrated to target_epsilon")
+      head = (f"--resume: the run would restart from round {restored} (newer checkpoints are "
+              f"unreadable or missing) but rounds up to {released} were already released, "
+              f"some with rounds = {seg['rounds']}; re-running them with rounds = {cfg.rounds} "
+              f"would change them ({why}) under the same noise draws")
+      if seg["rounds"] >= released and cfg.checkpoint_every:
+        raise RunError(f"{head}. Resume with --set rounds={seg['rounds']} first (it repeats "
+                       "them exactly), then extend")
+      raise RunError(f"{head}, and no resume can repeat them as they ran (they ran under "
+                     "several `rounds`, or no checkpoint would mark them): start a new run "
+                     "with another --out")

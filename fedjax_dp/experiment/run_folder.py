@@ -1,0 +1,123 @@
+"""A run's output folder: what may be there, when it may be replaced, its saved config.
+
+`prepare_out` checks --out (a new run, --overwrite or --resume) and never loses
+an existing run's results; `saved_config` reads config.json back;
+`config_diff` names the keys a resume or a reuse may not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+from fedjax_dp.config import Config, ConfigError, make_config
+from fedjax_dp.data.registry import TABULAR
+from fedjax_dp.experiment import reporting
+from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+
+RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
+# how a run is executed, not what it computes (beyond float rounding): a finished
+# run is reused by run_or_reuse whatever these were
+EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
+                  "client_parallelism", "client_batch", "eval_batch_size")
+
+
+def saved_config(path: str) -> Config:
+  """The config a run folder was started with; RunError when it is not one."""
+  try:
+    with open(path) as f:
+      values = json.load(f)
+    if not isinstance(values, dict):
+      raise ValueError("not a JSON object")
+    if "feature_scaling" not in values and values.get("dataset") in TABULAR:
+      # written before the key existed, when tabular data was always pooled
+      values = dict(values, feature_scaling="pooled")
+    return make_config(values)
+  except (OSError, ValueError, ConfigError) as e:
+    raise RunError(f"--resume: {path} is not a valid run config ({str(e).splitlines()[0]})")
+
+
+def rounds_done(out: str) -> int:
+  """The last evaluated round in out/metrics.jsonl (0 when none is readable)."""
+  return max((int(r["round"]) for r in reporting.read_metrics(os.path.join(out, "metrics.jsonl"))
+              if "round" in r), default=0)
+
+
+def config_diff(cfg: Config, saved: Config, free: tuple[str, ...]) -> list[str]:
+  """The config keys whose values differ between cfg and saved, but those in free
+  (feature_scaling compared as resolved: 'auto' is 'pooled' without DP)."""
+  value = lambda c, k: resolved_feature_scaling(c) if k == "feature_scaling" else getattr(c, k)
+  return [k for k in dataclasses.asdict(cfg) if value(cfg, k) != value(saved, k)
+          and k not in free]
+
+
+def shown_setting(cfg: Config, key: str) -> str:
+  """A config value for a message: feature_scaling 'auto' with what it resolves to."""
+  value = repr(getattr(cfg, key))
+  if key == "feature_scaling" and cfg.feature_scaling == "auto":
+    value += f" ({resolved_feature_scaling(cfg)})"
+  return value
+
+
+def make_out_folder(out: str) -> None:
+  """Makes --out up front (scripts that sweep runs into it): a path that cannot be
+  a folder fails as a RunError before any run."""
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise RunError(f"--out {out}: cannot make the folder ({e.strerror})") from None
+
+
+def _protected_folders() -> set[str]:
+  here = os.path.realpath(os.getcwd())
+  out = {here, os.path.realpath(os.path.expanduser("~")), "/"}
+  while os.path.dirname(here) != here:
+    here = os.path.dirname(here)
+    out.add(here)
+  return out
+
+
+def prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
+                 check_only: bool = False) -> Config:
+  """Checks the output folder, then (unless check_only) clears or creates it; never
+  loses an existing run's results."""
+  cfg_path = os.path.join(out, "config.json")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise RunError(f"output folder {out} is a file: name a folder")
+  parent = os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise RunError(f"output folder {out}: {parent} is a file, so the folder cannot be made")
+  exists = os.path.isdir(out) and bool(os.listdir(out))
+  if resume:
+    if not os.path.exists(cfg_path):
+      raise RunError(f"--resume: {out} holds no run (no config.json)")
+    diff = config_diff(cfg, saved_config(cfg_path), RESUMABLE_CHANGES)
+    if diff:
+      raise RunError(f"--resume: config differs from the run in {out} in {', '.join(diff)} "
+                     f"(only {', '.join(RESUMABLE_CHANGES)} may change)")
+    done = rounds_done(out)
+    if cfg.rounds < done:
+      raise RunError(f"--resume: rounds = {cfg.rounds} but the run in {out} has done {done}: "
+                     f"rounds must be >= {done}")
+    return cfg
+  if exists and not overwrite:
+    raise RunError(f"output folder {out} is not empty: pass --overwrite to replace it or "
+                   "--resume to continue it")
+  if exists and not os.path.exists(cfg_path):
+    # --overwrite replaces a run, never a folder of something else (or the working folder)
+    raise RunError(f"--overwrite: {out} is not empty and holds no run (no config.json); "
+                   "refusing to delete it: name a new or empty folder")
+  if exists and os.path.realpath(out) in _protected_folders():
+    raise RunError(f"--overwrite: {out} is the working folder or one of its parents; "
+                   "refusing to delete it")
+  if check_only:
+    return cfg
+  if exists:
+    shutil.rmtree(out)
+  os.makedirs(out, exist_ok=True)
+  return cfg

@@ -1,0 +1,183 @@
+"""Building a run from a config: data -> partition -> feature scaling -> store -> simulation.
+
+`setup(cfg)` is the Python API's entry point (fedjax_dp.simulate, run_experiment):
+it loads the config's dataset (or takes yours), splits it over clients, checks
+the model and the loss against it, and builds the compiled simulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from fedjax_dp import losses
+from fedjax_dp.algorithms import parse_algorithm
+from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.core.evaluate import batch_for_eval
+from fedjax_dp.core.simulation import build_simulation
+from fedjax_dp.data.dataset import DataError, Dataset, check_targets
+from fedjax_dp.data.partition import partition
+from fedjax_dp.data.registry import load_dataset
+from fedjax_dp.data.scaling import apply_feature_scaling
+from fedjax_dp.models import Model, make_model
+from fedjax_dp.placement.store import build_store, target_dtype
+from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+
+
+def load_data(cfg: Config) -> Dataset:
+  """The config's dataset, scaled as far as it can be before partitioning: pooled or
+  none; per_client data comes back raw ('none'), for setup to scale per client."""
+  if cfg.dataset == "custom":
+    raise DataError("dataset 'custom' is your own data: it comes from fedjax_dp.run(data=...) "
+                    "or fedjax_dp.simulate(data=...), not from a config (a run made that way "
+                    "resumes from Python: fedjax_dp.run(..., resume=True))")
+  options: dict[str, Any] = {}
+  if cfg.dataset == "csv":
+    options = dict(path=cfg.csv_path, label_column=cfg.label_column, tier_map=cfg.tier_map_path)
+  elif cfg.dataset == "synthetic":
+    options = dict(num_examples=cfg.synthetic_examples, num_features=cfg.synthetic_features,
+                   num_classes=cfg.synthetic_classes)
+  elif cfg.dataset == "healthcare":
+    options = dict(num_examples=cfg.healthcare_examples)
+  mode = resolved_feature_scaling(cfg)
+  return load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed,
+                      feature_scaling="none" if mode == "per_client" else mode, **options)
+
+
+def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
+  return partition(ds.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
+                   classes_per_client=cfg.classes_per_client,
+                   quantity_alpha=cfg.quantity_alpha, seed=cfg.seed)
+
+
+def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None,
+          *, model: Model | None = None, task: losses.Task | None = None):
+  """Builds (dataset, partition, simulation) for a config; the Python API's entry point.
+
+  The returned dataset's features are scaled as resolved_feature_scaling(cfg) says
+  (per_client: each client's rows with its own statistics, after partitioning); a
+  `ds` passed in must come from load_data(cfg) (or load_dataset with that scaling),
+  or be your own (data.from_arrays, from_clients: config key dataset 'custom'), whose
+  partition it carries. `model`: your own (models.from_flax; config key model
+  'custom'); `task`: the loss and metrics (losses.py; default classification).
+  The simulation's test_data holds the test set in evaluation batches.
+  `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
+  to target_epsilon from round 0 (a resumed run's; privacy/setup.make_privacy)."""
+  task = task or losses.CLASSIFICATION
+  ds = ds if ds is not None else load_data(cfg)
+  if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
+    raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
+                      "analyzer scores the columns of tabular data (use healthcare, "
+                      "breast_cancer or csv)")
+  if cfg.clip_parts == "tiers" and cfg.dp != "none" and ds.feature_tiers is None \
+      and cfg.tier_source == "given":
+    raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
+                      "data has no sensitivity tiers (use dataset healthcare, or csv with "
+                      "tier_map_path)")
+  # labels only: the same under every scaling
+  parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
+  ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
+  check_targets(ds, task.target_dtype, task.name)
+  if model is None:
+    model = builtin_model(cfg, ds)
+  elif cfg.model != "custom":
+    raise ConfigError(f"a model of your own ({model.name!r}) needs config key model 'custom' "
+                      f"(it is {cfg.model!r}): fedjax_dp.run and simulate set it")
+  check_model(cfg, model, task, ds)
+  store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size,
+                      y_dtype=task.target_dtype)
+  tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
+  sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated,
+                         task=task)
+  test_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size, task.target_dtype)
+  return ds, parts, dataclasses.replace(sim, analysis=analysis, test_data=test_data)
+
+
+def own_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
+  """The partition your data carries (data.from_arrays), checked against the config."""
+  if cfg.dataset != "custom":
+    raise ConfigError(f"data of your own ({ds.name!r}) needs config key dataset 'custom' (it is "
+                      f"{cfg.dataset!r}): fedjax_dp.run and simulate set it")
+  if len(ds.client_parts) != cfg.num_clients:
+    raise ConfigError(f"config key 'num_clients' = {cfg.num_clients}: your data has "
+                      f"{len(ds.client_parts)} clients")
+  return [np.asarray(p) for p in ds.client_parts]
+
+
+def builtin_model(cfg: Config, ds: Dataset) -> Model:
+  """The config's model for ds: as many outputs as classes (or target coordinates)."""
+  if cfg.model == "custom":
+    raise ConfigError("config key 'model' = 'custom': your own model is passed to "
+                      "fedjax_dp.run(model=...) or simulate(model=...), not named in a config")
+  return make_model(cfg.model, ds.input_shape, ds.output_size, cfg.hidden)
+
+
+def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> None:
+  """ConfigError (one line) when the model cannot serve the algorithm or the loss:
+  MOON without a representation, SOLO without the classification loss, outputs
+  whose shape the loss or its metrics refuse (checked on shapes, before compiling)."""
+  terms, _ = parse_algorithm(cfg.algorithm)
+  if "moon" in terms and model.apply_with_features is None:
+    raise ConfigError(f"algorithm {cfg.algorithm!r} with model {model.name!r}: MOON needs the "
+                      "model's representation, and this model has no with_features call (a "
+                      "flax module whose __call__(x, with_features=True) returns (outputs, "
+                      "representation [B, h]))")
+  if "solo" in terms and task != losses.CLASSIFICATION:
+    raise ConfigError(f"algorithm 'solo' with loss {task.name!r}: SOLO's evaluation reweights "
+                      "the test set to each client's label distribution, which needs the "
+                      "classification loss")
+  y = ds.y_train
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct((2,) + tuple(shape), dtype)
+  what = (f"model {model.name!r} with loss {task.name!r} on inputs {ds.input_shape} and "
+          f"targets {tuple(y.shape[1:])} {target_dtype(y, task.target_dtype)}")
+  try:
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    out = jax.eval_shape(model.apply, params, spec(ds.input_shape, np.float32))
+    targets = spec(y.shape[1:], target_dtype(y, task.target_dtype))
+    value = jax.eval_shape(task.loss, out, targets, spec((), bool))
+    for fn in task.metrics.values():
+      jax.eval_shape(fn, out, targets)
+  except Exception as e:   # any error of the user's code, shown on one line
+    first = (str(e).strip().splitlines() or [""])[0][:200]
+    raise ConfigError(f"{what}: {type(e).__name__}: {first}") from None
+  if getattr(value, "shape", None) != ():
+    raise ConfigError(f"{what}: the loss returns shape {getattr(value, 'shape', None)}, "
+                      "expected a scalar (the mean over the masked rows)")
+  if task.target_dtype == "int32" and (len(out.shape) != 2 or out.shape[1] < ds.num_classes):
+    raise ConfigError(f"{what}: outputs of shape {tuple(out.shape[1:])} per example, expected "
+                      f"[{ds.num_classes}] logits (labels go up to {ds.num_classes - 1})")
+
+
+def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
+  """(feature tiers, the analyzer's report or None, per-client budgets or None)."""
+  tiers, analysis, budgets = ds.feature_tiers, None, None
+  client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
+  if cfg.tier_source == "analyzer":
+    from fedjax_dp.privacy.analyzer import analyze_clients, thresholds
+    out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=cfg.seed,
+                          semantic_steps=cfg.analyzer_steps, rule=cfg.analyzer_rule)
+    tiers, analysis = out["tiers"], out["report"]
+    # a client's own tier: its mean fused score over the scored features
+    scored = tiers <= 2
+    mean = np.nanmean(np.where(np.isnan(out["client_fused"]), np.nan,
+                               out["client_fused"])[:, scored], axis=1)
+    client_tiers = np.where(np.isnan(mean), 1, thresholds(np.nan_to_num(mean)))
+  if cfg.client_budgets == "allocated":
+    from fedjax_dp.privacy.budgets import client_budgets
+    budgets = client_budgets(cfg.target_epsilon, [len(p) for p in parts], client_tiers)
+    if analysis is not None:
+      analysis["client_tier_counts"] = {t: int(np.sum(client_tiers == i))
+                                        for i, t in enumerate(("high", "medium", "low"))}
+  return tiers, analysis, budgets
+
+
+def client_label_distribution(ds: Dataset, parts) -> np.ndarray:
+  """[clients, classes]: each client's training label frequencies."""
+  out = np.zeros((len(parts), ds.num_classes), np.float32)
+  for i, idx in enumerate(parts):
+    if len(idx):
+      out[i] = np.bincount(ds.y_train[idx], minlength=ds.num_classes) / len(idx)
+  return out
