@@ -33,6 +33,16 @@ CASES = {
                                 clients_per_round=4),
                            dict(moon_mu=0.5, moon_tau=0.25, feddyn_alpha=0.1,
                                 geomed_eps=1e-4)),
+    # the upload stages' clips and kept noise (compression/pipeline.py)
+    "upload_clips": (dict(s_local=0.5, coordinate_clip=0.5, update_clip_l2=2.0,
+                          final_clip_l2=1.0),
+                     dict(coordinate_clip=0.3, update_clip_l2=1.0, final_clip_l2=0.5)),
+    "kept_noise": (dict(s_local=0.5, final_clip_l2=0.5, kept_noise="multiplier",
+                        kept_noise_multiplier=0.5),
+                   dict(kept_noise_multiplier=1.0, final_clip_l2=0.3)),
+    "kept_noise_paper_clip": (dict(s_local=0.5, update_clip_l2=1.0, kept_noise="paper",
+                                   ldp_epsilon=5.0),
+                              dict(update_clip_l2=0.5)),
     "multi_krum_counts": (dict(aggregator="multi_krum", byzantine_f=0, multi_krum_m=2),
                           dict(byzantine_f=1, multi_krum_m=3)),
     "geomed_iters": (dict(aggregator="geometric_median", clients_per_round=4),
@@ -98,6 +108,7 @@ def test_a_changed_learning_rate_changes_the_result():
     (dict(num_clients=5), "num_clients shape the compiled round"),
     (dict(momentum=0.0), "momentum 0.5 -> 0.0 changes the compiled round's structure"),
     (dict(lr=-1.0), "lr"),
+    (dict(update_clip_l2=0.5), "update_clip_l2 None -> 0.5 changes the compiled round's structure"),
 ])
 def test_structural_or_bad_changes_are_refused(change, message):
   x, y, parts = toy_problem()

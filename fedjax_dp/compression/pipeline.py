@@ -48,6 +48,9 @@ class StageContext(NamedTuple):
   num_examples: jax.Array   # n_i
   lr: jax.Array             # the round's client learning rate
   public_update: jax.Array  # [d] the previous round's global update (public)
+  # the stage's numbers as data (a chain: a tuple, one per stage), as ClientStage.hparams
+  # is laid out; () where the caller passes none: each stage then uses its constructor's
+  hp: Any = ()
 
 
 class ClientStage(NamedTuple):
@@ -63,6 +66,15 @@ class ClientStage(NamedTuple):
   privatizes: bool = False         # adds noise meant as the upload's privacy guarantee
   owes_noise: bool = False         # leaves its noise for the server to draw on the aggregate
                                    # (exact only for a weighted sum of unchanged uploads)
+  hparams: Any = ()                # its numbers {name: value} (a chain: a tuple, one per
+                                   # stage): the round passes them back as traced arrays in
+                                   # StageContext.hp (hyperparameters as data, core/hparams.py)
+
+
+def numbers(ctx: StageContext, stage_hparams: dict) -> dict:
+  """The numbers a stage computes with: the round's (ctx.hp, traced) where it
+  passes them, else the stage's own constants."""
+  return ctx.hp if isinstance(ctx.hp, dict) else stage_hparams
 
 
 def chain(*stages: ClientStage) -> ClientStage:
@@ -73,10 +85,11 @@ def chain(*stages: ClientStage) -> ClientStage:
   def update(upload, state, ctx):
     new_state = []
     for i, (stage, s) in enumerate(zip(stages, state)):
-      upload, s = stage.update(upload, s, ctx._replace(key=jax.random.fold_in(ctx.key, i)))
+      hp = ctx.hp[i] if isinstance(ctx.hp, tuple) and ctx.hp else ()
+      upload, s = stage.update(upload, s, ctx._replace(key=jax.random.fold_in(ctx.key, i), hp=hp))
       new_state.append(s)
     return upload, tuple(new_state)
-  return ClientStage(init, update)
+  return ClientStage(init, update, hparams=tuple(s.hparams for s in stages))
 
 
 def identity() -> ClientStage:
@@ -84,16 +97,22 @@ def identity() -> ClientStage:
 
 
 def clip_per_coordinate(clip: float) -> ClientStage:
-  return ClientStage(lambda d: (),
-                     lambda u, s, ctx: (u._replace(values=jnp.clip(u.values, -clip, clip)), s),
-                     name="clip_per_coordinate", bound=clip)
+  own = {"clip": clip}
+
+  def update(u, s, ctx):
+    c = numbers(ctx, own)["clip"]
+    return u._replace(values=jnp.clip(u.values, -c, c)), s
+  return ClientStage(lambda d: (), update, name="clip_per_coordinate", bound=clip, hparams=own)
 
 
 def clip_l2(clip: float) -> ClientStage:
+  own = {"clip": clip}
+
   def update(u, s, ctx):
+    c = numbers(ctx, own)["clip"]
     norm = jnp.linalg.norm(u.values)
-    return u._replace(values=u.values * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-30))), s
-  return ClientStage(lambda d: (), update, name="clip_l2", bound=clip)
+    return u._replace(values=u.values * jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))), s
+  return ClientStage(lambda d: (), update, name="clip_l2", bound=clip, hparams=own)
 
 
 def clip_sent(clip: float) -> ClientStage:
@@ -141,6 +160,7 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
   guarantee: the residual carries earlier rounds' data)."""
   if selection not in ("topk", "random_k", "public_topk"):
     raise ValueError(f"index selection {selection!r}: allowed are topk, random_k, public_topk")
+  own = {} if final_clip is None else {"final_clip": final_clip}
 
   def init(d):
     return jnp.zeros((d,), jnp.float32) if error_feedback else ()
@@ -157,15 +177,16 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
       mask = topk_mask(ctx.public_update, k, ctx.key, kernel)
     sent = jnp.where(mask, v, 0.0)
     if final_clip is not None:
-      sent = sent * jnp.minimum(1.0, final_clip / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
+      c = numbers(ctx, own)["final_clip"]
+      sent = sent * jnp.minimum(1.0, c / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
     new_residual = v - sent if error_feedback else ()
     return Upload(sent, mask & u.sent), new_residual
   return ClientStage(init, update, name="topk", bound=final_clip, sparsifies=True,
-                     private_positions=selection == "topk")
+                     private_positions=selection == "topk", hparams=own)
 
 
 def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
-                     draw: str = "client") -> ClientStage:
+                     draw: str = "client", hparams: dict | None = None) -> ClientStage:
   """N(0, std^2) on each sent coordinate. draw='client' draws it here, from the
   client's key. draw='aggregate' only records the std in `Upload.noise_std`, and
   the server adds the noise of the weighted sum in one draw: for a linear
@@ -173,28 +194,39 @@ def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
   sent coordinates, sum_i w_i n_i is exactly N(0, diag(sum_i w_i^2 std_i^2 sent_i)),
   so the aggregate has the same distribution, for one draw of d normals per
   round instead of one per client. Not for robust (non-linear) aggregators,
-  nor where uploads are inspected one by one."""
+  nor where uploads are inspected one by one. std_fn sees ctx.hp = the stage's
+  numbers (`hparams`, or the round's as data)."""
   if draw not in ("client", "aggregate"):
     raise ValueError(f"noise draw {draw!r}: allowed are client, aggregate")
+  own = hparams or {}
 
   def update(u, s, ctx):
-    std = std_fn(ctx)
+    std = std_fn(ctx._replace(hp=numbers(ctx, own)))
     if draw == "aggregate":
       return u._replace(noise_std=std), s
     noise = std * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
     return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s
   return ClientStage(lambda d: (), update, name="gaussian_on_kept", needs_sparsifier=True,
-                     needs_bound=True, privatizes=True, owes_noise=draw == "aggregate")
+                     needs_bound=True, privatizes=True, owes_noise=draw == "aggregate",
+                     hparams=own)
+
+
+def noise_on_kept(std: float, draw: str = "client") -> ClientStage:
+  """gaussian_on_kept with a fixed std (kept_noise 'multiplier': z C), as data."""
+  return gaussian_on_kept(lambda ctx: ctx.hp["std"], draw, {"std": std})
 
 
 def paper_noise_on_kept(epsilon: float, delta: float, clip: float, sparsity: float,
                         draw: str = "client") -> ClientStage:
   """gaussian_on_kept with `paper_std` for k = keep_count(d, sparsity), k taken from
   the upload's size when the stage runs (so the stage is built without d)."""
+  own = {"clip": clip}
+
   def update(u, s, ctx):
     k = keep_count(u.values.shape[0], sparsity)
-    return gaussian_on_kept(paper_std(epsilon, delta, clip, k), draw).update(u, s, ctx)
-  return gaussian_on_kept(lambda ctx: 0.0, draw)._replace(update=update)
+    std = paper_std(epsilon, delta, numbers(ctx, own)["clip"], k)
+    return gaussian_on_kept(std, draw).update(u, s, ctx._replace(hp=()))
+  return gaussian_on_kept(lambda ctx: 0.0, draw, own)._replace(update=update)
 
 
 def aggregate_noise_var(weights: jax.Array, noise_std: jax.Array, sent: jax.Array) -> jax.Array:
@@ -305,8 +337,7 @@ def upload_stages(cfg, draw: str) -> list[ClientStage]:
     if cfg.kept_noise == "paper":
       stages.append(paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip, cfg.s_local, draw))
     else:
-      std = cfg.kept_noise_multiplier * (clip or 0.0)
-      stages.append(gaussian_on_kept(lambda ctx: jnp.float32(std), draw))
+      stages.append(noise_on_kept(cfg.kept_noise_multiplier * (clip or 0.0), draw))
   return stages
 
 

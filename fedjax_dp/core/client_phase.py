@@ -85,28 +85,10 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     aggregator other than mean: the rule applied to the cohort's uploads,
       all-gathered over the device axis (see fedjax_dp/robust/).
   """
-  # Replicated params enter as device-invariant values; per-client gradients
-  # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
-  params = jax.lax.pcast(params, "clients", to="varying")
   counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
-  client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
-  keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
-  # The plain (example- or uniformly-) weighted mean of the uploads is summed
-  # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
-  # a write and a read of it per round. DP, attacks and robust rules need the
-  # uploads one by one and stack them.
-  fused = stages.executor.fused_sum
-  one = _client_step(stages, params, client_hp, server_state, x, y,
-                     jax.random.fold_in(round_key, PIPELINE))
-  args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)
-  sums = None
-  if fused:
-    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
-    if stages.aggregate_noise:
-      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
-  out, client_state = stages.executor.map_clients(one, args, client_state, cohort_ids,
-                                                  cohort_mask, client_count.shape[0], sums)
-  (res, contribs, owed, nonfinite), sums = out if fused else (out, None)
+  (res, contribs, owed, nonfinite), sums, client_state = _train_cohort(
+      stages, params, cohort_ids, cohort_mask, counts, client_hp, round_key, client_state,
+      server_state, x, y, client_index, client_count.shape[0])
   contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
   mask_f = cohort_mask.astype(jnp.float32)
   weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
@@ -123,7 +105,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     # The shuffler hands the server, per layer, the cohort's tuples in random
     # order: the server cannot link sizes to updates, so it weights uniformly.
     # The server's plain sum of each layer's multiset is the same for every
-    # permutation, and the robust rules refuse shuffled tuples (config.py), so
+    # permutation, and the robust rules refuse shuffled tuples (recipes/validate.py), so
     # the rows are not permuted here (pipeline.layerwise_shuffle): on CPU the
     # permutation cost 7 % of a TopkSDP-FL round and changed no number beyond
     # float summation order.
@@ -138,18 +120,52 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
                                    mode=stages.dp.mode, shuffle=stages.shuffle,
                                    aggregate_noise=stages.aggregate_noise)
+  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters,
+                       client_hp["lr"])
+  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+
+
+def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts, client_hp,
+                  round_key, client_state, server_state, x, y, client_index, num_clients: int):
+  """Every slot's client step through the executor -> ((results, contributions,
+  owed noise, non-finite flags) stacked [local, ...], the in-loop sums or None,
+  client state)."""
+  # Replicated params enter as device-invariant values; per-client gradients
+  # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
+  params = jax.lax.pcast(params, "clients", to="varying")
+  client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
+  keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
+  # The plain (example- or uniformly-) weighted mean of the uploads is summed
+  # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
+  # a write and a read of it per round. DP, attacks and robust rules need the
+  # uploads one by one and stack them.
+  fused = stages.executor.fused_sum
+  one = _client_step(stages, params, client_hp, server_state, x, y,
+                     jax.random.fold_in(round_key, PIPELINE))
+  args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)
+  sums = None
+  if fused:
+    sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
+    if stages.aggregate_noise:
+      sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
+  out, client_state = stages.executor.map_clients(one, args, client_state, cohort_ids,
+                                                  cohort_mask, num_clients, sums)
+  return (out[0], out[1], client_state) if fused else (out, None, client_state)
+
+
+def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr) -> RoundStats:
+  """The round's statistics, summed over the devices."""
+  mask_f = cohort_mask.astype(jnp.float32)
   # the integer counts in one all-reduce: a separate psum for the non-finite count
   # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
   participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
       jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
       jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
-  stats = RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
-                     examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
-                     participants=participants, unclipped=unclipped,
-                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
-                     event=jnp.zeros((), jnp.int32), lr=client_hp["lr"],
-                     nonfinite=nonfinite)
-  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+  return RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
+                    examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
+                    participants=participants, unclipped=unclipped,
+                    spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
+                    event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=nonfinite)
 
 
 def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
@@ -186,7 +202,8 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
       flat, unravel = ravel_pytree(upload)
       stage_ctx = pipeline_lib.StageContext(
           key=jax.random.fold_in(pipeline_key, cid), num_examples=count, lr=lr,
-          public_update=server_state.get("public_update", jnp.zeros_like(flat)))
+          public_update=server_state.get("public_update", jnp.zeros_like(flat)),
+          hp=client_hp["pipeline"])
       sent, pstate = client_pipeline.update(
           pipeline_lib.Upload(flat, jnp.ones(flat.shape, bool)), cstate["pipeline"], stage_ctx)
       cstate["pipeline"] = (jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
@@ -267,9 +284,10 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
 def client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentum: bool,
                     local_dp: bool) -> dict:
   """What the client phase reads of the hyperparameters this round: the lr, the
-  local terms' and the aggregator's numbers, momentum and local DP's noise."""
+  local terms', the aggregator's and the upload stages' numbers, momentum and
+  local DP's noise."""
   out = {"lr": round_learning_rate(hp, round_index, schedule, rounds), "terms": hp["terms"],
-         "aggregator": hp["aggregator"]}
+         "aggregator": hp["aggregator"], "pipeline": hp["pipeline"]}
   if momentum:
     out["momentum"] = hp["momentum"]
   if local_dp:

@@ -55,7 +55,9 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
                 "prox_mu", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
                 "contrastive_tau", "moon_mu", "moon_tau", "admm_rho", "feddyn_alpha",
                 "trim_fraction", "outlier_z", "cclip_tau", "cclip_iters", "geomed_eps",
-                "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m")
+                "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m",
+                # the upload stages' (compression/pipeline.py)
+                "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier")
 
 
 # keys after which central DP's calibration to target_epsilon is done again
@@ -89,6 +91,7 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   if server_optimizer_name(cfg) == "momentum":
     hp["server_momentum"] = _f32(cfg.server_momentum)
   hp.update(_term_and_rule_hparams(cfg))
+  hp["pipeline"] = _pipeline_hparams(cfg)
   if privacy.mode == "none":
     return hp
   hp.update(tier_scales=_f32(privacy.tier_scales()),
@@ -134,6 +137,16 @@ def _term_and_rule_hparams(cfg) -> dict:
           "aggregator": {k: _as_array(v) for k, v in rule.items()}}
 
 
+def _pipeline_hparams(cfg) -> tuple:
+  """The upload stages' numbers, one dict per stage in the chain's order
+  (pipeline.ClientStage.hparams): clip bounds, the kept noise's std."""
+  from fedjax_dp.recipes import from_config   # recipes import this module's users
+  chain = from_config(cfg).client_pipeline()
+  if chain is None:
+    return ()
+  return tuple({k: _as_array(v) for k, v in stage.items()} for stage in chain.hparams)
+
+
 def check_same_structure(cfg, new) -> None:
   """Raises ConfigError where changing numeric keys from `cfg` to `new` would
   change the compiled round's structure (a new simulation is needed)."""
@@ -145,13 +158,15 @@ def check_same_structure(cfg, new) -> None:
                       and cfg.momentum != new.momentum),
       "noise_multiplier": (cfg.noise_multiplier is None) != (new.noise_multiplier is None),
       "target_epsilon": (cfg.target_epsilon is None) != (new.target_epsilon is None),
+      **{key: (getattr(cfg, key) is None) != (getattr(new, key) is None)
+         for key in ("coordinate_clip", "update_clip_l2", "final_clip_l2")},
   }
   bad = [k for k, changed in changes.items() if changed]
   if bad:
     raise ConfigError(f"with_hparams: {bad[0]} {getattr(cfg, bad[0])!r} -> "
                       f"{getattr(new, bad[0])!r} changes the compiled round's structure "
-                      "(momentum on or off, SCAFFOLD's step count, a noise multiplier or "
-                      "target set or unset); build a new simulation")
+                      "(momentum on or off, SCAFFOLD's step count, a noise multiplier, "
+                      "target or upload clip set or unset); build a new simulation")
 
 
 def digest(hp: dict) -> str:
