@@ -58,16 +58,16 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
                       "recipe (fedjax_dp.recipes)")
   values.update(overrides)
   if model is not None:
-    _own(values, "model", model.name)
+    _own(values, base, "model", model.name)
   if data is not None:
-    _own(values, "dataset", data.name)
+    _own(values, base, "dataset", data.name)
     clients = len(data.client_parts) if data.client_parts is not None else None
     if clients is None:
       raise ConfigError(f"data {data.name!r} carries no client partition: build it with "
                         "data.from_arrays or data.from_clients")
-    if values.get("num_clients", clients) != clients:
-      raise ConfigError(f"config key 'num_clients' = {values['num_clients']!r}: your data has "
-                        f"{clients} clients")
+    given = values.get("num_clients", base.num_clients if base is not None else clients)
+    if given != clients:
+      raise ConfigError(f"config key 'num_clients' = {given!r}: your data has {clients} clients")
     values["num_clients"] = clients
     if "clients_per_round" not in values and base is None:
       values["clients_per_round"] = min(DEFAULT_COHORT, clients)
@@ -75,10 +75,13 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
   return recipes.base.check_expressed(recipe, cfg) if as_recipe else cfg
 
 
-def _own(values: dict, key: str, name: str) -> None:
-  """Sets config key `key` to 'custom' for your own model or data (a clash is an error)."""
-  if values.get(key, "custom") != "custom":
-    raise ConfigError(f"config key {key!r} = {values[key]!r} with your own {key} {name!r}: "
+def _own(values: dict, base: Config | None, key: str, name: str) -> None:
+  """Sets config key `key` to 'custom' for your own model or data. A clash is an
+  error: a value in the overrides, or a Config recipe's value other than the
+  default (which it holds whether or not you set it)."""
+  given = values.get(key, getattr(base, key) if base is not None else "custom")
+  if given not in ("custom", getattr(Config(), key) if key not in values else "custom"):
+    raise ConfigError(f"config key {key!r} = {given!r} with your own {key} {name!r}: "
                       f"leave {key!r} out (it becomes 'custom')")
   values[key] = "custom"
 

@@ -120,7 +120,7 @@ def test_run_with_your_own_loss_and_classifier_writes_the_clis_outputs(tmp_path)
     assert os.path.exists(os.path.join(out, f)), f
   # never overwritten: refused before anything is touched, unless overwrite
   before = open(os.path.join(out, "metrics.jsonl")).read()
-  with pytest.raises(RunError, match="is not empty"):
+  with pytest.raises(RunError, match=r"is not empty: pass --overwrite \(Python: overwrite=True\)"):
     fedjax_dp.run("fedavg", model=model, data=ds, rounds=4, out=out, progress=False,
                   eval_every=2, lr=0.1, batch_size=8, devices=1)
   assert open(os.path.join(out, "metrics.jsonl")).read() == before
@@ -137,3 +137,19 @@ def test_run_with_your_own_loss_and_classifier_writes_the_clis_outputs(tmp_path)
   loss = dict(summary["inputs"]["loss"])
   assert len(loss.pop("sha256")) == 64      # the traced loss's digest (tells lambdas apart)
   assert loss == {"name": "half_sq", "target_dtype": None, "metrics": ["loss"]}
+
+
+def test_a_config_recipe_that_names_other_data_or_clients_is_refused():
+  """A Config recipe carries dataset and num_clients: your data must not silently
+  replace values it set (its defaults are fine)."""
+  from fedjax_dp.api import recipe_config
+  from fedjax_dp.config import ConfigError, make_config
+  x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+  y = (x[:, 0] > 0).astype(np.int32)
+  ds = fedjax_dp.data.from_arrays(x, y, client_ids=np.arange(40) % 4)
+  four = {"num_clients": 4, "clients_per_round": 4}
+  assert recipe_config(make_config(four), data=ds).dataset == "custom"
+  with pytest.raises(ConfigError, match=r"^config key 'num_clients' = 10: your data has 4"):
+    recipe_config(make_config({"num_clients": 10}), data=ds)
+  with pytest.raises(ConfigError, match=r"^config key 'dataset' = 'fmnist' with your own"):
+    recipe_config(make_config({**four, "dataset": "fmnist"}), data=ds)

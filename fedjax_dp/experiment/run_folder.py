@@ -106,8 +106,9 @@ def prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
                      f"rounds must be >= {done}")
     return cfg
   if exists and not overwrite:
-    raise RunError(f"output folder {out} is not empty: pass --overwrite to replace it or "
-                   "--resume to continue it")
+    # one message for the CLI and the Python API (fedjax_dp.run's keyword arguments)
+    raise RunError(f"output folder {out} is not empty: pass --overwrite (Python: "
+                   "overwrite=True) to replace it or --resume (resume=True) to continue it")
   if exists and not os.path.exists(cfg_path):
     # --overwrite replaces a run, never a folder of something else (or the working folder)
     raise RunError(f"--overwrite: {out} is not empty and holds no run (no config.json); "
