@@ -175,12 +175,14 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
       mask = topk_kernels.random_k_mask(ctx.key, d, k)
     else:
       mask = topk_mask(ctx.public_update, k, ctx.key, kernel)
+    # only coordinates an earlier stage sent can be sent (a dense upload sends all)
+    mask = mask & u.sent
     sent = jnp.where(mask, v, 0.0)
     if final_clip is not None:
       c = numbers(ctx, own)["final_clip"]
       sent = sent * jnp.minimum(1.0, c / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
     new_residual = v - sent if error_feedback else ()
-    return Upload(sent, mask & u.sent), new_residual
+    return Upload(sent, mask), new_residual
   return ClientStage(init, update, name="topk", bound=final_clip, sparsifies=True,
                      private_positions=selection == "topk", hparams=own)
 
