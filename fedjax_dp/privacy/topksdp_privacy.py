@@ -196,69 +196,94 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
     std_min = 2 * cfg.lr * clip / max(client_sizes) * factor
     std_max = 2 * cfg.lr * clip / min(client_sizes) * factor
     report["papers_chain"] = papers_chain(cfg, k, rounds)
-    if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
-      scale = np.asarray(round_lrs, np.float64) / cfg.lr
-    else:
-      from fedjax_dp.core.schedules import learning_rate_schedule  # simulation imports this module's deps
-      lr_at = learning_rate_schedule(cfg)
-      scale = np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
+    scale = _learning_rate_scale(cfg, rounds, round_lrs)
   report["noise_std"] = {"min_over_clients": std_min * float(scale.min()),
                          "max_over_clients": std_max * float(scale.max()),
                          "over_rounds": ("constant" if scale.min() == scale.max() else
                                          "with the learning rate (" + (
                                              "as recorded by the rounds" if round_lrs is not None
                                              else cfg.lr_schedule) + ")")}
+  report["accountant"], unaccounted = _accountants_figure(cfg, std_min, scale, rounds)
+  report["not_accounted"] += unaccounted
+  if cfg.kept_noise == "paper":
+    leak, unaccounted = _paper_calibration_caveats(cfg, std_min, k, client_sizes, scale, rounds)
+    if leak is not None:
+      report["size_leak"] = leak
+    report["not_accounted"] += unaccounted
+  return report
+
+
+def _learning_rate_scale(cfg, rounds: int, round_lrs: Sequence[float] | None) -> np.ndarray:
+  """The paper's std each round relative to round 0's at lr: each round's learning
+  rate / lr, as the rounds recorded it, else from the config's schedule."""
+  if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
+    return np.asarray(round_lrs, np.float64) / cfg.lr
+  from fedjax_dp.core.schedules import learning_rate_schedule  # simulation imports this module's deps
+  lr_at = learning_rate_schedule(cfg)
+  return np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
+
+
+def _accountants_figure(cfg, std_min: float, scale: np.ndarray,
+                        rounds: int) -> tuple[dict, list[str]]:
+  """The accountant's section, and why it has no figure when it has none (the
+  not-accounted entries for data-dependent indices and an unclipped sent vector)."""
   complete = (cfg.index_selection in ("random_k", "public_topk") and cfg.final_clip_l2 is not None
               and std_min * float(scale.min()) > 0)
-  if complete:
-    z = std_min / (2 * cfg.final_clip_l2)  # replace-one sensitivity 2 C_f; the least-noised client
-    # each round at its own noise: RDP of N(0, (z s_t)^2) is gaussian_rdp(z) / s_t^2
-    rdp = accounting.gaussian_rdp(z) * float(np.sum(1.0 / np.square(scale[:max(rounds, 0)])))
-    eps, order = accounting.epsilon_np(rdp, cfg.ldp_delta)
-    z = z * float(scale.min())                                  # the least-noised round's
-    report["accountant"] = {
-        "complete": True,
-        "epsilon": eps, "order": order, "delta": cfg.ldp_delta,
-        "guarantee": (f"per client against the server: a client taking part in all {rounds} rounds "
-                      f"is ({eps:.4g}, {cfg.ldp_delta:g})-DP for replace-one neighbours of its "
-                      "data (RDP; no shuffling or sampling amplification claimed)"
-                      + ("; only for neighbours with the same number of examples n_i: the "
-                         "paper's noise std depends on n_i (see size_leak)"
-                         if cfg.kept_noise == "paper" else "")),
-        "noise_multiplier": z,
-        "why_complete": (f"indices from {'the key' if cfg.index_selection == 'random_k' else 'the previous global update'}"
-                         f" (independent of the client's data) and the sent vector clipped to "
-                         f"final_clip_l2 = {cfg.final_clip_l2:g}, so every upload is a Gaussian "
-                         "mechanism with sensitivity 2 final_clip_l2"),
-    }
-  else:
-    report["accountant"] = {"complete": False, "epsilon": None}
+  if not complete:
+    unaccounted = []
     if cfg.index_selection == "topk":
-      report["not_accounted"].append(
+      unaccounted.append(
           "data-dependent indices: the top-k positions are chosen from the private update and "
           "sent without noise (use index_selection random_k or public_topk)")
     if cfg.final_clip_l2 is None:
-      report["not_accounted"].append(
+      unaccounted.append(
           "the sent vector is not clipped: error feedback adds earlier rounds' residual, so its "
           "sensitivity is not bounded by the clip (set final_clip_l2)")
-  if cfg.kept_noise == "paper":
-    report["not_accounted"].append(
-        "the paper's sensitivity 2 lr C / n_i covers one example in one SGD step, not a client's "
-        f"update after {cfg.local_epochs} local epoch(s)")
-    if rounds > 0:
-      # the std 2 lr C factor / n_i is a function of n_i: neighbours that add or remove an
-      # example change the noise level itself, which no fixed-sigma accountant sees
-      shift = 2 * cfg.final_clip_l2 if cfg.final_clip_l2 is not None else 0.0
-      leak = size_leak(std_min * max(client_sizes), shift, k, client_sizes, scale[:rounds],
-                       cfg.ldp_delta)
-      report["size_leak"] = leak
-      relink = (", and re-links a client's layers after the per-layer shuffler"
-                if cfg.shuffle != "none" else "")
-      fixed = (f" (against {leak['epsilon_std_fixed']:.3g} with the std held fixed)" if shift else
-               " from the noise level alone (the sent vector is not clipped: set final_clip_l2)")
-      report["not_accounted"].append(
-          f"the client's size: the noise std 2 lr C factor / n_i reveals n_i{relink}; for "
-          f"neighbours with n = {leak['n']} and {leak['vs']} examples it is "
-          f"({leak['epsilon']:.3g}, {cfg.ldp_delta:g})-DP over {rounds} rounds{fixed} (Renyi "
-          "divergence of Gaussians with different variances)")
-  return report
+    return {"complete": False, "epsilon": None}, unaccounted
+  z = std_min / (2 * cfg.final_clip_l2)  # replace-one sensitivity 2 C_f; the least-noised client
+  # each round at its own noise: RDP of N(0, (z s_t)^2) is gaussian_rdp(z) / s_t^2
+  rdp = accounting.gaussian_rdp(z) * float(np.sum(1.0 / np.square(scale[:max(rounds, 0)])))
+  eps, order = accounting.epsilon_np(rdp, cfg.ldp_delta)
+  z = z * float(scale.min())                                  # the least-noised round's
+  return {
+      "complete": True,
+      "epsilon": eps, "order": order, "delta": cfg.ldp_delta,
+      "guarantee": (f"per client against the server: a client taking part in all {rounds} rounds "
+                    f"is ({eps:.4g}, {cfg.ldp_delta:g})-DP for replace-one neighbours of its "
+                    "data (RDP; no shuffling or sampling amplification claimed)"
+                    + ("; only for neighbours with the same number of examples n_i: the "
+                       "paper's noise std depends on n_i (see size_leak)"
+                       if cfg.kept_noise == "paper" else "")),
+      "noise_multiplier": z,
+      "why_complete": (f"indices from {'the key' if cfg.index_selection == 'random_k' else 'the previous global update'}"
+                       f" (independent of the client's data) and the sent vector clipped to "
+                       f"final_clip_l2 = {cfg.final_clip_l2:g}, so every upload is a Gaussian "
+                       "mechanism with sensitivity 2 final_clip_l2"),
+  }, []
+
+
+def _paper_calibration_caveats(cfg, std_min: float, k: int, client_sizes, scale: np.ndarray,
+                               rounds: int) -> tuple[dict | None, list[str]]:
+  """What the paper's calibration (kept_noise 'paper') leaves unaccounted: its
+  one-step sensitivity, and the client's size its std reveals (size_leak; None
+  when no round ran)."""
+  unaccounted = [
+      "the paper's sensitivity 2 lr C / n_i covers one example in one SGD step, not a client's "
+      f"update after {cfg.local_epochs} local epoch(s)"]
+  if rounds <= 0:
+    return None, unaccounted
+  # the std 2 lr C factor / n_i is a function of n_i: neighbours that add or remove an
+  # example change the noise level itself, which no fixed-sigma accountant sees
+  shift = 2 * cfg.final_clip_l2 if cfg.final_clip_l2 is not None else 0.0
+  leak = size_leak(std_min * max(client_sizes), shift, k, client_sizes, scale[:rounds],
+                   cfg.ldp_delta)
+  relink = (", and re-links a client's layers after the per-layer shuffler"
+            if cfg.shuffle != "none" else "")
+  fixed = (f" (against {leak['epsilon_std_fixed']:.3g} with the std held fixed)" if shift else
+           " from the noise level alone (the sent vector is not clipped: set final_clip_l2)")
+  unaccounted.append(
+      f"the client's size: the noise std 2 lr C factor / n_i reveals n_i{relink}; for "
+      f"neighbours with n = {leak['n']} and {leak['vs']} examples it is "
+      f"({leak['epsilon']:.3g}, {cfg.ldp_delta:g})-DP over {rounds} rounds{fixed} (Renyi "
+      "divergence of Gaussians with different variances)")
+  return leak, unaccounted

@@ -1,0 +1,147 @@
+"""The checks a Config passes before anything runs: each key on its own (a choice,
+a range), the keys against the population and its sampling, the stages and their
+combination (the recipe's validate), and the data. Each raises ConfigError with
+one line naming the key, the value as the user wrote it and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER, RANGES, Config,
+                                     ConfigError)
+
+
+def _describe_range(key: str) -> str:
+  lo, hi, lo_inc, hi_inc = RANGES[key]
+  show = lambda v: str(v) if isinstance(v, int) else f"{v:g}"   # 2147483647, not 2.14748e+09
+  parts = []
+  if lo is not None:
+    parts.append(f"{'>=' if lo_inc else '>'} {show(lo)}")
+  if hi is not None:
+    parts.append(f"{'<=' if hi_inc else '<'} {show(hi)}")
+  return " and ".join(parts)
+
+
+def _check(cfg: Config, raw: dict[str, Any]) -> None:
+  """Raises ConfigError for the first bad value, shown as the user wrote it (`raw`):
+  each key's own values, the set-up's (population, sampling, Byzantine clients),
+  then the run's recipe (recipes.from_config(cfg).validate(): which stages combine,
+  from their properties), then the data's."""
+  _check_keys(cfg, raw)
+  _check_population(cfg, raw)
+  _check_stages(cfg)
+  _check_data(cfg)
+
+
+def _check_keys(cfg: Config, raw: dict[str, Any]) -> None:
+  """Each key on its own: a choice among its values, a number in its range."""
+  for key, choices in CHOICES.items():
+    value = getattr(cfg, key)
+    if key == "aggregator":
+      from fedjax_dp.robust import AGGREGATORS
+      choices = tuple(AGGREGATORS)
+    if value not in choices:
+      raise ConfigError(
+          f"config key '{key}' = {value!r}: allowed values are {', '.join(choices)}")
+  for key in RANGES:
+    value = getattr(cfg, key)
+    if value is None:
+      continue
+    lo, hi, lo_inc, hi_inc = RANGES[key]
+    ok = True
+    if lo is not None:
+      ok &= value >= lo if lo_inc else value > lo
+    if hi is not None:
+      ok &= value <= hi if hi_inc else value < hi
+    if not ok:
+      raise ConfigError(f"config key '{key}' = {raw.get(key, value)!r}: must be "
+                        f"{_describe_range(key)}")
+  if cfg.byzantine_scale > FLOAT32_MAX:
+    raise ConfigError(f"config key 'byzantine_scale' = {cfg.byzantine_scale:g}: above float32's "
+                      "largest value (3.4e38)")
+
+
+def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
+  """Keys against the population and its sampling (num_clients, clients_per_round)."""
+  def shown(key):
+    return raw.get(key, getattr(cfg, key))
+
+  if cfg.clients_per_round > cfg.num_clients:
+    raise ConfigError(
+        f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
+        f"({cfg.num_clients})")
+  # delta >= 1/N allows a mechanism that publishes a random client's data outright, and
+  # the (eps, delta) conversion then reports epsilon 0 (N = 20, delta 0.3 gave 0.0)
+  if cfg.dp != "none" and cfg.delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'delta' = {shown('delta')!r} with dp {cfg.dp!r}: must be < 1 / "
+                      f"num_clients = {1 / cfg.num_clients:.4g} (a delta that large allows "
+                      "publishing a client's data outright)")
+  if cfg.kept_noise != "none" and cfg.ldp_delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'ldp_delta' = {shown('ldp_delta')!r} with kept_noise "
+                      f"{cfg.kept_noise!r}: must be < 1 / num_clients = "
+                      f"{1 / cfg.num_clients:.4g} (a delta that large allows publishing a "
+                      "client's data outright)")
+  if cfg.max_cohort is not None and cfg.max_cohort < cfg.clients_per_round:
+    raise ConfigError(
+        f"config key 'max_cohort' = {cfg.max_cohort}: must be >= clients_per_round "
+        f"({cfg.clients_per_round})")
+  if cfg.lr_min > cfg.lr:
+    raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
+  if cfg.dp == "central" and cfg.sampling == "fixed" and cfg.accountant == "pld":
+    raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
+                      "fixed-size (without replacement) sampling; use accountant 'rdp' or "
+                      "sampling 'poisson'")
+  if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
+    raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
+                      f"{cfg.num_clients} clients that is no malicious client (floor of "
+                      f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
+  if cfg.byzantine_fraction > 0 and cfg.kept_noise != "none" and \
+      cfg.kept_noise_draw == "aggregate":
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
+                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
+                      "honest uploads under the weighted mean have the aggregate's noise in "
+                      "closed form (use 'client' or 'auto')")
+
+
+def _check_stages(cfg: Config) -> None:
+  """The stages' own numbers, then their combination (the recipe's validate)."""
+  if cfg.noise_multiplier is not None and 0 < cfg.noise_multiplier < MIN_NOISE_MULTIPLIER:
+    raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g}: must be 0 (no "
+                      f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
+                      "arithmetic overflows; any such run has no meaningful epsilon)")
+  if cfg.accountant == "pld" and cfg.noise_multiplier is not None and cfg.dp != "none":
+    from fedjax_dp.privacy.planning import PLD_MIN_NOISE_MULTIPLIER
+    z_pld = cfg.noise_multiplier / (2 if cfg.dp == "local" else 1)   # local: replace-one, z / 2
+    if 0 < z_pld < PLD_MIN_NOISE_MULTIPLIER:
+      raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g} with "
+                        f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
+                        f"{' (z / 2 under local DP)' if cfg.dp == 'local' else ''}; use "
+                        "accountant 'rdp'")
+  if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
+    raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
+                      "client budget of the paper's calibration)")
+  from fedjax_dp.algorithms import parse_algorithm
+  try:
+    parse_algorithm(cfg.algorithm)
+  except ValueError as e:
+    raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
+  from fedjax_dp.recipes import from_config
+  recipe = from_config(cfg).validate()
+  problem = recipe.rule.check(cfg)   # the rule's own keys (Krum's f and m)
+  if problem:
+    raise ConfigError(problem)
+
+
+def _check_data(cfg: Config) -> None:
+  from fedjax_dp.data import TABULAR
+  if cfg.feature_scaling != "auto" and cfg.dataset == "custom":
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      "'custom': your own data is used as given; scale it before "
+                      "data.from_arrays (e.g. with data.scale_features) and leave it 'auto'")
+  if cfg.feature_scaling != "auto" and cfg.dataset not in TABULAR:
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      f"{cfg.dataset!r}: images are scaled to [0, 1] by a fixed rule; only "
+                      f"{', '.join(TABULAR)} are standardised (leave it 'auto')")
+  if cfg.dataset == "csv" and not cfg.csv_path:
+    raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
