@@ -411,10 +411,10 @@ def test_kept_noise_in_the_round_has_the_closed_form_variance(draw):
   """Both draws give the aggregate N(0, sigma^2 sum_i w_i^2 sent_ic) per coordinate,
   with w_i = n_i / n, and nothing where no client sent (masks from numpy top-k)."""
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11))
-  common = dict(hidden=[64], s_local=0.5, coordinate_clip=1e3, kept_noise_draw=draw)
+  common = dict(hidden=[64], s_local=0.5, coordinate_clip=1e3)
   clean = toy_simulation(x, y, parts, **common)
   noisy = toy_simulation(x, y, parts, kept_noise="multiplier", kept_noise_multiplier=1e-3,
-                         **common)
+                         kept_noise_draw=draw, **common)
   s0 = clean.init_state()
   deltas = [flat(d) for d in round_zero_deltas(clean, s0)]
   c1, _ = clean.run_rounds(s0, 1)
@@ -432,6 +432,12 @@ def test_kept_noise_in_the_round_has_the_closed_form_variance(draw):
   z2 = noise[var > 0] ** 2 / var[var > 0]
   assert abs(z2.mean() - 1.0) < 4.5 * np.sqrt(2.0 / z2.size)
   assert stats.kstest(noise[var > 0] / np.sqrt(var[var > 0]), "norm").pvalue > 1e-3
+
+
+def test_a_kept_noise_draw_without_kept_noise_is_refused():
+  with pytest.raises(ConfigError, match=r"^config key 'kept_noise_draw' = 'client' with "
+                                        r"kept_noise 'none': there is no kept noise to draw"):
+    make_config({"kept_noise_draw": "client"})
 
 
 def test_aggregate_noise_draw_refused_with_dp():

@@ -148,7 +148,7 @@ def _shipped_configs():
       "convergence_measure=norm_diff", "dp=central", "target_epsilon=1.9"])
   # keys no stage reads (prox_mu under fedavg, a schedule's window without DP) come back too
   yield "unused keys", make_config({"prox_mu": 0.3, "convergence_window": 4, "delta": 1e-6,
-                                    "kept_noise_draw": "client", "index_selection": "random_k"})
+                                    "index_selection": "random_k"})
 
 
 def test_from_config_then_to_config_is_the_same_config():

@@ -118,6 +118,10 @@ def _check_stages(cfg: Config) -> None:
                         f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
                         f"{' (z / 2 under local DP)' if cfg.dp == 'local' else ''}; use "
                         "accountant 'rdp'")
+  if cfg.kept_noise_draw != "auto" and cfg.kept_noise == "none":
+    # it would be ignored: no stage draws kept noise
+    raise ConfigError(f"config key 'kept_noise_draw' = {cfg.kept_noise_draw!r} with kept_noise "
+                      "'none': there is no kept noise to draw; leave it 'auto'")
   if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
     raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
                       "client budget of the paper's calibration)")

@@ -122,7 +122,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
   table = None
   multipliers = (z_accounted,)
   if cfg.dp == "central" and cfg.noise_schedule != "static" and z > 0:
-    # (config.py refuses adaptive clipping with a schedule: no count part here)
+    # (recipes/validate.py refuses adaptive clipping with a schedule: no count part here)
     multipliers = tuple(z * ratio(k / (SCORE_GRID - 1)) for k in range(SCORE_GRID))
     table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, m)) for m in multipliers])
   return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,

@@ -11,7 +11,7 @@ but `mean` needs the whole cohort's updates in one place: the round all-gathers
 them over the device axis and the rule runs replicated. They act on what the
 server receives: with local DP they are post-processing; with central DP (noise
 calibrated to a sum of clipped updates) only a linear rule keeps the guarantee,
-and the others are refused (config.py, from `linear`).
+and the others are refused (recipes/validate.py, from `linear`).
 """
 
 from fedjax_dp.robust.base import Aggregator, metrics, on_finite_uploads

@@ -10,7 +10,7 @@ module each in this package and one line in `registry.AGGREGATORS`:
       counts, or ones), hp {name: number} its hyperparameters (`hparams(cfg)`);
       metrics {"flagged": int32, "clusters": int32}
 
-Static properties the round and config.py read:
+Static properties the round, the executor and recipes/validate.py read:
   linear     a weighted mean: the round sums it in its fused psum path (never
              calling `aggregate`), and only it computes the sum of clipped updates
              central DP's noise is calibrated to, or a sum over per-layer shuffled
