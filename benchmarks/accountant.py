@@ -10,8 +10,8 @@ import time
 import dp_accounting
 from dp_accounting import rdp
 
-from fedjax_dp import accounting
-from fedjax_dp.account import pld_epsilon
+from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy.planning import pld_epsilon
 
 Q, Z, STEPS, DELTA = 0.01, 1.1, 10000, 1e-5
 

@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from fedjax_dp.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices
 
 use_cpu_devices()
 
@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp import accounting
+from fedjax_dp.privacy import accounting
 from fedjax_dp.config import make_config
-from fedjax_dp.runner import setup
+from fedjax_dp.experiment.runner import setup
 
 PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", alpha=0.5,
                 model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,

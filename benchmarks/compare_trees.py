@@ -35,11 +35,11 @@ VARIANTS = {"fedavg": {},
 def worker(variant: str, chunk_rounds: int) -> None:
   """Compiles the variant, then times one chunk per 'run' line on stdin."""
   import time
-  from fedjax_dp.host import use_cpu_devices
+  from fedjax_dp.placement.host import use_cpu_devices
   use_cpu_devices()
   import jax
   from fedjax_dp.config import make_config
-  from fedjax_dp.runner import setup
+  from fedjax_dp.experiment.runner import setup
   _, _, sim = setup(make_config(dict(PROTOCOL, **VARIANTS[variant])))
   state, _ = sim.run_working(sim.to_working(sim.init_state()), chunk_rounds)   # compile
   jax.block_until_ready(state)

@@ -35,15 +35,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from fedjax_dp.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()
 
 import jax  # noqa: E402
 
-from fedjax_dp import analyzer  # noqa: E402
+from fedjax_dp.privacy import analyzer  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
-from fedjax_dp.runner import run_experiment  # noqa: E402
+from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402
 
 BASE = os.path.join(HERE, "..", "experiments", "dynamic_dp", "base.yaml")

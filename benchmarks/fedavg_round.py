@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fedjax_dp.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices
 
 use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 
@@ -34,8 +34,8 @@ import numpy as np
 from cli_args import nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
-from fedjax_dp.runner import setup
-from fedjax_dp.simulation import batch_for_eval
+from fedjax_dp.experiment.runner import setup
+from fedjax_dp.core.evaluate import batch_for_eval
 
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
                 alpha=0.5, model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,
@@ -71,7 +71,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   from peak import measure_matmul_peak
-  from fedjax_dp.runner import client_partition, load_data
+  from fedjax_dp.experiment.runner import client_partition, load_data
   cfg = make_config(dict(PROTOCOL, data_dir=args.data_dir, client_parallelism=args.parallelism,
                          client_batch=args.client_batch, devices=args.devices))
   # The PyTorch loop runs first, before JAX computes anything: XLA's worker

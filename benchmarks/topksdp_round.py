@@ -35,7 +35,7 @@ import os
 import statistics
 import time
 
-from fedjax_dp.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices
 
 use_cpu_devices()
 
@@ -46,7 +46,7 @@ import numpy as np
 from cli_args import positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.kernels import topk as topk_kernels
-from fedjax_dp.runner import setup
+from fedjax_dp.experiment.runner import setup
 
 PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", alpha=0.5,
                 model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64, lr=0.01,

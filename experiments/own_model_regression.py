@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from fedjax_dp.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()   # before JAX starts: one CPU device per core
 
@@ -31,7 +31,7 @@ import flax.linen as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fedjax_dp  # noqa: E402
-from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
+from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 
 
 class Regressor(nn.Module):

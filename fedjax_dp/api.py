@@ -89,7 +89,7 @@ def run(recipe: Any = "fedavg", *, out: str, model: Model | None = None,
   default classification. `callbacks`: callbacks.Callback, run after the
   defaults. Returns the summary (summary.json, plus the plots' paths).
   """
-  from fedjax_dp.runner import run_experiment
+  from fedjax_dp.experiment.runner import run_experiment
   task = losses.get(loss)
   overrides = dict(config_overrides, **({"rounds": rounds} if rounds is not None else {}))
   cfg = recipe_config(recipe, model=model, data=data, **overrides)
@@ -107,7 +107,7 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
       metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
 
   Writes nothing; the privacy report of a state: runner.privacy_report(sim.cfg, sim, state)."""
-  from fedjax_dp.runner import setup
+  from fedjax_dp.experiment.runner import setup
   task = losses.get(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
   _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)

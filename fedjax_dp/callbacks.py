@@ -36,15 +36,15 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from fedjax_dp import checkpoint as ckpt
-from fedjax_dp import privacy_log
-from fedjax_dp import reporting
-from fedjax_dp import runner
+from fedjax_dp.experiment import checkpoint as ckpt
+from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment import reporting
+from fedjax_dp.experiment import runner
 from fedjax_dp.config import Config
 from fedjax_dp.data import Dataset
 from fedjax_dp.losses import Task
 from fedjax_dp.objectives import parse_algorithm
-from fedjax_dp.simulation import Simulation
+from fedjax_dp.core.simulation import Simulation
 
 
 class Callback(NamedTuple):
@@ -184,7 +184,7 @@ def evaluate() -> Callback:
 
   def start(ctx: RunContext) -> None:
     if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
-      from fedjax_dp.simulation import make_solo_evaluate
+      from fedjax_dp.core.evaluate import make_solo_evaluate
       solo["eval"] = make_solo_evaluate(ctx.sim.model)
       solo["dist"] = runner.client_label_distribution(ctx.ds, ctx.parts)
 

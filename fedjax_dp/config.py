@@ -405,7 +405,7 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
                       f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
                       "arithmetic overflows; any such run has no meaningful epsilon)")
   if cfg.accountant == "pld" and cfg.noise_multiplier is not None and cfg.dp != "none":
-    from fedjax_dp.account import PLD_MIN_NOISE_MULTIPLIER
+    from fedjax_dp.privacy.planning import PLD_MIN_NOISE_MULTIPLIER
     z_pld = cfg.noise_multiplier / (2 if cfg.dp == "local" else 1)   # local: replace-one, z / 2
     if 0 < z_pld < PLD_MIN_NOISE_MULTIPLIER:
       raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g} with "

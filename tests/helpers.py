@@ -4,8 +4,8 @@ import numpy as np
 
 from fedjax_dp.config import make_config
 from fedjax_dp.models import make_model
-from fedjax_dp.simulation import build_simulation, make_mesh
-from fedjax_dp.store import build_store
+from fedjax_dp.core.simulation import build_simulation, make_mesh
+from fedjax_dp.placement.store import build_store
 
 
 def toy_problem(sizes=(7, 12, 3), features=6, classes=3, seed=0):
@@ -39,8 +39,8 @@ def round_zero_deltas(sim, state):
   (the same local_train and keys), as a list of param pytrees of numpy arrays."""
   import jax
   from functools import partial
-  from fedjax_dp import client as client_lib
-  from fedjax_dp.simulation import CLIENT_TRAINING
+  from fedjax_dp.training import client as client_lib
+  from fedjax_dp.core.state import CLIENT_TRAINING
   cfg = sim.cfg
   train = jax.jit(partial(client_lib.local_train, apply_fn=sim.model.apply, epochs=cfg.local_epochs,
                           batch_size=cfg.batch_size, momentum=cfg.momentum))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import accounting as acc
+from fedjax_dp.privacy import accounting as acc
 
 dpa = pytest.importorskip("dp_accounting")
 from dp_accounting import rdp as dpa_rdp  # noqa: E402

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fedjax_dp import amplification as amp
+from fedjax_dp.privacy import amplification as amp
 
 
 def test_fmt_reference_value_and_erlingsson():

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import analyzer, semantic, sensitivity
-from fedjax_dp.partition import partition
-from fedjax_dp.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC
+from fedjax_dp.privacy import analyzer, semantic, sensitivity
+from fedjax_dp.data.partition import partition
+from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC
 
 
 def test_masked_statistics_equal_the_unpadded_ones():
@@ -73,7 +73,7 @@ def test_thresholds_are_the_papers():
 
 @pytest.fixture(scope="module")
 def analysis():
-  from fedjax_dp.tabular import healthcare_data
+  from fedjax_dp.data.tabular import healthcare_data
   x, y, tiers, _, sensitive = healthcare_data(1200, seed=3)
   x = (x - x.mean(0)) / (x.std(0) + 1e-9)
   parts = partition(y, 24, "dirichlet_client", alpha=0.5, seed=0)
@@ -113,6 +113,6 @@ def test_dirichlet_client_partition():
 
 def test_analyzer_needs_tabular_data():
   from fedjax_dp.config import ConfigError, make_config
-  from fedjax_dp.runner import setup
+  from fedjax_dp.experiment.runner import setup
   with pytest.raises(ConfigError, match="tier_source"):
     setup(make_config({"dataset": "digits", "tier_source": "analyzer"}))

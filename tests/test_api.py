@@ -15,7 +15,7 @@ import pytest
 import fedjax_dp
 from fedjax_dp.api import recipe_config
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.runner import RunError, privacy_report
+from fedjax_dp.experiment.runner import RunError, privacy_report
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

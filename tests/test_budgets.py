@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from fedjax_dp import budgets
+from fedjax_dp.privacy import budgets
 
 
 def test_interior_optimum_matches_the_hand_derived_formula():

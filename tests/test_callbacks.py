@@ -8,13 +8,15 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from fedjax_dp import checkpoint, losses
+from fedjax_dp.experiment import checkpoint
+
+from fedjax_dp import losses
 from fedjax_dp.callbacks import Callback
-from fedjax_dp.cli import main
+from fedjax_dp.experiment.cli import main
 from fedjax_dp.config import make_config
 from fedjax_dp.data import from_clients
 from fedjax_dp.models import from_flax
-from fedjax_dp.runner import RunError, run_experiment
+from fedjax_dp.experiment.runner import RunError, run_experiment
 
 FAST = dict(dataset="digits", num_clients=6, clients_per_round=3, hidden=[8], batch_size=32,
             lr=0.05, devices=1, eval_every=2, checkpoint_every=2)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.cli import main
+from fedjax_dp.experiment.cli import main
 from tests.helpers import toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")
@@ -175,7 +175,7 @@ def test_bad_dp_settings(tmp_path, capsys, sets, fragment):
 def test_calibrated_long_run_takes_every_round():
   # 1,350 rounds: the float32 ledger's upward drift must not cost the last round
   from fedjax_dp.config import make_config
-  from fedjax_dp.runner import budget_rounds
+  from fedjax_dp.experiment.runner import budget_rounds
   cfg = make_config({"dp": "central", "target_epsilon": 1.9, "rounds": 1350,
                      "num_clients": 120, "clients_per_round": 12, "sampling": "poisson"})
   assert budget_rounds(cfg) == 1350
@@ -183,8 +183,8 @@ def test_calibrated_long_run_takes_every_round():
 
 def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
   from fedjax_dp.config import ConfigError, make_config
-  from fedjax_dp.privacy_report import _add_pld
-  from fedjax_dp.account import pld_epsilon
+  from fedjax_dp.privacy.privacy_report import _add_pld
+  from fedjax_dp.privacy.planning import pld_epsilon
   with pytest.raises(ConfigError, match="'noise_multiplier' = 0.001 with accountant 'pld'"):
     make_config({"dp": "central", "sampling": "poisson", "accountant": "pld",
                  "noise_multiplier": 0.001})

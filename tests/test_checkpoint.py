@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import checkpoint
+from fedjax_dp.experiment import checkpoint
 
 
 def _state(v):

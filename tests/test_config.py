@@ -77,7 +77,7 @@ def test_yaml_then_set(tmp_path):
 
 def test_cli_exit_status_two_without_traceback(tmp_path):
   out = tmp_path / "run"
-  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--out", str(out),
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--out", str(out),
                          "--set", "alpha=-1"], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   assert proc.stderr.strip() == "error: config key 'alpha' = -1: must be > 0"

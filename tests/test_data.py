@@ -214,7 +214,7 @@ def test_loader_gaps_found_by_an_audit(tmp_path):
   csv_path.write_text("a,label\n" + "9" * 200_000 + ",1\n1,2\n")
   _one_line_error(lambda: load_dataset("csv", path=str(csv_path)), "field larger than field limit")
   # a tier map that is not UTF-8
-  from fedjax_dp.tabular import TierMapError, read_tier_map
+  from fedjax_dp.data.tabular import TierMapError, read_tier_map
   (tmp_path / "tiers.csv").write_bytes(b"feature,tier\n\xff,high\n")
   with pytest.raises(TierMapError, match="not UTF-8 text"):
     read_tier_map(str(tmp_path / "tiers.csv"), ["a"])
@@ -224,7 +224,7 @@ def test_loader_gaps_found_by_an_audit(tmp_path):
 
 
 def test_classes_per_client_only_binds_shards():
-  from fedjax_dp.partition import partition
+  from fedjax_dp.data.partition import partition
   labels = np.arange(100) % 10
   parts = partition(labels, 60, "iid", classes_per_client=2)   # 60 * 2 > 100 is shards' limit
   assert sorted(np.concatenate(parts).tolist()) == list(range(100))

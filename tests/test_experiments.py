@@ -116,7 +116,7 @@ def test_run_or_reuse_reuses_same_settings_and_refuses_others(tmp_path):
   figures under the new settings."""
   import json
   from fedjax_dp.config import make_config
-  from fedjax_dp.runner import RunError, run_or_reuse
+  from fedjax_dp.experiment.runner import RunError, run_or_reuse
   cfg = make_config(dict(dataset="digits", num_clients=4, clients_per_round=2, hidden=[8],
                          rounds=2, eval_every=1, devices=1))
   out = str(tmp_path / "run")

@@ -12,8 +12,9 @@ import pytest
 from fedjax_dp import data
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.data import DataError, apply_feature_scaling, load_dataset, scale_features
-from fedjax_dp.partition import partition
-from fedjax_dp import privacy_report, runner
+from fedjax_dp.data.partition import partition
+from fedjax_dp.privacy import privacy_report
+from fedjax_dp.experiment import runner
 
 
 def _problem(seed=0, n=300, d=5, clients=6):

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dp.simulation import CLIENT_TRAINING, COHORT_SAMPLING
+from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import toy_problem, toy_simulation
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import client
+from fedjax_dp.training import client
 from fedjax_dp.algorithms import TERMS, FinishInputs, LocalContext, LossInputs, ServerContext
 
 N, D, n = 4, 3, 6          # clients, features, examples per client

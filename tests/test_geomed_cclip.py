@@ -110,7 +110,7 @@ def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):
   """Two of ten clients send -100 x their update, on 2 devices: the rule's update
   stays near the honest clients' mean, the plain mean does not; centred
   clipping's state is the applied update (server sgd at lr 1), carried on."""
-  from fedjax_dp import attacks
+  from fedjax_dp.robust import attacks
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
   common = dict(hidden=[6], byzantine_fraction=0.2, byzantine_attack="sign_flip",
                 byzantine_scale=100.0, devices=2)
@@ -140,7 +140,7 @@ def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):
 def test_metrics_rows_carry_what_each_rule_reports():
   # metrics.jsonl's keys come from the rule's `reports`, not from a list of names
   from fedjax_dp.config import make_config
-  from fedjax_dp.runner import aggregator_metrics
+  from fedjax_dp.experiment.runner import aggregator_metrics
   row = lambda name: aggregator_metrics(make_config({"aggregator": name}), 3.0, 8.0, 4)
   assert row("centered_clip") == {"flagged": 3}
   assert row("krum") == {"flagged": 3} and row("outlier_median") == {"flagged": 3}

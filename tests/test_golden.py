@@ -20,10 +20,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp import privacy_log
-from fedjax_dp.runner import privacy_report
-from fedjax_dp.simulation import build_simulation
-from fedjax_dp.tabular import TIERS
+from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment.runner import privacy_report
+from fedjax_dp.core.simulation import build_simulation
+from fedjax_dp.data.tabular import TIERS
 from tests.helpers import toy_problem, toy_simulation
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "round_hashes.json")

@@ -146,7 +146,7 @@ def test_overrides_the_round_would_ignore_or_could_not_account_are_refused(base,
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts, **base)
   if "target_epsilon" in base:   # per-client budgets, as allocated budgets give
-    from fedjax_dp.simulation import build_simulation
+    from fedjax_dp.core.simulation import build_simulation
     sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
                            client_budgets=np.array([20.0, 15.0, 25.0]))
   with pytest.raises(ConfigError, match=message) as e:
@@ -156,7 +156,7 @@ def test_overrides_the_round_would_ignore_or_could_not_account_are_refused(base,
 
 def test_local_pld_is_not_reported_at_another_simulations_noise():
   # rounds run with less noise than the reporting simulation's must not get its PLD figure
-  from fedjax_dp.privacy_report import privacy_report
+  from fedjax_dp.privacy.privacy_report import privacy_report
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=8.0, accountant="pld")
   quiet = sim.with_hparams(noise_multiplier=1.0)

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import api, data, losses, models, runner
+from fedjax_dp import api, data, losses, models
+
+from fedjax_dp.experiment import runner
 
 
 class Net(nn.Module):

@@ -5,12 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import client as client_lib
+from fedjax_dp.training import client as client_lib
 from fedjax_dp import losses
 from fedjax_dp.config import ConfigError
 from fedjax_dp.models import Model
-from fedjax_dp.simulation import batch_for_eval, make_evaluate
-from fedjax_dp.store import build_store
+from fedjax_dp.core.evaluate import batch_for_eval, make_evaluate
+from fedjax_dp.placement.store import build_store
 
 
 def _np_log_softmax(z):

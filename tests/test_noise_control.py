@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import accounting, budgets, noise_control as nc
+from fedjax_dp.privacy import accounting, budgets, noise_control as nc
 from fedjax_dp.config import ConfigError, make_config
 from tests.helpers import toy_problem, toy_simulation
 
@@ -100,7 +100,7 @@ def test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_targe
     scales = np.asarray(nc.noise_scales("convergence", score, p.tier_scales(), 0.3), np.float64)
     z_acc = accounting.effective_noise_multiplier(
         [p.update_noise_multiplier * s / f for s, f in zip(scales, p.layout.fractions)])
-    from fedjax_dp.simulation import round_event_rdp
+    from fedjax_dp.privacy.setup import round_event_rdp
     low += round_event_rdp(sim.cfg, z_acc)
     state, _ = sim.run_rounds(state, 1)
   got = np.asarray(state.ledger, np.float64)
@@ -142,7 +142,7 @@ def test_per_client_budgets_stop_each_client_at_its_own():
   x, y, parts = toy_problem(sizes=(9, 12, 7, 10), features=4, seed=2)
   sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=2.0, target_epsilon=2.0,
                        client_budgets="allocated", clients_per_round=4)
-  from fedjax_dp.simulation import build_simulation
+  from fedjax_dp.core.simulation import build_simulation
   sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
                          client_budgets=np.array([1.0, 2.0, 3.0, 1.5]))
   state, _ = sim.run_rounds(sim.init_state(), 30)

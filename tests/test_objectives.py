@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_dp import objectives
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.simulation import CLIENT_TRAINING, COHORT_SAMPLING
+from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import flat, toy_problem, toy_simulation
 
 
@@ -299,7 +299,7 @@ def test_solo_clients_train_alone():
 
 
 def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
-  from fedjax_dp.simulation import batch_for_eval, make_solo_evaluate
+  from fedjax_dp.core.evaluate import batch_for_eval, make_solo_evaluate
   x, y, parts = toy_problem(sizes=(30, 30, 30))
   sim = toy_simulation(x, y, parts, algorithm="solo", hidden=[8])
   state, _ = sim.run_rounds(sim.init_state(), 3)
@@ -320,7 +320,7 @@ def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
 def test_solo_run_reports_the_mean_client_accuracy(tmp_path):
   import json
   import os
-  from fedjax_dp.cli import main
+  from fedjax_dp.experiment.cli import main
   out = str(tmp_path / "s")
   sets = ["dataset=digits", "num_clients=6", "clients_per_round=6", "hidden=[16]",
           "batch_size=16", "lr=0.05", "rounds=6", "eval_every=3", "devices=1", "algorithm=solo"]
@@ -335,7 +335,7 @@ def test_scaffold_control_variate_is_the_gradient_under_client_momentum(momentum
   """Found by an audit: option II's (w^t - w_i) / (K lr) assumes plain SGD; with
   momentum 0.5 a constant gradient [1, -2] gave c_i = [1.8, -3.6], 0.9 gave
   [4.1, -8.3]. K momentum steps of a constant g: c_i must come out g."""
-  from fedjax_dp import client
+  from fedjax_dp.training import client
   a = {"w": jnp.array([1.0, -2.0])}
   obj = objectives.Objective(terms=("scaffold",), momentum=momentum)
   zeros = {"w": jnp.zeros(2)}

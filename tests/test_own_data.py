@@ -6,7 +6,7 @@ import pytest
 
 from fedjax_dp import data
 from fedjax_dp.data import DataError, from_arrays, from_clients
-from fedjax_dp.partition import partition
+from fedjax_dp.data.partition import partition
 
 
 def _xy(n=40, d=3, seed=0, real=True):

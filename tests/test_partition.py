@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.data import DataError
-from fedjax_dp.partition import PARTITIONS, format_histogram, label_histogram, partition
+from fedjax_dp.data.partition import PARTITIONS, format_histogram, label_histogram, partition
 
 LABELS = np.random.default_rng(0).integers(0, 10, 3000)
 

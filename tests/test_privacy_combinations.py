@@ -59,10 +59,10 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp import runner
+from fedjax_dp.experiment import runner
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.simulation import (CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE)
-from fedjax_dp.tabular import TIERS
+from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
+from fedjax_dp.data.tabular import TIERS
 
 dpa = pytest.importorskip("dp_accounting")
 from dp_accounting.rdp import rdp_privacy_accountant  # noqa: E402

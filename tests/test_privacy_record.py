@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp import privacy_log
-from fedjax_dp.cli import main
-from fedjax_dp.runner import RunError, privacy_report, run_experiment
+from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment.cli import main
+from fedjax_dp.experiment.runner import RunError, privacy_report, run_experiment
 from fedjax_dp.config import make_config
 from tests.helpers import toy_problem, toy_simulation
 
@@ -106,7 +106,7 @@ def test_adaptive_clipping_with_tiers_is_charged_what_it_applies(tier, pld):
   # count noise sized against the base z made the pair noisier than... less noisy than charged
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
   tiers = np.full(6, tier)
-  from fedjax_dp.tabular import TIERS
+  from fedjax_dp.data.tabular import TIERS
   sim = toy_simulation(x, y, parts, hidden=[16], dp="central", noise_multiplier=1.0,
                        clip_parts="tiers", feature_tiers=tiers, rest_tier=TIERS[tier],
                        sampling="poisson", clients_per_round=3,
@@ -156,7 +156,7 @@ def test_the_record_composes_to_the_ledger():
   for _ in range(3):
     state, stats = sim.run_rounds(state, 2)
     log = privacy_log.append(log, stats, sim.privacy.event_multipliers)
-  from fedjax_dp.simulation import round_event_rdp
+  from fedjax_dp.privacy.setup import round_event_rdp
   host = privacy_log.composed_rdp(log, lambda z: round_event_rdp(sim.cfg, z))
   np.testing.assert_allclose(np.asarray(state.ledger, np.float64), host, rtol=1e-5)
   assert privacy_log.released_rounds(log) == 6 and len(privacy_log.round_lrs(log)) == 6
@@ -177,7 +177,7 @@ def test_secret_noise_seed_draws_the_run_key_from_the_system(tmp_path):
 
 
 def test_poisson_sampling_is_accounted_at_the_rate_it_draws_with():
-  from fedjax_dp.simulation import poisson_rate_used
+  from fedjax_dp.privacy.setup import poisson_rate_used
   q = 0.1
   key = jax.random.PRNGKey(3)
   u = np.asarray(jax.random.uniform(key, (1 << 16,)), np.float64)
@@ -204,7 +204,7 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
   # rounds' kept noise was recomputed from the new schedule (3.26 reported, 3.57 right)
   import optax
   from fedjax_dp.models import num_params
-  from fedjax_dp.topksdp_privacy import topksdp_report
+  from fedjax_dp.privacy.topksdp_privacy import topksdp_report
   over = dict(dp="none", accountant="rdp", s_local=0.9, index_selection="random_k",
               final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=1.0, lr=0.05,
               lr_schedule="cosine", lr_min=0.01, sampling="fixed")
@@ -215,7 +215,7 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
          for r, ts in ((4, range(4)), (8, range(4, 8))) for t in ts]
   cfg = make_config({**BASE, **over, "rounds": 8})
   sizes = json.load(open(tmp_path / "k" / "summary.json"))["data"]["client_examples"]
-  from fedjax_dp.runner import setup
+  from fedjax_dp.experiment.runner import setup
   _, parts, sim = setup(cfg)
   d = num_params(jax.tree.leaves(sim.init_state().params))
   expected = topksdp_report(cfg, d, 8, [len(p) for p in parts], round_lrs=lrs)

@@ -38,7 +38,7 @@ def test_readme_extending_snippets_run(capsys):
 def test_readme_server_stage_snippet_keeps_its_average():
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_dp.server_stages import RoundContext
+  from fedjax_dp.training.server_stages import RoundContext
   namespace = {}
   exec(compile(extending_blocks()[3], README, "exec"), namespace)
   chain = namespace["chain"]

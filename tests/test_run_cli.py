@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from fedjax_dp import checkpoint
-from fedjax_dp.cli import main
-from fedjax_dp.reporting import METRIC_KEYS
+from fedjax_dp.experiment import checkpoint
+from fedjax_dp.experiment.cli import main
+from fedjax_dp.experiment.reporting import METRIC_KEYS
 
 FAST = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
         "batch_size=16", "lr=0.05", "rounds=6", "eval_every=2", "devices=1"]
@@ -172,7 +172,7 @@ SLOW_RUN = ["dataset=digits", "num_clients=30", "clients_per_round=10", "hidden=
 
 
 def _cmd(out, *extra):
-  args = [sys.executable, "-m", "fedjax_dp.cli", "run", "--no-progress", "--out", out]
+  args = [sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--no-progress", "--out", out]
   for kv in SLOW_RUN:
     args += ["--set", kv]
   return args + list(extra)
@@ -279,9 +279,9 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
   run_rounds loop gives them."""
   import jax
   import numpy as np
-  from fedjax_dp import runner
+  from fedjax_dp.experiment import runner
   from fedjax_dp.config import make_config
-  from fedjax_dp.simulation import make_solo_evaluate
+  from fedjax_dp.core.evaluate import make_solo_evaluate
   values = dict(dataset="digits", num_clients=6, clients_per_round=6, sampling="fixed",
                 hidden=[16], batch_size=16, lr=0.05, rounds=4, eval_every=2,
                 checkpoint_every=2, devices=2, algorithm=algorithm,

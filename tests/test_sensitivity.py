@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import sensitivity as sa
+from fedjax_dp.privacy import sensitivity as sa
 
 
 def test_shannon_entropy_of_a_known_discrete_distribution():
@@ -61,7 +61,7 @@ def test_kl_of_two_gaussians():
 
 
 def test_statistical_scores_rank_the_healthcare_features():
-  from fedjax_dp.tabular import healthcare_data
+  from fedjax_dp.data.tabular import healthcare_data
   x, _, tiers, _, sensitive = healthcare_data(400, seed=0)
   x = (x - x.mean(0)) / (x.std(0) + 1e-9)
   cols = [0, 1, 305, 483, 484, 493, 525, 526]   # 2 genotypes, clinical, 3 sensitive, 2 imaging

@@ -26,15 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import attacks
-from fedjax_dp import dp_round as dp_round_lib
-from fedjax_dp import hparams as hparams_lib
-from fedjax_dp import pipeline as pl
-from fedjax_dp import server_stages as ss
-from fedjax_dp import simulation as sim_lib
+from fedjax_dp.robust import attacks
+from fedjax_dp.privacy import dp_round as dp_round_lib
+from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.compression import pipeline as pl
+from fedjax_dp.training import server_stages as ss
+from fedjax_dp.core import simulation as sim_lib
 from fedjax_dp.config import make_config
 from fedjax_dp.models import make_model
-from fedjax_dp.store import sample_cohort
+from fedjax_dp.placement.store import sample_cohort
 
 
 # ------------------------------------------------------------------ helpers

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp import client as client_lib
+from fedjax_dp.training import client as client_lib
 from fedjax_dp.models import make_model
-from fedjax_dp.store import build_store, default_max_cohort, sample_cohort
+from fedjax_dp.placement.store import build_store, default_max_cohort, sample_cohort
 from tests.helpers import toy_problem
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp import tabular
+from fedjax_dp.data import tabular
 from fedjax_dp.data import DataError, load_dataset
 
 

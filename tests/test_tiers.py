@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp import accounting, mechanisms
+from fedjax_dp.privacy import accounting, mechanisms
 from fedjax_dp.kernels import clipping
 from fedjax_dp.models import make_model
-from fedjax_dp.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
+from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
 from tests.helpers import flat, toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")
@@ -82,7 +82,7 @@ def test_tiered_accounting_equals_dp_accountings_composition():
 
 def test_tiered_central_pld_report_uses_the_composed_multiplier():
   from dp_accounting.pld import pld_privacy_accountant
-  from fedjax_dp.runner import privacy_report
+  from fedjax_dp.experiment.runner import privacy_report
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
   z, q, rounds = 1.0, 0.3, 6
   sim = toy_simulation(x, y, parts, hidden=[16], dp="central", noise_multiplier=z,
@@ -121,7 +121,7 @@ def test_tiered_noise_in_the_round_has_each_tiers_std():
 
 def test_tiers_config_errors(tmp_path):
   from fedjax_dp.config import ConfigError, make_config
-  from fedjax_dp.runner import setup
+  from fedjax_dp.experiment.runner import setup
   with pytest.raises(ConfigError, match="needs noise_multiplier"):
     make_config({"clip_parts": "tiers", "dp": "local", "target_epsilon": 1.0})
   with pytest.raises(ConfigError, match="'tier_noise_multipliers' = "):

@@ -6,9 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from fedjax_dp import amplification, pipeline as pl
+from fedjax_dp.privacy import amplification
+
+from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.config import make_config
-from fedjax_dp.topksdp_privacy import gaussian_pair_rdp, topksdp_report
+from fedjax_dp.privacy.topksdp_privacy import gaussian_pair_rdp, topksdp_report
 
 dpa = pytest.importorskip("dp_accounting")
 
@@ -203,7 +205,7 @@ def test_paper_noise_reveals_the_client_size():
   fixed = oracle.get_epsilon(1e-5)
   assert fixed == pytest.approx(0.60, abs=0.01)
   assert r["accountant"]["epsilon"] == pytest.approx(fixed, rel=1e-3)   # all clients of 72
-  from fedjax_dp import accounting
+  from fedjax_dp.privacy import accounting
   def pair(n1, n2):
     both = [40 * (gaussian_pair_rdp(std(a), std(b), k, 0.0)
                   + gaussian_pair_rdp(std(a), std(b), 0, 1.0)) for a, b in ((n1, n2), (n2, n1))]
@@ -265,7 +267,7 @@ def test_final_clip_bounds_the_sent_norm_and_conserves_mass():
 def test_run_writes_the_report(tmp_path):
   import json
   import os
-  from fedjax_dp.cli import main
+  from fedjax_dp.experiment.cli import main
   out = str(tmp_path / "r")
   sets = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
           "batch_size=16", "lr=0.05", "rounds=10", "eval_every=5", "devices=1",

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="install torch==2.13.0 (make bench) 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from torch_fedavg import fedavg_round, make_mlp  # noqa: E402
 
-from fedjax_dp.simulation import CLIENT_TRAINING  # noqa: E402
+from fedjax_dp.core.state import CLIENT_TRAINING  # noqa: E402
 from tests.helpers import toy_problem, toy_simulation  # noqa: E402
 
 

@@ -33,14 +33,14 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
-from fedjax_dp.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()
 
-from fedjax_dp import reporting  # noqa: E402
-from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
+from fedjax_dp.experiment import reporting  # noqa: E402
+from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config, make_config  # noqa: E402
-from fedjax_dp.runner import make_out_folder, run_or_reuse  # noqa: E402
+from fedjax_dp.experiment.runner import make_out_folder, run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
     "paper": {},
@@ -142,7 +142,7 @@ def budget(args) -> list[dict]:
   """Budget per round and rounds to exhaustion: one base noise multiplier (the one
   that makes static DP spend epsilon 2.0 in 800 rounds, the paper's static row),
   a budget of 2.0, and up to 2,000 rounds."""
-  from fedjax_dp.simulation import noise_multiplier_for
+  from fedjax_dp.privacy.setup import noise_multiplier_for
   base = load_config(os.path.join(HERE, "base.yaml"),
                      [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
   z = noise_multiplier_for(make_config({"dp": "central", "target_epsilon": 2.0,
@@ -160,7 +160,7 @@ def budget(args) -> list[dict]:
 
 
 def majority_share(args) -> float:
-  from fedjax_dp.runner import load_data
+  from fedjax_dp.experiment.runner import load_data
   cfg = load_config(os.path.join(HERE, "base.yaml"),
                     [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
   y = load_data(cfg).y_test

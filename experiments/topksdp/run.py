@@ -26,15 +26,15 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
-from fedjax_dp.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
 
 use_cpu_devices()
 
-from fedjax_dp import reporting  # noqa: E402
-from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
+from fedjax_dp.experiment import reporting  # noqa: E402
+from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import load_config  # noqa: E402
-from fedjax_dp.pipeline import communication  # noqa: E402
-from fedjax_dp.runner import make_out_folder, run_or_reuse  # noqa: E402
+from fedjax_dp.compression.pipeline import communication  # noqa: E402
+from fedjax_dp.experiment.runner import make_out_folder, run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
 ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo"]

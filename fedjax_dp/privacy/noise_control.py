@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp import accounting
+from fedjax_dp.privacy import accounting
 
 SCHEDULES = ("static", "convergence", "weighted")
 MEASURES = ("update_diff", "norm_diff")

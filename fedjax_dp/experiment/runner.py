@@ -23,24 +23,25 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from fedjax_dp import accounting
-from fedjax_dp import checkpoint as ckpt
+from fedjax_dp.privacy import accounting
+from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp import losses
-from fedjax_dp import reporting
+from fedjax_dp.experiment import reporting
 from fedjax_dp.config import Config, ConfigError, make_config
 from fedjax_dp.data import (TABULAR, DataError, Dataset, apply_feature_scaling, check_targets,
                             load_dataset)
 from fedjax_dp.models import Model, make_model, num_params
 from fedjax_dp.objectives import parse_algorithm
-from fedjax_dp.partition import partition
-from fedjax_dp import pipeline
-from fedjax_dp import privacy_log
-from fedjax_dp.privacy_report import (_finite, clients_spent, privacy_report,
+from fedjax_dp.data.partition import partition
+from fedjax_dp.compression import pipeline
+from fedjax_dp.privacy import privacy_log
+from fedjax_dp.privacy.privacy_report import (_finite, clients_spent, privacy_report,
                                       resolved_feature_scaling, rounds_skipped)
-from fedjax_dp.simulation import (Simulation, batch_for_eval, build_simulation,
-                                  local_event_rdp, noise_multiplier_for, round_event_rdp,
-                                  sampling_rate)
-from fedjax_dp.store import build_store, target_dtype
+from fedjax_dp.core.simulation import Simulation, build_simulation
+from fedjax_dp.core.evaluate import batch_for_eval
+from fedjax_dp.privacy.setup import (local_event_rdp, noise_multiplier_for, round_event_rdp,
+                                     sampling_rate)
+from fedjax_dp.placement.store import build_store, target_dtype
 
 
 class RunError(RuntimeError):
@@ -185,7 +186,7 @@ def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
   tiers, analysis, budgets = ds.feature_tiers, None, None
   client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
   if cfg.tier_source == "analyzer":
-    from fedjax_dp.analyzer import analyze_clients, thresholds
+    from fedjax_dp.privacy.analyzer import analyze_clients, thresholds
     out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=cfg.seed,
                           semantic_steps=cfg.analyzer_steps, rule=cfg.analyzer_rule)
     tiers, analysis = out["tiers"], out["report"]
@@ -195,7 +196,7 @@ def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
                                out["client_fused"])[:, scored], axis=1)
     client_tiers = np.where(np.isnan(mean), 1, thresholds(np.nan_to_num(mean)))
   if cfg.client_budgets == "allocated":
-    from fedjax_dp.budgets import client_budgets
+    from fedjax_dp.privacy.budgets import client_budgets
     budgets = client_budgets(cfg.target_epsilon, [len(p) for p in parts], client_tiers)
     if analysis is not None:
       analysis["client_tier_counts"] = {t: int(np.sum(client_tiers == i))

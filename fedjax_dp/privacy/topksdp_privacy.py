@@ -29,8 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
-from fedjax_dp import accounting, amplification
-from fedjax_dp.pipeline import keep_count, kept_noise_draw, noise_clip
+from fedjax_dp.privacy import accounting, amplification
+from fedjax_dp.compression.pipeline import keep_count, kept_noise_draw, noise_clip
 
 
 def _checked(b: amplification.Bound) -> dict:
@@ -199,7 +199,7 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
     if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
       scale = np.asarray(round_lrs, np.float64) / cfg.lr
     else:
-      from fedjax_dp.simulation import learning_rate_schedule   # simulation imports this module's deps
+      from fedjax_dp.core.schedules import learning_rate_schedule  # simulation imports this module's deps
       lr_at = learning_rate_schedule(cfg)
       scale = np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
   report["noise_std"] = {"min_over_clients": std_min * float(scale.min()),

@@ -418,7 +418,7 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
   names = tuple(header[i] for i in feats)
   tiers = None
   if tier_map:
-    from fedjax_dp.tabular import TierMapError, read_tier_map
+    from fedjax_dp.data.tabular import TierMapError, read_tier_map
     try:
       tiers = read_tier_map(tier_map, list(names))
     except TierMapError as e:
@@ -428,7 +428,7 @@ def _load_csv(path: str | None, label_column: str = "label", test_fraction: floa
 
 
 def _load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
-  from fedjax_dp.tabular import healthcare_data
+  from fedjax_dp.data.tabular import healthcare_data
   if num_examples < 10:
     raise DataError(f"healthcare: num_examples={num_examples}; expected >= 10")
   x, y, tiers, names, sensitive = healthcare_data(num_examples, seed)
@@ -438,7 +438,7 @@ def _load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
 
 
 def _load_breast_cancer(seed: int = 0) -> Dataset:
-  from fedjax_dp.tabular import breast_cancer_data
+  from fedjax_dp.data.tabular import breast_cancer_data
   x, y, names = breast_cancer_data()
   tr, te = _split(len(y), 0.2, seed)
   return Dataset("breast_cancer", x[tr], y[tr], x[te], y[te], 2, "scikit-learn load_breast_cancer",
@@ -695,7 +695,7 @@ def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | Non
 
 def _partitioned(name, x, y, method, num_clients, test, fraction, seed, options) -> Dataset:
   """from_arrays with a partition name: hold out the test rows, then split the rest."""
-  from fedjax_dp.partition import PARTITIONS, partition
+  from fedjax_dp.data.partition import PARTITIONS, partition
   if method not in PARTITIONS:
     raise DataError(f"partition {method!r}: allowed are {', '.join(PARTITIONS)}, or a list of "
                     "index arrays")

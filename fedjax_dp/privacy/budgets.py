@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.tabular import TIERS
+from fedjax_dp.data.tabular import TIERS
 
 
 class TierBudget(NamedTuple):

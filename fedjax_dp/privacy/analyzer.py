@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp import semantic
-from fedjax_dp import sensitivity
-from fedjax_dp.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
+from fedjax_dp.privacy import semantic
+from fedjax_dp.privacy import sensitivity
+from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
 
 STAT_WEIGHT, SEM_WEIGHT = 0.6, 0.4
 HIGH_ABOVE, LOW_AT_MOST = 0.7, 0.3
@@ -124,7 +124,7 @@ def training_set(seed: int = 0, examples: int = 3000, chunk: int = 50):
   """Labelled descriptors (x [m, D], tier y [m] in high/medium/low) from a
   healthcare cohort drawn with another seed than any run's data, cut into
   client-sized chunks."""
-  from fedjax_dp.tabular import healthcare_data
+  from fedjax_dp.data.tabular import healthcare_data
   x, _, tiers, _, sensitive = healthcare_data(examples, seed=10_000 + seed)
   x = (x - x.mean(0)) / (x.std(0) + 1e-9)
   ref = reference_sample(x.shape[1], seed)

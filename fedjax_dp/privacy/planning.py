@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 
-from fedjax_dp import accounting, amplification
+from fedjax_dp.privacy import accounting, amplification
 from fedjax_dp.config import MIN_NOISE_MULTIPLIER
 
 

@@ -16,7 +16,7 @@ INTERRUPTED = 130
 
 
 def _run(args) -> int:
-  from fedjax_dp import runner
+  from fedjax_dp.experiment import runner
   from fedjax_dp.config import load_config, make_config, parse_set
 
   if args.resume and not args.config:
@@ -43,7 +43,7 @@ def _datasets(args) -> int:
   from fedjax_dp import data
   from fedjax_dp.config import load_config
 
-  from fedjax_dp.runner import RunError
+  from fedjax_dp.experiment.runner import RunError
   if args.plot and not args.partition:
     raise RunError("--plot needs --partition (it plots the partition's label histogram)")
   if args.plot and not args.plot.lower().endswith(".png"):
@@ -55,8 +55,8 @@ def _datasets(args) -> int:
       ok, where = data.find_dataset(name, args.data_dir)
       print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")
     return 0
-  from fedjax_dp import partition as part_lib
-  from fedjax_dp import runner
+  from fedjax_dp.data import partition as part_lib
+  from fedjax_dp.experiment import runner
   sets = list(args.set)
   if args.data_dir:
     sets.append(f"data_dir={args.data_dir}")
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.set_defaults(func=_datasets)
 
-  from fedjax_dp import account
+  from fedjax_dp.privacy import planning as account
   account.add_parser(sub)
   return p
 
@@ -115,11 +115,11 @@ def run_guarded(fn) -> int:
   """fn() -> exit status, with the command line's handling of user errors (one
   line `error: ...` on stderr, status 2) and of Ctrl-C ('interrupted', 130).
   Also used by the experiment scripts."""
-  from fedjax_dp.account import AccountError
-  from fedjax_dp.checkpoint import CheckpointError
+  from fedjax_dp.privacy.planning import AccountError
+  from fedjax_dp.experiment.checkpoint import CheckpointError
   from fedjax_dp.config import ConfigError
   from fedjax_dp.data import DataError
-  from fedjax_dp.runner import RunError
+  from fedjax_dp.experiment.runner import RunError
   try:
     return fn()
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
@@ -132,7 +132,7 @@ def run_guarded(fn) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
-  from fedjax_dp.host import use_cpu_devices
+  from fedjax_dp.placement.host import use_cpu_devices
   use_cpu_devices()  # before JAX starts: one CPU device per core
   return run_guarded(lambda: args.func(args))
 

@@ -71,7 +71,7 @@ def tier_layout(params, feature_tiers, rest_tier: int, multipliers) -> ClipLayou
   and noised with std z C multipliers[t]: as a Gaussian it has multiplier
   z_t = z multipliers[t] / sqrt(d_t / d), and the tiers compose (RDP adds; one
   Gaussian of multiplier (sum_t z_t^-2)^(-1/2), `part_noise_multipliers`)."""
-  from fedjax_dp.tabular import TIERS
+  from fedjax_dp.data.tabular import TIERS
   paths_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   feature_tiers = np.asarray(feature_tiers, np.int32)
   first = [i for i, (path, leaf) in enumerate(paths_leaves)

@@ -32,9 +32,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp import accounting
-from fedjax_dp import mechanisms
-from fedjax_dp import noise_control
+from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import noise_control
 from fedjax_dp.kernels import gaussian_noise
 
 SCORE_GRID = 17   # controller outputs at which central DP's adaptive-noise RDP is tabulated

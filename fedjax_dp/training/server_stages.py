@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from fedjax_dp import noise_control
-from fedjax_dp import pipeline as pipeline_lib
+from fedjax_dp.privacy import noise_control
+from fedjax_dp.compression import pipeline as pipeline_lib
 
 
 class RoundContext(NamedTuple):

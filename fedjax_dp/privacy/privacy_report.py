@@ -20,13 +20,15 @@ from typing import Callable
 import jax
 import numpy as np
 
-from fedjax_dp import accounting
-from fedjax_dp import privacy_log
+from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy import privacy_log
 from fedjax_dp.config import Config
 from fedjax_dp.data import TABULAR
 from fedjax_dp.models import num_params
-from fedjax_dp.simulation import (Simulation, budget_limit, learning_rate_schedule,
-                                  neighbouring_relation, round_event_rdp, sampling_rate)
+from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.core.hparams import budget_limit
+from fedjax_dp.core.schedules import learning_rate_schedule
+from fedjax_dp.privacy.setup import neighbouring_relation, round_event_rdp, sampling_rate
 
 
 def resolved_feature_scaling(cfg: Config) -> str:
@@ -99,7 +101,7 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
                                      "is taken to have run with this simulation's noise (it "
                                      "composes to the state's ledger)")
   if cfg.kept_noise != "none":
-    from fedjax_dp.topksdp_privacy import topksdp_report
+    from fedjax_dp.privacy.topksdp_privacy import topksdp_report
     d = num_params(jax.tree.leaves(state.params))
     sizes = [int(n) for n in np.asarray(sim.store.client_count)]
     # each round's noise at the learning rate it ran with (a resume may change the schedule)
@@ -153,7 +155,7 @@ def _add_pld(report: dict, compute: Callable[[], float], accountant: str) -> Non
   """PLD's figure beside the RDP one, the smaller as epsilon; if PLD cannot be had
   (too little noise for its discretisation) the RDP figure stands, and the report
   says why."""
-  from fedjax_dp.account import AccountError
+  from fedjax_dp.privacy.planning import AccountError
   try:
     report["pld_epsilon"] = compute()
   except AccountError as e:
@@ -271,7 +273,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
       report["pld_note"] = ("no PLD figure: the run resumed from a checkpoint without the "
                             "per-round record; epsilon is the RDP ledger's")
     else:
-      from fedjax_dp.account import pld_epsilon_composed
+      from fedjax_dp.privacy.planning import pld_epsilon_composed
       # each released round's composed multiplier (tiers: less than z), as the ledger charges
       _add_pld(report, lambda: pld_epsilon_composed(sampling_rate(cfg), events, cfg.delta),
                "rdp ledger in the round; final figure by dp-accounting's PLD")
@@ -321,7 +323,7 @@ def _local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
     # multiplier (cluster_noise only adds), so the most frequent client's count bounds all;
     # checked against the ledgers: rounds run with other hyperparameters (with_hparams on
     # another simulation) must not be reported at this one's noise
-    from fedjax_dp.account import pld_epsilon
+    from fedjax_dp.privacy.planning import pld_epsilon
     z_acc = sim.privacy.accounted_noise_multiplier
     bound = counts[:, None] * np.asarray(sim.privacy.event_rdp, np.float64)[None, :]
     ledger = np.asarray(state.ledger, np.float64)
@@ -345,7 +347,7 @@ def _local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
     report["clients"]["stopped_by_budget"] = ("clients stop taking part when their next "
                                               "participation would pass their own budget")
   if cfg.cluster_noise == "equalize":
-    from fedjax_dp.noise_control import cluster_noise_factors
+    from fedjax_dp.privacy.noise_control import cluster_noise_factors
     cn = state.server_state["cluster_noise"]
     f = np.asarray(cluster_noise_factors(cn["size"], cn["median"]), np.float64)
     report["cluster_noise"] = {

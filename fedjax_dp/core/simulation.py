@@ -32,23 +32,23 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_dp import accounting
-from fedjax_dp import attacks
-from fedjax_dp import client as client_lib
-from fedjax_dp import dp_round
-from fedjax_dp import hparams as hparams_lib
+from fedjax_dp.privacy import accounting
+from fedjax_dp.robust import attacks
+from fedjax_dp.training import client as client_lib
+from fedjax_dp.privacy import dp_round
+from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp import losses
-from fedjax_dp import mechanisms
-from fedjax_dp import noise_control
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import noise_control
 from fedjax_dp import objectives
-from fedjax_dp import pipeline as pipeline_lib
+from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp import robust
-from fedjax_dp import server as server_lib
-from fedjax_dp import server_stages as server_stages_lib
+from fedjax_dp.training import server as server_lib
+from fedjax_dp.training import server_stages as server_stages_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
-from fedjax_dp.store import FederatedStore, default_max_cohort, sample_cohort, target_dtype
+from fedjax_dp.placement.store import FederatedStore, default_max_cohort, sample_cohort, target_dtype
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
@@ -948,7 +948,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     return Privacy()
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   if cfg.clip_parts == "tiers":
-    from fedjax_dp.tabular import TIERS
+    from fedjax_dp.data.tabular import TIERS
     if feature_tiers is None:
       raise ValueError("clip_parts 'tiers' needs data with sensitivity tiers (dataset "
                        "healthcare, or csv with tier_map_path)")

@@ -1,0 +1,1 @@
+"""The simulation itself: state, the compiled round, hyperparameters as data."""

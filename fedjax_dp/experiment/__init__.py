@@ -1,0 +1,1 @@
+"""Running experiments: the run loop, command line, checkpoints, output files."""

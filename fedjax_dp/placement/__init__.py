@@ -1,0 +1,1 @@
+"""Where things live: devices, the federated store on them, cohort sampling."""

@@ -1,0 +1,1 @@
+"""Differential privacy: mechanisms, the in-round DP stages, accountants, reports, the sensitivity analyzer."""

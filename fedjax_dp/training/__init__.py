@@ -1,0 +1,1 @@
+"""What clients and server compute: local training, the server's stages and optimizer."""
