@@ -104,7 +104,13 @@ def test_fixed_size_cohorts_are_accounted_replace_one(tmp_path):
   assert rows[-1]["epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
   p = summary["privacy"]
   assert p["sampling"] == "fixed" and "replace one" in p["neighbouring"]
-  # a target alone calibrates against the same accountant
+
+
+# slow: the bisection evaluates the fixed-size RDP curve ~25 times (~8 s); the curve is
+# checked above, the calibration against the accountant by
+# test_target_epsilon_alone_calibrates_the_noise and test_account_cli's fixed-size target
+@pytest.mark.slow
+def test_a_target_calibrates_fixed_size_cohorts_against_the_same_accountant(tmp_path):
   rc, rows, summary = _run(tmp_path, "g", "sampling=fixed", "target_epsilon=5.0")
   assert rc == 0
   z = summary["privacy"]["noise_multiplier"]

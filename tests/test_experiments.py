@@ -175,7 +175,7 @@ def _regression_example(out, *extra):
   return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
-def test_own_model_regression_example_writes_full_outputs_and_resumes_bit_for_bit(tmp_path):
+def test_own_model_regression_example_writes_full_outputs(tmp_path):
   """experiments/own_model_regression.py: a flax regressor with the MSE loss on numpy data
   through fedjax_dp.run under central DP."""
   import json
@@ -206,6 +206,16 @@ def test_own_model_regression_example_writes_full_outputs_and_resumes_bit_for_bi
   assert sorted(os.listdir(straight / "checkpoints")) == ["2", "4", "6"]
   for png in ("mse.png", "mae.png", "loss.png", "epsilon.png"):
     assert (straight / png).exists()
+
+
+# slow: three more processes (~12 s) for what runs in-process elsewhere (an existing
+# folder refused: test_run_cli; a resume equal to a straight run: test_callbacks,
+# test_run_cli; an own regression model resumed: test_callbacks); here through the script
+@pytest.mark.slow
+def test_own_model_regression_example_refuses_a_used_folder_and_resumes_bit_for_bit(tmp_path):
+  import json
+  straight = tmp_path / "straight"
+  assert _regression_example(straight, "--rounds", "6").returncode == 0
   # a second run into the same folder is refused in one line and changes nothing
   before = (straight / "metrics.jsonl").read_text()
   again = _regression_example(straight, "--rounds", "6")

@@ -142,9 +142,10 @@ def test_moon_representation_loss_against_numpy():
   # MOON's objective is the cross-entropy of the model's own logits plus the term
   ce = lambda p: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
       model.apply(p, xb[:4]), yb[:4]))
-  assert float(loss(params, xb, yb, mb)[0]) == pytest.approx(
-      float(ce(params)) + numpy_moon(params), rel=1e-5)
-  g = jax.grad(lambda p: loss(p, xb, yb, mb)[0] - ce(p))(params)["Dense_0"]["kernel"]
+  # jitted: one compile each (run eagerly, every op compiled on its own took ~10 s cold)
+  assert float(jax.jit(lambda p: loss(p, xb, yb, mb)[0])(params)) == pytest.approx(
+      float(jax.jit(ce)(params)) + numpy_moon(params), rel=1e-5)
+  g = jax.jit(jax.grad(lambda p: loss(p, xb, yb, mb)[0] - ce(p)))(params)["Dense_0"]["kernel"]
   eps = 1e-4
   for (i, j) in [(0, 0), (2, 3), (5, 1)]:
     up = jax.tree.map(np.array, params)

@@ -233,7 +233,9 @@ def test_bisect_kernel_keeps_an_exact_top_c_with_c_at_most_k(d, k):
   np.testing.assert_array_equal(full, exact)
 
 
-@pytest.mark.parametrize("passes", [0, 3, 6, 40])
+# passes 6 runs the paths passes 3 runs (secant steps, a bisection, stopped by the pass
+# limit) at ~7 s cold: `make test-slow` only
+@pytest.mark.parametrize("passes", [0, 3, pytest.param(6, marks=pytest.mark.slow), 40])
 def test_magnitude_threshold_equals_the_threshold_of_the_absolute_values(passes):
   """kth_largest_magnitude(x) never forms |x| but must give kth_largest_threshold(|x|)
   bit for bit: signed zeros, ties, infinities and a sample that misses included."""

@@ -1,5 +1,6 @@
 """Every registered aggregator and local term as a stage on its own, without the
-round: jittable, output shapes, masked slots have no effect, works under vmap
+round: jittable (and the eager call gives the compiled one's numbers), output
+shapes, masked slots (huge, NaN or inf) have no effect, works under vmap
 over a batch of inputs and over a batch of hyperparameters, hyperparameters
 passed as float32 / int32 arrays give the config's Python numbers bit for bit
 (hyperparameters as data), and its state round-trips (same structure, shapes
@@ -63,6 +64,9 @@ def test_aggregator_as_a_stage(name):
   aggregate = jax.jit(rule.aggregate)
   u, mask, w = cohort(0)
   agg, state, metrics = aggregate(u, mask, w, state0, hp)
+  for a, b in zip(jax.tree.leaves(rule.aggregate(u, mask, w, state0, hp)),   # eager
+                  jax.tree.leaves((agg, state, metrics))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   assert agg.shape == (D,) and agg.dtype == jnp.float32 and np.all(np.isfinite(agg))
   assert set(metrics) == {"flagged", "clusters"}
   assert all(m.shape == () and m.dtype == jnp.int32 for m in metrics.values())
@@ -73,13 +77,14 @@ def test_aggregator_as_a_stage(name):
   same_structure(state2, state0)
 
   # masked slots have no effect: other garbage and weights there change nothing
-  u2, w2 = u.copy(), w.copy()
-  u2[~mask] = 1e6 * np.random.default_rng(1).normal(size=((~mask).sum(), D))
-  w2[~mask] = 100.0
-  agg2, state_b, metrics2 = aggregate(u2, mask, w2, state0, hp)
-  np.testing.assert_array_equal(agg2, agg)
-  for a, b in zip(jax.tree.leaves((state_b, metrics2)), jax.tree.leaves((state, metrics))):
-    np.testing.assert_array_equal(a, b)
+  for bad in (1e6 * np.random.default_rng(1).normal(size=((~mask).sum(), D)), np.nan, np.inf):
+    u2, w2 = u.copy(), w.copy()
+    u2[~mask] = bad
+    w2[~mask] = 100.0 if np.all(np.isfinite(bad)) else bad
+    agg2, state_b, metrics2 = aggregate(u2, mask, w2, state0, hp)
+    np.testing.assert_array_equal(agg2, agg)
+    for a, b in zip(jax.tree.leaves((state_b, metrics2)), jax.tree.leaves((state, metrics))):
+      np.testing.assert_array_equal(a, b)
 
   # vmap over a batch of cohorts (and of states) equals one call each
   batch = [cohort(s) for s in (2, 3, 4)]
@@ -151,6 +156,9 @@ def test_local_term_as_a_stage(name, cfg):
   def loss(p, xb, hp):
     return obj.make_loss(apply_fn, features_fn, ctx, hp)(p, xb, YB, MB)[0]
   value, grad = jax.jit(jax.value_and_grad(loss))(PARAMS, XB, hp)
+  for a, b in zip(jax.tree.leaves(jax.value_and_grad(loss)(PARAMS, XB, hp)),   # eager
+                  jax.tree.leaves((value, grad))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   assert value.shape == () and np.isfinite(value)
   same_structure(grad, PARAMS)
   # masked examples have no effect
@@ -183,11 +191,14 @@ def test_local_term_as_a_stage(name, cfg):
   delta = random_like(PARAMS, 4)
   local = jax.tree.map(jnp.add, w_t, delta)
 
-  @jax.jit
-  def finish(cstate, delta, local, took_part):
+  def finish_eager(cstate, delta, local, took_part):
     return obj.finish(LocalContext(w_t, cstate, sstate), delta, local, jnp.int32(3),
                       jnp.float32(0.1), took_part, True, hp)
+  finish = jax.jit(finish_eager)
   upload, new_state, contrib = finish(cstate, delta, local, jnp.bool_(True))
+  for a, b in zip(jax.tree.leaves(finish_eager(cstate, delta, local, jnp.bool_(True))),
+                  jax.tree.leaves((upload, new_state, contrib))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   finish_with = lambda c, d, l, t, h: obj.finish(
       LocalContext(w_t, c, sstate), d, l, jnp.int32(3), jnp.float32(0.1), t, True, h)
   for h in (hp, hp2):   # traced hyperparameters: the baked-in constants' numbers
@@ -216,10 +227,15 @@ def test_local_term_as_a_stage(name, cfg):
       np.testing.assert_allclose(b[i], a, rtol=1e-6, atol=1e-7)
 
   # the server's side keeps its structure
-  new_server = jax.jit(lambda s, c: obj.server_step(s, c, 8, hp))(sstate, contrib)
+  server_step = lambda s, c: obj.server_step(s, c, 8, hp)
+  new_server = jax.jit(server_step)(sstate, contrib)
   same_structure(new_server, server0)
   server_update = lambda u, s, m, a, h: obj.server_update(u, s, ServerContext(8, m, a), h)
   update, after = jax.jit(server_update)(delta, sstate, jnp.int32(2), jnp.bool_(True), hp)
+  eager = (server_step(sstate, contrib),
+           server_update(delta, sstate, jnp.int32(2), jnp.bool_(True), hp))
+  for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves((new_server, (update, after)))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   same_structure(update, delta)
   same_structure(after, server0)
   for h in (hp, hp2):   # traced hyperparameters: the baked-in constants' numbers
