@@ -228,12 +228,16 @@ def test_usage_errors_are_one_line_with_exit_two(capsys):
 def test_ctrl_c_says_interrupted_in_one_line_and_the_run_resumes(tmp_path):
   out = str(tmp_path / "int")
   proc = subprocess.Popen(_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  ckpt_dir = os.path.join(out, "checkpoints")
+  ckpt_dir, metrics = os.path.join(out, "checkpoints"), os.path.join(out, "metrics.jsonl")
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
-    if os.path.isdir(ckpt_dir) and checkpoint.steps(ckpt_dir):
+    # the first evaluation row is written in the loop; a checkpoint is listed only once
+    # orbax has finalised it, which under load can come late (the run had then ended)
+    if (os.path.isfile(metrics) and os.path.getsize(metrics) > 0) or (
+        os.path.isdir(ckpt_dir) and checkpoint.steps(ckpt_dir)):
       break
     time.sleep(0.02)
+  assert proc.poll() is None, "the run ended before it could be interrupted"
   proc.send_signal(signal.SIGINT)      # lands in a checkpoint save or between them
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 130 and err.strip() == "interrupted", err[-2000:]
