@@ -132,7 +132,7 @@ class Config:
   keep_checkpoints: int = 3
   devices: int = 0
   client_parallelism: str = "auto"
-  client_batch: int = 1
+  client_batch: int = 0
   eval_batch_size: int = 1000
 
   def to_dict(self) -> dict[str, Any]:
@@ -164,7 +164,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "byzantine_attack": ("sign_flip", "scaled", "gaussian"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
-    "client_parallelism": ("auto", "map", "vmap"),
+    "client_parallelism": ("auto", "map", "vmap", "one_step"),
     "dp": ("none", "central", "local"),
     "clip_parts": ("flat", "per_layer", "tiers"),
     "rest_tier": ("high", "medium", "low", "public", "metadata"),
@@ -247,7 +247,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "checkpoint_every": (0, None, True, True),
     "keep_checkpoints": (1, None, True, True),
     "devices": (0, None, True, True),
-    "client_batch": (1, None, True, True),
+    "client_batch": (0, None, True, True),
     "eval_batch_size": (1, None, True, True),
 }
 

@@ -25,6 +25,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_dp import algorithms
 from fedjax_dp.compression import pipeline as pipeline_lib
+from fedjax_dp.core import one_step
 from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
 from fedjax_dp.kernels import robust_aggregation, weighted_mean
@@ -140,6 +141,16 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   # a write and a read of it per round. DP, attacks and robust rules need the
   # uploads one by one and stack them.
   fused = stages.executor.fused_sum
+  if stages.executor.parallelism == "one_step":
+    ctx = algorithms.LocalContext(params, {}, server_state)
+    loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
+                                         ctx, hp=client_hp["terms"])
+    rows = client_index[cohort_ids][:, :stages.executor.width]
+    res, delta_sum = one_step.train_cohort_one_step(loss_fn, params, rows, counts,
+                                                    client_hp["lr"], x, y,
+                                                    stages.executor.batch)
+    no_flags = jnp.zeros(counts.shape, bool)
+    return (res, {}, (), no_flags), {"delta": delta_sum}, client_state
   one = _client_step(stages, params, client_hp, server_state, x, y,
                      jax.random.fold_in(round_key, PIPELINE))
   args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)

@@ -33,6 +33,7 @@ from fedjax_dp import recipes
 from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.core import one_step
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
 from fedjax_dp.core.evaluate import make_evaluate
 from fedjax_dp.core.state import (BYZANTINE, CLIP_COUNT_NOISE, COHORT_SAMPLING, DOWNLINK,
@@ -285,13 +286,23 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, cfg.seed,
                                      cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
+  per_client_state = bool(jax.tree.leaves(
+      jax.eval_shape(lambda: init_state(cfg, model).client_state)))
+  inspects_uploads = dp.per_upload or byzantine is not None or not aggregator.linear
+  width, why = one_step.one_step_width(
+      epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
+      objective=recipe.objective(), pipeline=recipe.client_pipeline(),
+      per_client_state=per_client_state, inspects_uploads=inspects_uploads,
+      uniform_weights=cfg.shuffle == "layerwise")
+  if cfg.client_parallelism == "one_step" and why:
+    raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
+                      "client's local work to be one plain SGD step (see README, Performance)")
   executor = plan_executor(
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
-      per_client_state=bool(jax.tree.leaves(
-          jax.eval_shape(lambda: init_state(cfg, model).client_state))),
-      resident=resident_state, refuses_clients=dp.refuses_clients,
-      inspects_uploads=dp.per_upload or byzantine is not None or not aggregator.linear)
+      per_client_state=per_client_state, resident=resident_state,
+      refuses_clients=dp.refuses_clients, inspects_uploads=inspects_uploads,
+      one_step_width=width)
   stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
                           byzantine, executor)
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)

@@ -5,8 +5,12 @@ The round hands the executor one client's work, fn(args_i, state_row_i) ->
 the stages' properties and the platform (never from feature flags):
 
   parallelism   'map': a sequential lax.map over groups of `batch` clients (CPU,
-                where XLA's batched matmul is slow: BENCHMARKS.md); 'vmap': the
-                whole slice at once (GPU)
+                where XLA's batched matmul is slow: BENCHMARKS.md); 'vmap': groups
+                of `batch` clients vmapped (GPU; default 256 a group, so memory
+                is set by the group, not the cohort); 'one_step': every client's
+                local work is one SGD step from the global model, and the sum of
+                the uploads is one gradient over the cohort's examples, in chunks
+                of `batch` clients (core/one_step.py)
   resident      whether per-client state rows live on the device that trains them
                 (every client in every round: the cohort and its dealing never
                 change), or in a replicated [num_clients, ...] table each device
@@ -36,11 +40,12 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 class Executor(NamedTuple):
   """How each device runs its clients (static, see the module docstring)."""
-  parallelism: str   # 'map' | 'vmap'
-  batch: int         # clients per step of the map (vmap: the device's whole slice)
+  parallelism: str   # 'map' | 'vmap' | 'one_step'
+  batch: int         # clients per step of the loop (vmapped together; one_step: per chunk)
   resident: bool
   fused_sum: bool
   keep_rows: bool
+  width: int = 0     # one_step: the example rows' width (the largest client)
 
   @property
   def client_state_spec(self) -> P:
@@ -61,33 +66,51 @@ class Executor(NamedTuple):
                                   sums)
 
 
+VMAP_GROUP = 256   # clients vmapped together by default: per-client model copies are
+                   # [group, d], never [cohort, d] (a 10,000-client cohort of the
+                   # FMNIST MLP would be 8 GB per copy)
+ONE_STEP_EXAMPLES = 1024    # examples per one_step chunk: activations that stay in cache
+                            # (FMNIST MLP, 2-core CPU: chunks of 256-1024 examples ran
+                            # 1.5x faster than one 30,000-example batch a device)
+
+
 def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int,
                   num_clients: int, per_client_state: bool, full_participation: bool,
                   resident: bool | None, inspects_uploads: bool,
-                  refuses_clients: bool) -> Executor:
+                  refuses_clients: bool, one_step_width: int = 0) -> Executor:
   """The executor for a round whose stages have these properties.
 
-  parallelism: 'auto' (map on CPU, vmap elsewhere), 'map' or 'vmap'; slots: the
-  cohort's padded size (a multiple of the mesh size); per_client_state: some
-  stage keeps a per-client row; full_participation: every client takes part in
-  every round; resident: None (resident whenever it can be and there is state),
-  True (required: an error if the cohort changes) or False; inspects_uploads:
-  a stage reads each upload (DP's client half, an attack, a robust rule);
-  refuses_clients: admission may refuse a drawn client (budgets)."""
+  parallelism: 'auto' (one_step where the clients allow it, else map on CPU and
+  vmap elsewhere), 'map', 'vmap' or 'one_step'; client_batch: clients per group
+  (0: 1 for map, VMAP_GROUP for vmap, ONE_STEP_EXAMPLES examples for one_step);
+  slots: the cohort's padded size (a multiple of the mesh size); per_client_state:
+  some stage keeps a per-client row; full_participation: every client takes
+  part in every round; resident: None (resident whenever it can be and there is
+  state), True (required: an error if the cohort changes) or False;
+  inspects_uploads: a stage reads each upload (DP's client half, an attack, a
+  robust rule); refuses_clients: admission may refuse a drawn client (budgets);
+  one_step_width: the largest client's example count where every client's
+  local work is one plain SGD step whose upload only the example-weighted sum
+  reads (core/one_step.py), else 0."""
   if parallelism == "auto":
-    parallelism = "map" if mesh.devices.flat[0].platform == "cpu" else "vmap"
+    parallelism = ("one_step" if one_step_width else
+                   "map" if mesh.devices.flat[0].platform == "cpu" else "vmap")
+  if parallelism == "one_step" and not one_step_width:
+    raise ValueError("one_step needs every client's local work to be one plain SGD step")
   if resident is None:
     resident = full_participation and per_client_state
   if resident and not full_participation:
     raise ValueError("resident_state needs every client in every round (sampling fixed, "
                      f"clients_per_round = num_clients = {num_clients})")
   local = slots // mesh.devices.size
-  return Executor(parallelism=parallelism,
-                  batch=local if parallelism == "vmap" else client_batch,
+  batch = client_batch or {"map": 1, "vmap": min(local, VMAP_GROUP),
+                           "one_step": max(1, ONE_STEP_EXAMPLES // max(one_step_width, 1))}[parallelism]
+  return Executor(parallelism=parallelism, batch=min(batch, local),
                   resident=resident, fused_sum=not inspects_uploads,
                   # only a refused client's row must survive: the replicated table
                   # drops non-participants' writes, resident padding rows are junk
-                  keep_rows=resident and refuses_clients)
+                  keep_rows=resident and refuses_clients,
+                  width=one_step_width if parallelism == "one_step" else 0)
 
 
 def gather_over_devices(a: jax.Array) -> jax.Array:
@@ -108,7 +131,7 @@ def _vmap_clients(fn: Callable) -> Callable:
   return call
 
 
-def _map_in_batches(step: Callable, carry, slots, batch: int):
+def map_in_batches(step: Callable, carry, slots, batch: int):
   """lax.scan of step(carry, chunk) over `slots` (leaves [local, ...]) in chunks of
   `batch`, the remainder as one smaller chunk; outputs stacked [local, ...]."""
   local = jax.tree.leaves(slots)[0].shape[0]
@@ -124,7 +147,7 @@ def _map_in_batches(step: Callable, carry, slots, batch: int):
 
 
 def _map_with_table(step: Callable, table, slots, batch: int, sums):
-  """_map_in_batches of step(table, chunk) -> (table, out) -> (out, table). With
+  """map_in_batches of step(table, chunk) -> (table, out) -> (out, table). With
   `sums` (a pytree of zeros), out is (stacked, summed) per group; the summed
   parts are added up in the loop's carry instead of being stacked, and the
   result is ((stacked outputs, sums), table)."""
@@ -136,7 +159,7 @@ def _map_with_table(step: Callable, table, slots, batch: int, sums):
       acc = jax.tree.map(lambda a, p: a + jnp.sum(p, axis=0), acc, part)
     return (table, acc), out
 
-  out, (table, acc) = _map_in_batches(summing_step, (table, () if sums is None else sums),
+  out, (table, acc) = map_in_batches(summing_step, (table, () if sums is None else sums),
                                       slots, batch)
   return ((out, acc) if sums is not None else out), table
 

@@ -1,0 +1,103 @@
+"""Cross-device FedAvg: many clients with few examples each, against the CPU's peak.
+
+Protocols (issue 20): Fashion-MNIST iid over N clients, every client every
+round, E = 1, batch 64, MLP 784-200-200-10, SGD lr 0.01 momentum 0.5; each
+round trains on the same 60,000 examples:
+
+  10000x6    10,000 clients x 6 examples
+  1000x60     1,000 clients x 60 examples
+  100x600       100 clients x 600 examples (the core protocol's sizes, iid)
+
+For each protocol and each client path named with --parallelism (auto picks
+one_step where every client takes one step, else map), one invocation
+measures seconds per round (median of --rounds after compilation), GFLOP/s =
+6 * params * examples / seconds, and the fraction of this machine's fp32
+matmul peak measured in the same run (before and after the protocols; the
+larger is the yardstick).
+
+  python benchmarks/cross_device.py [--protocol 10000x6 ...] [--parallelism auto map] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fedjax_dp.placement.host import use_cpu_devices
+
+use_cpu_devices()  # as the CLI does: one XLA CPU device per core
+
+import jax
+
+from cli_args import positive_int
+from fedjax_dp.config import make_config
+from fedjax_dp.experiment.setup import setup
+from fedjax_dp.models import num_params
+
+PROTOCOLS = {"10000x6": 10000, "1000x60": 1000, "100x600": 100}
+BASE = dict(dataset="fmnist", partition="iid", model="mlp", hidden=[200, 200], local_epochs=1,
+            batch_size=64, lr=0.01, momentum=0.5, sampling="fixed", seed=0)
+
+
+def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir) -> dict:
+  cfg = make_config(dict(BASE, num_clients=num_clients, clients_per_round=num_clients,
+                         client_parallelism=parallelism, data_dir=data_dir))
+  _, parts, sim = setup(cfg)
+  state = sim.init_state()
+  t = time.perf_counter()
+  state, _ = sim.run_rounds(state, 1)
+  jax.block_until_ready(state)
+  compile_s = time.perf_counter() - t
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    state, _ = sim.run_rounds(state, 1)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t)
+  examples = sum(len(p) for p in parts)
+  med = statistics.median(times)
+  return {"client_parallelism": sim.client_parallelism, "compile_s": round(compile_s, 2),
+          "round_s": [round(x, 4) for x in times], "median_round_s": round(med, 4),
+          "examples_per_round": examples,
+          "client_sizes": [min(map(len, parts)), max(map(len, parts))],
+          "gflops": round(6 * num_params(state.params) * examples / med / 1e9, 1)}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--protocol", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
+  ap.add_argument("--parallelism", nargs="+", default=["auto"],
+                  choices=["auto", "map", "vmap", "one_step"])
+  ap.add_argument("--rounds", type=positive_int, default=7, help="timed rounds after compilation")
+  ap.add_argument("--data-dir", default=None)
+  ap.add_argument("--json", default=None, help="write the results here too (refuses to overwrite)")
+  args = ap.parse_args(argv)
+  if args.json and os.path.exists(args.json):
+    ap.error(f"--json {args.json!r} exists; name a new file")
+
+  from peak import measure_matmul_peak
+  peaks = [measure_matmul_peak()]
+  runs = {f"{p}/{par}": time_protocol(PROTOCOLS[p], par, args.rounds, args.data_dir)
+          for p in args.protocol for par in args.parallelism}
+  peaks.append(measure_matmul_peak())
+  peak = max(p["peak_gflops"] for p in peaks)
+  for r in runs.values():
+    r["fraction_of_peak"] = round(r["gflops"] / peak, 3)
+  result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "jax": jax.__version__, "devices": jax.device_count(), "protocol": BASE,
+            "matmul_peaks": peaks, "peak_gflops": peak, "runs": runs}
+  print(json.dumps(result, indent=2))
+  if args.json:
+    with open(args.json, "x") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
