@@ -1,0 +1,142 @@
+"""Scaling: seconds per round, clients per second and peak memory from 1e2 to 1e6 clients.
+
+Each point is its own process (so its peak resident memory is its own):
+synthetic Gaussian-class data (32 features, 10 classes), 2 examples a client
+(iid), MLP 32-64-10 (2,762 parameters), E = 1, batch 64, a fixed-size cohort
+of min(clients, --cohort-max) drawn each round. Two kinds of run:
+
+  stateless   FedAvg (the executor takes the one-step path: every client's
+              local work is one step)
+  stateful    SCAFFOLD: a [clients, d] control-variate table on every device
+              (replicated), read and written for the cohort each round
+
+A stateful point whose table would need more than --max-table-gb is skipped
+with the figure (a store outside device memory is issue 20 item 3). Peers are
+timed in the same invocation where their venvs exist (benchmarks/peers/).
+
+  python benchmarks/scaling.py [--clients 100 ... 1000000] [--json OUT] [--plot OUT.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+FEATURES, CLASSES, HIDDEN, PER_CLIENT = 32, 10, 64, 2
+PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+
+
+def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
+  """Runs in the child process: times `rounds` rounds after compilation."""
+  from fedjax_dp.placement.host import use_cpu_devices
+  use_cpu_devices()
+  import jax
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment.setup import setup
+  cfg = make_config(dict(
+      dataset="synthetic", synthetic_examples=PER_CLIENT * clients,
+      synthetic_features=FEATURES, synthetic_classes=CLASSES, partition="iid",
+      num_clients=clients, clients_per_round=cohort, sampling="fixed", model="mlp",
+      hidden=[HIDDEN], local_epochs=1, batch_size=64, lr=0.05, momentum=0.0,
+      algorithm="fedavg" if kind == "stateless" else "scaffold", seed=0))
+  t = time.perf_counter()
+  _, _, sim = setup(cfg)
+  setup_s = time.perf_counter() - t
+  state = sim.init_state()
+  t = time.perf_counter()
+  state, _ = sim.run_rounds(state, 1)
+  jax.block_until_ready(state)
+  compile_s = time.perf_counter() - t
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    state, _ = sim.run_rounds(state, 1)
+    jax.block_until_ready(state)
+    times.append(time.perf_counter() - t)
+  med = statistics.median(times)
+  return {"clients": clients, "cohort": cohort, "kind": kind,
+          "client_parallelism": sim.client_parallelism, "setup_s": round(setup_s, 2),
+          "compile_s": round(compile_s, 2), "round_s": [round(x, 4) for x in times],
+          "median_round_s": round(med, 4), "clients_per_s": round(cohort / med),
+          "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: float) -> dict:
+  table_gb = clients * PARAMS * 4 / 2**30 * max(os.cpu_count() or 1, 1)
+  if kind == "stateful" and table_gb > max_table_gb:
+    return {"clients": clients, "cohort": cohort, "kind": kind,
+            "skipped": f"the replicated [clients, d] table would need {table_gb:.1f} GB "
+                       f"(> --max-table-gb {max_table_gb})"}
+  out = subprocess.run([sys.executable, __file__, "--one", str(clients), str(cohort), kind,
+                        "--rounds", str(rounds)], capture_output=True, text=True)
+  if out.returncode != 0:
+    return {"clients": clients, "cohort": cohort, "kind": kind,
+            "failed": f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}"}
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plot(points: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  for kind in sorted({p["kind"] for p in points}):
+    done = [p for p in points if p["kind"] == kind and "median_round_s" in p]
+    if not done:
+      continue
+    xs = [p["clients"] for p in done]
+    a.loglog(xs, [p["median_round_s"] for p in done], "o-", label=kind)
+    b.loglog(xs, [p["peak_rss_mb"] for p in done], "o-", label=kind)
+  a.set(xlabel="clients (cohort = min(clients, 1e4))", ylabel="seconds per round")
+  b.set(xlabel="clients", ylabel="peak resident memory (MB)")
+  for ax in (a, b):
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+
+def main(argv=None):
+  from cli_args import positive_int
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--clients", type=positive_int, nargs="+",
+                  default=[100, 1000, 10000, 100000, 1000000])
+  ap.add_argument("--cohort-max", type=positive_int, default=10000)
+  ap.add_argument("--kind", nargs="+", default=["stateless", "stateful"],
+                  choices=["stateless", "stateful"])
+  ap.add_argument("--rounds", type=positive_int, default=5)
+  ap.add_argument("--max-table-gb", type=float, default=8.0)
+  ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
+  ap.add_argument("--json", default=None, help="write the results here (refuses to overwrite)")
+  ap.add_argument("--plot", default=None, help="log-log plot here (refuses to overwrite)")
+  args = ap.parse_args(argv)
+  if args.one:
+    print(json.dumps(one_point(int(args.one[0]), int(args.one[1]), args.one[2], args.rounds)))
+    return
+  for path in (args.json, args.plot):
+    if path and os.path.exists(path):
+      ap.error(f"{path!r} exists; name a new file")
+  points = [run_point(n, min(n, args.cohort_max), kind, args.rounds, args.max_table_gb)
+            for kind in args.kind for n in args.clients]
+  result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}
+  print(json.dumps(result, indent=2))
+  if args.json:
+    with open(args.json, "x") as f:
+      json.dump(result, f, indent=2)
+  if args.plot:
+    plot(points, args.plot)
+
+
+if __name__ == "__main__":
+  main()
