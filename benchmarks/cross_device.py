@@ -13,7 +13,10 @@ one_step where every client takes one step, else map), one invocation
 measures seconds per round (median of --rounds after compilation), GFLOP/s =
 6 * params * examples / seconds, and the fraction of this machine's fp32
 matmul peak measured in the same run (before and after the protocols; the
-larger is the yardstick).
+larger is the yardstick). --sgd-ceiling also times plain centralised SGD over
+the same 60,000 examples in batches of 64 (no clients, no aggregation; each
+device a half): the most a loop of batch-64 steps gets from this machine,
+the ceiling of any protocol whose clients take many steps.
 
   python benchmarks/cross_device.py [--protocol 10000x6 ...] [--parallelism auto map] [--json OUT]
 """
@@ -70,12 +73,58 @@ def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir) -> 
           "gflops": round(6 * num_params(state.params) * examples / med / 1e9, 1)}
 
 
+def time_sgd_ceiling(rounds: int) -> dict:
+  """Plain SGD, batch 64, momentum 0.5, over 60,000 examples: each device runs
+  its half as one scan of steps, as one FedAvg client with all of it would."""
+  from functools import partial
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from jax.sharding import Mesh, PartitionSpec as P
+  from fedjax_dp.losses import masked_cross_entropy
+  from fedjax_dp.models import make_model
+  model = make_model("mlp", (784,), 10, [200, 200])
+  mesh = Mesh(np.array(jax.devices()), ("c",))
+  steps, b = 60000 // 64 // len(jax.devices()), 64
+  n = steps * b * len(jax.devices())
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(n, 784)).astype(np.float32))
+  y = jnp.asarray(rng.integers(0, 10, n).astype(np.int32))
+
+  @jax.jit
+  @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("c"), P("c")), out_specs=P())
+  def sgd(p, xs, ys):
+    p, opt = jax.lax.pcast(p, "c", to="varying"), optax.sgd(0.01, momentum=0.5)
+    def step(carry, i):
+      q, s = carry
+      xb, yb = (jax.lax.dynamic_slice_in_dim(a, i * b, b) for a in (xs, ys))
+      g = jax.grad(lambda q: masked_cross_entropy(model.apply(q, xb), yb,
+                                                  jnp.ones((b,), bool)))(q)
+      u, s = opt.update(g, s, q)
+      return (optax.apply_updates(q, u), s), None
+    (q, _), _ = jax.lax.scan(step, (p, opt.init(p)), jnp.arange(steps))
+    return jax.lax.psum(q, "c")
+
+  params = model.init(jax.random.PRNGKey(0))
+  jax.block_until_ready(sgd(params, x, y))
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    jax.block_until_ready(sgd(params, x, y))
+    times.append(time.perf_counter() - t)
+  med = statistics.median(times)
+  return {"examples": n, "median_s": round(med, 4),
+          "gflops": round(6 * num_params(params) * n / med / 1e9, 1)}
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--protocol", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
   ap.add_argument("--parallelism", nargs="+", default=["auto"],
                   choices=["auto", "map", "vmap", "one_step"])
   ap.add_argument("--rounds", type=positive_int, default=7, help="timed rounds after compilation")
+  ap.add_argument("--sgd-ceiling", action="store_true",
+                  help="also time plain batch-64 SGD over the same examples")
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--json", default=None, help="write the results here too (refuses to overwrite)")
   args = ap.parse_args(argv)
@@ -86,6 +135,8 @@ def main(argv=None):
   peaks = [measure_matmul_peak()]
   runs = {f"{p}/{par}": time_protocol(PROTOCOLS[p], par, args.rounds, args.data_dir)
           for p in args.protocol for par in args.parallelism}
+  if args.sgd_ceiling:
+    runs["plain_sgd_batch64"] = time_sgd_ceiling(args.rounds)
   peaks.append(measure_matmul_peak())
   peak = max(p["peak_gflops"] for p in peaks)
   for r in runs.values():

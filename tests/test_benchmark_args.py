@@ -24,7 +24,9 @@ def test_count_types_accept_their_range_and_name_the_bad_value():
 
 @pytest.mark.parametrize("script,args", [("fedavg_round.py", ["--rounds", "0"]),
                                          ("dynamic_dp_protocol.py", ["--repeats", "0"]),
-                                         ("topksdp_round.py", ["--chunks", "-1"])])
+                                         ("topksdp_round.py", ["--chunks", "-1"]),
+                                         ("cross_device.py", ["--rounds", "0"]),
+                                         ("scaling.py", ["--rounds", "0"])])
 def test_scripts_refuse_a_bad_count_with_exit_2(script, args):
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
                        capture_output=True, text=True, timeout=120)

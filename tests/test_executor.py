@@ -1,5 +1,7 @@
 """The executor decides how clients run from the stages' properties (placement/executor.py)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,3 +110,26 @@ def test_vmap_in_groups_on_8_devices_equals_the_map_loop():
   assert sim.cfg.client_batch == 0
   np.testing.assert_allclose(out["vmap"][0], out["map"][0], rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(out["vmap"][1], out["map"][1], rtol=1e-4)
+
+
+@pytest.mark.parametrize("resident", [None, False])
+def test_the_client_loop_never_copies_the_per_client_table(resident):
+  """SCAFFOLD reads each client's old control variate after writing the new one
+  (c_i^+ - c_i); XLA used to keep the old row by copying the whole [clients, d]
+  table in every step of the client loop, so a round cost O(clients^2). The
+  compiled round must hold no copy of a table-sized buffer (executor._read_rows)."""
+  n = 64
+  x, y, parts = toy_problem(sizes=(2,) * n, seed=4)
+  sim = toy_simulation(x, y, parts, devices=2, algorithm="scaffold", local_epochs=1,
+                       resident_state=resident)
+  assert sim.client_parallelism == "map"
+  state = sim.to_working(sim.init_state())
+  hlo = sim.run_chunk.lower(state, sim.store, sim.hparams, 1).compile().as_text()
+  local = n // 2 if resident is None else n      # the table's rows on one device
+  shapes = {"f32[%s]" % ",".join(map(str, (local,) + leaf.shape[1:]))
+            for leaf in jax.tree.leaves(state.client_state)}
+  assert len(shapes) == 4                           # SCAFFOLD's c_i: 2 kernels, 2 biases
+  copies = [line for line in hlo.splitlines()
+            if " copy(" in line and re.search(r"= (f32\[[\d,]+\])", line)
+            and re.search(r"= (f32\[[\d,]+\])", line).group(1) in shapes]
+  assert not copies, copies[:3]

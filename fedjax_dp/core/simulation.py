@@ -296,7 +296,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       uniform_weights=cfg.shuffle == "layerwise")
   if cfg.client_parallelism == "one_step" and why:
     raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
-                      "client's local work to be one plain SGD step (see README, Performance)")
+                      "client's local work to be one plain SGD step (README: Performance and scale)")
   executor = plan_executor(
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
