@@ -71,14 +71,20 @@ def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
-def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: float) -> dict:
+def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: float,
+              timeout_s: int) -> dict:
   table_gb = clients * PARAMS * 4 / 2**30 * max(os.cpu_count() or 1, 1)
   if kind == "stateful" and table_gb > max_table_gb:
     return {"clients": clients, "cohort": cohort, "kind": kind,
             "skipped": f"the replicated [clients, d] table would need {table_gb:.1f} GB "
                        f"(> --max-table-gb {max_table_gb})"}
-  out = subprocess.run([sys.executable, __file__, "--one", str(clients), str(cohort), kind,
-                        "--rounds", str(rounds)], capture_output=True, text=True)
+  try:
+    out = subprocess.run([sys.executable, __file__, "--one", str(clients), str(cohort), kind,
+                          "--rounds", str(rounds)], capture_output=True, text=True,
+                         timeout=timeout_s)
+  except subprocess.TimeoutExpired:
+    return {"clients": clients, "cohort": cohort, "kind": kind,
+            "failed": f"did not finish within --timeout {timeout_s} s"}
   if out.returncode != 0:
     return {"clients": clients, "cohort": cohort, "kind": kind,
             "failed": f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:]}"}
@@ -116,6 +122,7 @@ def main(argv=None):
                   choices=["stateless", "stateful"])
   ap.add_argument("--rounds", type=positive_int, default=5)
   ap.add_argument("--max-table-gb", type=float, default=8.0)
+  ap.add_argument("--timeout", type=positive_int, default=900, help="seconds per point")
   ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
   ap.add_argument("--json", default=None, help="write the results here (refuses to overwrite)")
   ap.add_argument("--plot", default=None, help="log-log plot here (refuses to overwrite)")
@@ -126,8 +133,12 @@ def main(argv=None):
   for path in (args.json, args.plot):
     if path and os.path.exists(path):
       ap.error(f"{path!r} exists; name a new file")
-  points = [run_point(n, min(n, args.cohort_max), kind, args.rounds, args.max_table_gb)
-            for kind in args.kind for n in args.clients]
+  points = []
+  for kind in args.kind:
+    for n in args.clients:
+      points.append(run_point(n, min(n, args.cohort_max), kind, args.rounds, args.max_table_gb,
+                              args.timeout))
+      print(json.dumps(points[-1]), file=sys.stderr, flush=True)
   result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}
   print(json.dumps(result, indent=2))

@@ -97,3 +97,32 @@ def test_poisson_cohort_matches_independent_draws():
       jax.random.split(key, 2000))
   assert abs(float(np.mean(sizes)) - 50) < 0.5   # sd of the mean: 6.9 / sqrt(2000) = 0.15
   assert default_max_cohort(1000, 50) == 50 + int(np.ceil(4 * np.sqrt(1000 * 0.05 * 0.95))) + 1
+
+
+@pytest.mark.parametrize("sigmas", [6.0, -50.0])   # -50: the cut keeps too few, the fallback
+def test_large_population_draw_is_the_k_smallest_keys(sigmas):
+  """Over LARGE_POPULATION clients a fixed-size cohort is the k clients with the
+  smallest uniform keys (ties by id): the same k-subset law as a permutation's
+  first k. Against numpy's sort of the same keys, on both of its paths."""
+  from fedjax_dp.placement.store import LARGE_POPULATION, smallest_keys_draw
+  n, k = LARGE_POPULATION + 12345, 3000
+  key = jax.random.PRNGKey(7)
+  ids = np.asarray(jax.jit(lambda q: smallest_keys_draw(q, n, k, sigmas))(key))
+  keys = np.asarray(jax.random.bits(key, (n,), jnp.uint32))
+  np.testing.assert_array_equal(ids, np.lexsort((np.arange(n), keys))[:k])
+  if sigmas > 0:   # the round's sampler takes this path above LARGE_POPULATION
+    cohort = sample_cohort(key, n, k, "fixed", k + 5)
+    np.testing.assert_array_equal(np.asarray(cohort.ids)[:k], ids)
+    assert np.asarray(cohort.mask).sum() == k
+
+
+def test_smallest_keys_draw_is_uniform():
+  """Each of 40 clients lands in a 10-client draw with probability 1/4 (4,000
+  draws: within 4.5 standard deviations), and draws never repeat a client."""
+  from fedjax_dp.placement.store import smallest_keys_draw
+  keys = jax.random.split(jax.random.PRNGKey(1), 4000)
+  draws = np.asarray(jax.jit(jax.vmap(lambda q: smallest_keys_draw(q, 40, 10)))(keys))
+  assert all(len(set(d)) == 10 for d in draws)
+  freq = np.bincount(draws.ravel(), minlength=40) / 4000
+  sd = np.sqrt(0.25 * 0.75 / 4000)
+  assert np.max(np.abs(freq - 0.25)) < 4.5 * sd, freq

@@ -79,7 +79,8 @@ def sample_cohort(key: jax.Array, num_clients: int, clients_per_round: int, samp
   """Draws the round's participants inside jit.
 
   fixed:   exactly `clients_per_round` distinct clients, uniformly without
-           replacement (the first `clients_per_round` of a random permutation).
+           replacement (the first `clients_per_round` of a random permutation;
+           over LARGE_POPULATION clients, smallest_keys_draw: the same law).
   poisson: each client joins independently with probability
            q = clients_per_round / num_clients; the cohort array has room for
            `capacity` participants, and draws beyond it are counted in
@@ -87,7 +88,10 @@ def sample_cohort(key: jax.Array, num_clients: int, clients_per_round: int, samp
   The output has `capacity` slots in both cases; unused slots are masked.
   """
   if sampling == "fixed":
-    ids = jax.random.permutation(key, num_clients)[:clients_per_round].astype(jnp.int32)
+    if num_clients > LARGE_POPULATION:
+      ids = smallest_keys_draw(key, num_clients, clients_per_round)
+    else:
+      ids = jax.random.permutation(key, num_clients)[:clients_per_round].astype(jnp.int32)
     pad = capacity - clients_per_round
     ids = jnp.concatenate([ids, jnp.zeros((pad,), jnp.int32)])
     mask = jnp.arange(capacity) < clients_per_round
@@ -100,3 +104,35 @@ def sample_cohort(key: jax.Array, num_clients: int, clients_per_round: int, samp
     mask = jnp.arange(capacity) < total
     return Cohort(ids.astype(jnp.int32), mask, jnp.maximum(total - capacity, 0))
   raise ValueError(f"unknown sampling {sampling!r} (allowed: fixed, poisson)")
+
+
+LARGE_POPULATION = 65536   # above it, fixed-size cohorts come from smallest_keys_draw
+
+
+def smallest_keys_draw(key: jax.Array, n: int, k: int, sigmas: float = 6.0) -> jax.Array:
+  """[k] int32: the k clients with the smallest of n iid uniform 32-bit keys (ties
+  by id), a uniformly random k-subset, as the first k of a random permutation.
+
+  jax.random.permutation sorts all n keys: 0.50 s of a 0.54 s round at n = 1e6,
+  k = 1e4 on a 2-core CPU. Here one pass keeps the keys below a threshold set
+  `sigmas` standard deviations above the k-th smallest's expectation (m ~ k
+  candidates), and only those are sorted. Where the candidates are fewer than k
+  or more than the room for them (probability ~1e-9 at 6 sigmas), a conditional
+  sorts all n keys instead, so the law is exact either way."""
+  keys = jax.random.bits(key, (n,), jnp.uint32)
+  spread = sigmas * math.sqrt(k * (1 - k / n)) + 1
+  room = int(min(n, max(k, k + 2 * spread)))
+  cut = int(min(2**32 - 1, max(0.0, (k + spread) / n * 2**32)))
+  below = keys < jnp.uint32(cut)
+  count = jnp.sum(below, dtype=jnp.int32)
+
+  def among_candidates(keys):
+    (cand,) = jnp.nonzero(below, size=room, fill_value=0)
+    cand_keys = jnp.where(jnp.arange(room) < count, keys[cand], jnp.uint32(2**32 - 1))
+    order = jnp.lexsort((cand, cand_keys))[:k]   # by key, ties by id
+    return cand[order].astype(jnp.int32)
+
+  def among_all(keys):
+    return jnp.lexsort((jnp.arange(n), keys))[:k].astype(jnp.int32)
+
+  return jax.lax.cond((count >= k) & (count <= room), among_candidates, among_all, keys)
