@@ -29,24 +29,18 @@ B: the padding rows are masked out of the loss either way.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
 from fedjax_dp.placement.executor import map_in_batches
-
-class OneStepResult(NamedTuple):
-  loss_sum: jax.Array   # [local] L_i * n_i (local training's loss_sum for one step)
-  examples: jax.Array   # [local] n_i, float32
-  steps: jax.Array      # [local] 1 where the client has examples, int32
-  delta: tuple = ()     # summed, never stacked (LocalResult's fields)
-  params: tuple = ()
+from fedjax_dp.training.client import LocalResult
 
 
 def train_cohort_one_step(loss_fn, params, rows: jax.Array, counts: jax.Array, lr: jax.Array,
                           x: jax.Array, y: jax.Array, chunk: int):
-  """(per-client results, sum_i n_i delta_i) for this device's slots.
+  """(per-client LocalResult [local] without delta and params, sum_i n_i delta_i)
+  for this device's slots: loss_sum L_i * n_i, examples n_i, steps 1 where the
+  client has examples (local training's values for one step).
 
   loss_fn(p, xb, yb, mb) -> (objective, data loss): one client's batch loss;
   rows [local, width] int32: each slot's example indices (padding after
@@ -70,23 +64,24 @@ def train_cohort_one_step(loss_fn, params, rows: jax.Array, counts: jax.Array, l
   loss_sums, grad_sum = map_in_batches(chunk_step, jax.tree.map(jnp.zeros_like, params),
                                        (rows, counts), chunk)
   delta_sum = jax.tree.map(lambda g: -lr * g, grad_sum)
-  res = OneStepResult(loss_sum=loss_sums, examples=counts.astype(jnp.float32),
-                      steps=(counts > 0).astype(jnp.int32))
+  res = LocalResult(delta=(), loss_sum=loss_sums, examples=counts.astype(jnp.float32),
+                    steps=(counts > 0).astype(jnp.int32))
   return res, delta_sum
 
 
-def one_step_width(*, epochs: int, batch_size: int, client_count, objective, pipeline,
-                   per_client_state: bool, inspects_uploads: bool,
+def one_step_width(*, epochs: int, batch_size: int, client_count, local_terms: tuple[str, ...],
+                   upload_stages: bool, per_client_state: bool, inspects_uploads: bool,
                    uniform_weights: bool) -> tuple[int, str]:
   """(the largest client's example count, '') where the one-step path gives the
   per-client loop's numbers (see the module docstring), else (0, why not).
-  client_count [num_clients]: the store's counts (host)."""
+  client_count [num_clients]: the store's counts (host); local_terms: the
+  objective's term names; upload_stages: the recipe has upload stages."""
   largest = int(max(int(c) for c in client_count)) if len(client_count) else 0
   why = ("local_epochs is not 1" if epochs != 1 else
          f"a client holds {largest} examples, more than batch_size {batch_size}"
          if largest > batch_size else
-         f"the local terms {', '.join(objective.names)} change the step" if objective.terms else
-         "an upload stage (clip, top-k, noise) transforms each upload" if pipeline is not None else
+         f"the local terms {', '.join(local_terms)} change the step" if local_terms else
+         "an upload stage (clip, top-k, noise) transforms each upload" if upload_stages else
          "a stage keeps per-client state" if per_client_state else
          "a stage reads each upload (DP, an attack or a robust rule)" if inspects_uploads else
          "shuffled uploads are weighted uniformly" if uniform_weights else "")

@@ -291,7 +291,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   inspects_uploads = dp.per_upload or byzantine is not None or not aggregator.linear
   width, why = one_step.one_step_width(
       epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
-      objective=recipe.objective(), pipeline=recipe.client_pipeline(),
+      local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
       per_client_state=per_client_state, inspects_uploads=inspects_uploads,
       uniform_weights=cfg.shuffle == "layerwise")
   if cfg.client_parallelism == "one_step" and why:
