@@ -24,3 +24,14 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
   """An int >= 0."""
   return _int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+  """A finite float > 0."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = float("nan")
+  if not (value > 0 and value != float("inf")):
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are finite numbers > 0")
+  return value

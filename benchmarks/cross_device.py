@@ -40,6 +40,7 @@ use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 import jax
 
 from cli_args import positive_int
+from fedavg_round import time_rounds
 from fedjax_dp.config import make_config
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.models import num_params
@@ -53,17 +54,7 @@ def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir) -> 
   cfg = make_config(dict(BASE, num_clients=num_clients, clients_per_round=num_clients,
                          client_parallelism=parallelism, data_dir=data_dir))
   _, parts, sim = setup(cfg)
-  state = sim.init_state()
-  t = time.perf_counter()
-  state, _ = sim.run_rounds(state, 1)
-  jax.block_until_ready(state)
-  compile_s = time.perf_counter() - t
-  times = []
-  for _ in range(rounds):
-    t = time.perf_counter()
-    state, _ = sim.run_rounds(state, 1)
-    jax.block_until_ready(state)
-    times.append(time.perf_counter() - t)
+  state, compile_s, times = time_rounds(sim, rounds)
   examples = sum(len(p) for p in parts)
   med = statistics.median(times)
   return {"client_parallelism": sim.client_parallelism, "compile_s": round(compile_s, 2),

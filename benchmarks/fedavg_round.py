@@ -42,8 +42,10 @@ PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partit
                 momentum=0.5, sampling="fixed", seed=0)
 
 
-def time_fedjax(cfg, rounds: int):
-  ds, parts, sim = setup(cfg)  # same seed: the same data split and partition as the torch loop
+def time_rounds(sim, rounds: int):
+  """(state, compile seconds, [seconds of each of `rounds` rounds]): the first
+  round (compilation included) and then each round timed to block_until_ready.
+  Shared by the benchmarks that time a Simulation (cross_device.py, scaling.py)."""
   state = sim.init_state()
   t = time.perf_counter()
   state, _ = sim.run_rounds(state, 1)
@@ -55,6 +57,12 @@ def time_fedjax(cfg, rounds: int):
     state, _ = sim.run_rounds(state, 1)
     jax.block_until_ready(state)
     times.append(time.perf_counter() - t)
+  return state, compile_s, times
+
+
+def time_fedjax(cfg, rounds: int):
+  ds, parts, sim = setup(cfg)  # same seed: the same data split and partition as the torch loop
+  state, compile_s, times = time_rounds(sim, rounds)
   return ds, parts, sim, state, compile_s, times
 
 

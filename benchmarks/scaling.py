@@ -38,9 +38,7 @@ PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 
 def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
   """Runs in the child process: times `rounds` rounds after compilation."""
-  from fedjax_dp.placement.host import use_cpu_devices
-  use_cpu_devices()
-  import jax
+  from fedavg_round import time_rounds   # sets up one XLA CPU device per core first
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment.setup import setup
   cfg = make_config(dict(
@@ -52,17 +50,7 @@ def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
   t = time.perf_counter()
   _, _, sim = setup(cfg)
   setup_s = time.perf_counter() - t
-  state = sim.init_state()
-  t = time.perf_counter()
-  state, _ = sim.run_rounds(state, 1)
-  jax.block_until_ready(state)
-  compile_s = time.perf_counter() - t
-  times = []
-  for _ in range(rounds):
-    t = time.perf_counter()
-    state, _ = sim.run_rounds(state, 1)
-    jax.block_until_ready(state)
-    times.append(time.perf_counter() - t)
+  _, compile_s, times = time_rounds(sim, rounds)
   med = statistics.median(times)
   return {"clients": clients, "cohort": cohort, "kind": kind,
           "client_parallelism": sim.client_parallelism, "setup_s": round(setup_s, 2),
@@ -113,7 +101,7 @@ def plot(points: list[dict], path: str) -> None:
 
 
 def main(argv=None):
-  from cli_args import positive_int
+  from cli_args import positive_float, positive_int
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--clients", type=positive_int, nargs="+",
                   default=[100, 1000, 10000, 100000, 1000000])
@@ -121,7 +109,7 @@ def main(argv=None):
   ap.add_argument("--kind", nargs="+", default=["stateless", "stateful"],
                   choices=["stateless", "stateful"])
   ap.add_argument("--rounds", type=positive_int, default=5)
-  ap.add_argument("--max-table-gb", type=float, default=8.0)
+  ap.add_argument("--max-table-gb", type=positive_float, default=8.0)
   ap.add_argument("--timeout", type=positive_int, default=900, help="seconds per point")
   ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
   ap.add_argument("--json", default=None, help="write the results here (refuses to overwrite)")

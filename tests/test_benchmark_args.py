@@ -10,7 +10,14 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from cli_args import nonnegative_int, positive_int  # noqa: E402
+from cli_args import nonnegative_int, positive_float, positive_int  # noqa: E402
+
+
+def test_positive_float_accepts_its_range_and_names_the_bad_value():
+  assert positive_float("8") == 8.0 and positive_float("0.5") == 0.5
+  for bad in ("0", "-1", "x", "inf", "nan"):
+    with pytest.raises(argparse.ArgumentTypeError, match=f"'{bad}': allowed are finite numbers"):
+      positive_float(bad)
 
 
 def test_count_types_accept_their_range_and_name_the_bad_value():
@@ -22,16 +29,21 @@ def test_count_types_accept_their_range_and_name_the_bad_value():
       fn(bad)
 
 
-@pytest.mark.parametrize("script,args", [("fedavg_round.py", ["--rounds", "0"]),
-                                         ("dynamic_dp_protocol.py", ["--repeats", "0"]),
-                                         ("topksdp_round.py", ["--chunks", "-1"]),
-                                         ("cross_device.py", ["--rounds", "0"]),
-                                         ("scaling.py", ["--rounds", "0"])])
-def test_scripts_refuse_a_bad_count_with_exit_2(script, args):
+WHOLE = "allowed are whole numbers >= 1"
+
+
+@pytest.mark.parametrize("script,args,allowed", [
+    ("fedavg_round.py", ["--rounds", "0"], WHOLE),
+    ("dynamic_dp_protocol.py", ["--repeats", "0"], WHOLE),
+    ("topksdp_round.py", ["--chunks", "-1"], WHOLE),
+    ("cross_device.py", ["--rounds", "0"], WHOLE),
+    ("scaling.py", ["--rounds", "0"], WHOLE),
+    ("scaling.py", ["--max-table-gb", "-1"], "allowed are finite numbers > 0")])
+def test_scripts_refuse_a_bad_count_with_exit_2(script, args, allowed):
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 2
-  assert out.stderr.strip().splitlines()[-1].endswith("allowed are whole numbers >= 1")
+  assert out.stderr.strip().splitlines()[-1].endswith(allowed)
 
 
 def test_topksdp_benchmark_control_is_a_second_fedavg_in_the_alternation():
