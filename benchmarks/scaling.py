@@ -7,14 +7,18 @@ of min(clients, --cohort-max) drawn each round. Two kinds of run:
 
   stateless   FedAvg (the executor takes the one-step path: every client's
               local work is one step)
-  stateful    SCAFFOLD: a [clients, d] control-variate table on every device
-              (replicated), read and written for the cohort each round
+  stateful    SCAFFOLD: a [clients, d] control-variate table, read and written for
+              the cohort each round: on every device (--store device, replicated),
+              or in a host table paged onto the device round by round (--store
+              host: host memory; disk: memory-mapped files; --store-dtype
+              bfloat16 halves it). Each point reports the table's size.
 
-A stateful point whose table would need more than --max-table-gb is skipped
-with the figure (a store outside device memory is issue 20 item 3). Peers are
-timed in the same invocation where their venvs exist (benchmarks/peers/).
+A stateful point whose device table would need more than --max-table-gb is
+skipped with the figure (--store device only). Peers are timed in the same
+invocation where their venvs exist (benchmarks/peers/).
 
-  python benchmarks/scaling.py [--clients 100 ... 1000000] [--json OUT] [--plot OUT.png]
+  python benchmarks/scaling.py [--clients 100 ... 1000000] [--store disk] [--json OUT]
+      [--plot OUT.png]
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ FEATURES, CLASSES, HIDDEN, PER_CLIENT = 32, 10, 64, 2
 PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 
 
-def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
+def one_point(clients: int, cohort: int, kind: str, rounds: int, store: str = "device",
+              dtype: str = "float32") -> dict:
   """Runs in the child process: times `rounds` rounds after compilation."""
   from fedavg_round import time_rounds   # sets up one XLA CPU device per core first
   from fedjax_dp.config import make_config
@@ -46,13 +51,18 @@ def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
       synthetic_features=FEATURES, synthetic_classes=CLASSES, partition="iid",
       num_clients=clients, clients_per_round=cohort, sampling="fixed", model="mlp",
       hidden=[HIDDEN], local_epochs=1, batch_size=64, lr=0.05, momentum=0.0,
-      algorithm="fedavg" if kind == "stateless" else "scaffold", seed=0))
+      algorithm="fedavg" if kind == "stateless" else "scaffold", seed=0,
+      **({"client_state_store": store, "client_state_dtype": dtype}
+         if kind == "stateful" and store != "device" else {})))
   t = time.perf_counter()
   _, _, sim = setup(cfg)
   setup_s = time.perf_counter() - t
   _, compile_s, times = time_rounds(sim, rounds)
   med = statistics.median(times)
+  table = (clients * PARAMS * (2 if dtype == "bfloat16" else 4) if kind == "stateful" else 0)
   return {"clients": clients, "cohort": cohort, "kind": kind,
+          **({"store": store, "store_dtype": dtype, "table_gb": round(table / 2**30, 2)}
+             if kind == "stateful" else {}),
           "client_parallelism": sim.client_parallelism, "setup_s": round(setup_s, 2),
           "compile_s": round(compile_s, 2), "round_s": [round(x, 4) for x in times],
           "median_round_s": round(med, 4), "clients_per_s": round(cohort / med),
@@ -60,15 +70,16 @@ def one_point(clients: int, cohort: int, kind: str, rounds: int) -> dict:
 
 
 def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: float,
-              timeout_s: int) -> dict:
+              timeout_s: int, store: str = "device", dtype: str = "float32") -> dict:
   table_gb = clients * PARAMS * 4 / 2**30 * max(os.cpu_count() or 1, 1)
-  if kind == "stateful" and table_gb > max_table_gb:
+  if kind == "stateful" and store == "device" and table_gb > max_table_gb:
     return {"clients": clients, "cohort": cohort, "kind": kind,
             "skipped": f"the replicated [clients, d] table would need {table_gb:.1f} GB "
                        f"(> --max-table-gb {max_table_gb})"}
   try:
     out = subprocess.run([sys.executable, __file__, "--one", str(clients), str(cohort), kind,
-                          "--rounds", str(rounds)], capture_output=True, text=True,
+                          "--rounds", str(rounds), "--store", store, "--store-dtype", dtype],
+                         capture_output=True, text=True,
                          timeout=timeout_s)
   except subprocess.TimeoutExpired:
     return {"clients": clients, "cohort": cohort, "kind": kind,
@@ -89,8 +100,10 @@ def plot(points: list[dict], path: str) -> None:
     if not done:
       continue
     xs = [p["clients"] for p in done]
-    a.loglog(xs, [p["median_round_s"] for p in done], "o-", label=kind)
-    b.loglog(xs, [p["peak_rss_mb"] for p in done], "o-", label=kind)
+    label = kind if done[0].get("store", "device") == "device" else \
+        f"{kind} ({done[0]['store']} table, {done[0]['store_dtype']})"
+    a.loglog(xs, [p["median_round_s"] for p in done], "o-", label=label)
+    b.loglog(xs, [p["peak_rss_mb"] for p in done], "o-", label=label)
   a.set(xlabel="clients (cohort = min(clients, 1e4))", ylabel="seconds per round")
   b.set(xlabel="clients", ylabel="peak resident memory (MB)")
   for ax in (a, b):
@@ -110,13 +123,17 @@ def main(argv=None):
                   choices=["stateless", "stateful"])
   ap.add_argument("--rounds", type=positive_int, default=5)
   ap.add_argument("--max-table-gb", type=positive_float, default=8.0)
+  ap.add_argument("--store", default="device", choices=["device", "host", "disk"],
+                  help="where the stateful points keep their per-client table")
+  ap.add_argument("--store-dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--timeout", type=positive_int, default=900, help="seconds per point")
   ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
   ap.add_argument("--json", default=None, help="write the results here (refuses to overwrite)")
   ap.add_argument("--plot", default=None, help="log-log plot here (refuses to overwrite)")
   args = ap.parse_args(argv)
   if args.one:
-    print(json.dumps(one_point(int(args.one[0]), int(args.one[1]), args.one[2], args.rounds)))
+    print(json.dumps(one_point(int(args.one[0]), int(args.one[1]), args.one[2], args.rounds,
+                               args.store, args.store_dtype)))
     return
   for path in (args.json, args.plot):
     if path and os.path.exists(path):
@@ -125,7 +142,7 @@ def main(argv=None):
   for kind in args.kind:
     for n in args.clients:
       points.append(run_point(n, min(n, args.cohort_max), kind, args.rounds, args.max_table_gb,
-                              args.timeout))
+                              args.timeout, args.store, args.store_dtype))
       print(json.dumps(points[-1]), file=sys.stderr, flush=True)
   result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}

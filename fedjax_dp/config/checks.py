@@ -31,7 +31,32 @@ def _check(cfg: Config, raw: dict[str, Any]) -> None:
   _check_keys(cfg, raw)
   _check_population(cfg, raw)
   _check_stages(cfg)
+  _check_client_state_store(cfg)
   _check_data(cfg)
+
+
+def _check_client_state_store(cfg: Config) -> None:
+  """The store's own keys are read only by a store off the device, and what a host
+  table cannot do yet is refused rather than done wrong."""
+  store = cfg.client_state_store
+  for key, default, needs in (("client_state_dtype", "float32", ("host", "disk")),
+                              ("client_state_page_rounds", 1, ("host", "disk")),
+                              ("client_state_dir", None, ("disk",))):
+    if getattr(cfg, key) != default and store not in needs:
+      raise ConfigError(f"config key '{key}' = {getattr(cfg, key)!r} with client_state_store "
+                        f"{store!r}: it is read only with client_state_store "
+                        f"{' or '.join(repr(n) for n in needs)}")
+  if store == "device":
+    return
+  if cfg.checkpoint_every:
+    raise ConfigError(f"config key 'checkpoint_every' = {cfg.checkpoint_every} with "
+                      f"client_state_store {store!r}: checkpoints do not save a host table yet; "
+                      "use checkpoint_every 0 or client_state_store 'device'")
+  from fedjax_dp.algorithms import parse_algorithm
+  if "solo" in parse_algorithm(cfg.algorithm)[0]:
+    raise ConfigError(f"config key 'client_state_store' = {store!r} with algorithm "
+                      f"{cfg.algorithm!r}: SOLO's evaluation reads every client's model at "
+                      "once; use client_state_store 'device'")
 
 
 def _check_keys(cfg: Config, raw: dict[str, Any]) -> None:

@@ -133,6 +133,11 @@ class Config:
   devices: int = 0
   client_parallelism: str = "auto"
   client_batch: int = 0
+  # per-client state off the device (placement/paged_state.py)
+  client_state_store: str = "device"
+  client_state_dtype: str = "float32"
+  client_state_page_rounds: int = 1
+  client_state_dir: str | None = None
   eval_batch_size: int = 1000
 
   def to_dict(self) -> dict[str, Any]:
@@ -165,6 +170,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap", "one_step"),
+    "client_state_store": ("device", "host", "disk"),
+    "client_state_dtype": ("float32", "bfloat16"),
     "dp": ("none", "central", "local"),
     "clip_parts": ("flat", "per_layer", "tiers"),
     "rest_tier": ("high", "medium", "low", "public", "metadata"),
@@ -248,12 +255,13 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "keep_checkpoints": (1, None, True, True),
     "devices": (0, None, True, True),
     "client_batch": (0, None, True, True),
+    "client_state_page_rounds": (1, None, True, True),
     "eval_batch_size": (1, None, True, True),
 }
 
 # the keys make_config accepts, and those that may be null (with their type when set)
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_OPTIONAL = {"data_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
+_OPTIONAL = {"data_dir": str, "client_state_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
              "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
              "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float}
 

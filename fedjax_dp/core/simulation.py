@@ -41,6 +41,7 @@ from fedjax_dp.core.state import (BYZANTINE, CLIP_COUNT_NOISE, COHORT_SAMPLING, 
                                   secret_run_key)
 from fedjax_dp.models import Model
 from fedjax_dp.placement import cohort as cohort_lib
+from fedjax_dp.placement import paged_state
 from fedjax_dp.placement.executor import Executor, plan_executor
 from fedjax_dp.placement.store import FederatedStore, default_max_cohort
 from fedjax_dp.privacy import accounting
@@ -90,6 +91,7 @@ class Simulation:
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
+  paging: paged_state.Paging | None = None   # client_state_store host/disk (paged_state.py)
 
   @property
   def noise_multiplier(self) -> float:
@@ -106,7 +108,7 @@ class Simulation:
     noise) comes from the operating system's entropy: neither the seed nor
     config.json then tells the noise; the model's initialisation stays seeded.
     `hparams` (hparams_for): the clip norm the run starts from."""
-    state = init_state(self.cfg, self.model)
+    state = init_state(self.cfg, self.model, self.paging and self.paging.make_table)
     if self.cfg.noise_seed == "secret":
       state = state._replace(key=secret_run_key())
     if hparams is not None:
@@ -237,7 +239,17 @@ class Simulation:
                         "change the noise applied without the RDP charged)")
     hp = self.hparams if hparams is None else self.replicate(
         jax.tree.map(jnp.asarray, hparams))
+    if self.paging is not None:   # the per-client state in a host table, page by page
+      return paged_state.run_pages(self.paging, lambda s, n: self.run_chunk(s, self.store, hp, n),
+                                   state, num_rounds, self.store.client_count, self.replicate)
     return self.run_chunk(state, self.store, hp, num_rounds)
+
+
+def _round_cohort(sample: Callable, key, r, client_count):
+  """The ids and mask round r of run key `key` draws (as round_fn does)."""
+  ids, mask, _ = sample(jax.random.fold_in(jax.random.fold_in(key, r), COHORT_SAMPLING),
+                        client_count)
+  return ids, mask
 
 
 def _server_step(opt, delta, params, opt_state, *, frozen: bool, keep):
@@ -289,6 +301,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   per_client_state = bool(jax.tree.leaves(
       jax.eval_shape(lambda: init_state(cfg, model).client_state)))
   inspects_uploads = dp.per_upload or byzantine is not None or not aggregator.linear
+  paged = cfg.client_state_store != "device"
+  if paged and not per_client_state:
+    raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
+                      "keeps no per-client state (the store would hold nothing); leave it "
+                      "'device'")
+  if paged and resident_state:
+    raise ConfigError(f"resident_state=True with client_state_store "
+                      f"{cfg.client_state_store!r}: resident rows live on the device")
+  resident_state = False if paged else resident_state
   width, why = one_step.one_step_width(
       epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
       local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
@@ -312,6 +333,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
       n_dev=n_dev, slots=slots, home=home)
   round_fn = make_round(cfg, recipe, mesh, stages, dp, sample)
+  paging = paged_state.make_paging(
+      partial(_round_cohort, sample), cfg.num_clients, kind=cfg.client_state_store,
+      dtype=cfg.client_state_dtype, page_rounds=cfg.client_state_page_rounds, slots=slots,
+      directory=cfg.client_state_dir) if paged else None
 
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
@@ -325,7 +350,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     evaluate=make_evaluate(model, task), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
-                    issued={hparams_lib.digest(host_hp)}, **layouts)
+                    issued={hparams_lib.digest(host_hp)}, paging=paging, **layouts)
 
 
 def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,

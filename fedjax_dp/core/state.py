@@ -75,7 +75,10 @@ def secret_run_key() -> jax.Array:
   return jnp.asarray(np.frombuffer(os.urandom(8), np.uint32))
 
 
-def init_state(cfg: Config, model: Model) -> SimState:
+def init_state(cfg: Config, model: Model, client_table=None) -> SimState:
+  """Round 0's state. `client_table(one_client_row) -> client_state` holds the
+  per-client rows (default: a dense [num_clients, ...] device table; a HostTable
+  for client_state_store host/disk, placement/paged_state.py)."""
   key = jax.random.PRNGKey(cfg.seed)
   params = model.init(jax.random.fold_in(key, MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
@@ -92,8 +95,9 @@ def init_state(cfg: Config, model: Model) -> SimState:
     server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
   server_state.update(server_stages_lib.make_server_stages(cfg, cfg.dp != "none", DOWNLINK)
                       .init(params, d))
-  client_state = jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
-                              one_client)
+  client_state = (client_table(one_client) if client_table is not None else
+                  jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
+                               one_client))
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
                   client_state=client_state, server_state=server_state,
                   key=key, participations=jnp.int32(0),

@@ -14,7 +14,9 @@ the stages' properties and the platform (never from feature flags):
   resident      whether per-client state rows live on the device that trains them
                 (every client in every round: the cohort and its dealing never
                 change), or in a replicated [num_clients, ...] table each device
-                reads its cohort's rows from and writes them back to
+                reads its cohort's rows from and writes them back to (or a
+                page of a host table, read and written the same way through
+                its row index: placement/paged_state.py)
   fused_sum     whether the aggregate is a weighted sum no stage needs to see
                 upload by upload (no DP client half, no attack, a linear
                 aggregator): then each upload is added into a running sum inside
@@ -36,6 +38,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
+
+from fedjax_dp.placement.paged_state import PagedRows
 
 
 class Executor(NamedTuple):
@@ -60,6 +64,13 @@ class Executor(NamedTuple):
     ((outputs_i, summed_i), row) and outputs come back as (stacked, summed)."""
     if self.resident:
       return map_clients_with_resident_state(fn, args, client_state, self.batch, sums)
+    if isinstance(client_state, PagedRows):   # a page of a host table (paged_state.py)
+      rows = client_state.row_of[cohort_ids]
+      capacity = jax.tree.leaves(client_state.rows)[0].shape[0]
+      out, table = map_clients_with_state(fn, args, client_state.rows, rows,
+                                          jnp.where(cohort_mask, rows, capacity), self.batch,
+                                          sums)
+      return out, client_state._replace(rows=table)
     # refused and padded slots write nothing back (a padded slot may repeat a real id)
     write_ids = jnp.where(cohort_mask, cohort_ids, num_clients)
     return map_clients_with_state(fn, args, client_state, cohort_ids, write_ids, self.batch,

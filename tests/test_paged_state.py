@@ -1,0 +1,105 @@
+"""Per-client state in a host table (placement/paged_state.py), against the device table."""
+
+import os
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.placement.paged_state import HostTable
+from tests.helpers import toy_problem, toy_simulation
+
+SIZES = tuple(range(2, 26))   # 24 clients, 2 to 25 examples
+
+
+def run(rounds_per_call, **overrides):
+  """Params, every client's state rows and the loss of each round, in calls of
+  rounds_per_call rounds (a store off the device pages inside each call)."""
+  x, y, parts = toy_problem(sizes=SIZES, features=5, seed=1)
+  sim = toy_simulation(x, y, parts, devices=2, **overrides)
+  state, losses = sim.init_state(), []
+  for n in rounds_per_call:
+    state, stats = sim.run_rounds(state, n)
+    losses.append(np.asarray(stats.loss_sum))
+  rows = state.client_state
+  if isinstance(rows, HostTable):
+    rows = rows.rows(np.arange(len(parts)))
+  return sim, jax.tree.map(np.asarray, (state.params, rows, np.concatenate(losses)))
+
+
+# SCAFFOLD's control variates (fixed cohorts, some clients drawn in consecutive rounds);
+# TopkSDP-FL's residuals and MOON's previous models with Poisson cohorts of varying size
+CASES = {
+    "scaffold": dict(algorithm="scaffold", clients_per_round=7, momentum=0.0),
+    "topksdp_poisson": dict(algorithm="topksdp", s_local=0.5, s_global=0.5,
+                            sampling="poisson", clients_per_round=6, max_cohort=12),
+    "moon": dict(algorithm="moon", clients_per_round=5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_host_and_disk_tables_reproduce_the_device_table_bit_for_bit(case, tmp_path):
+  calls = (3, 1, 2)
+  _, want = run(calls, **CASES[case])
+  for store in ({"client_state_store": "host", "client_state_page_rounds": 2},
+                {"client_state_store": "disk", "client_state_dir": str(tmp_path)}):
+    sim, got = run(calls, **CASES[case], **store)
+    assert sim.paging is not None
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_array_equal(a, b)
+    assert os.listdir(tmp_path) == []   # a disk table's files are unlinked once mapped
+
+
+def test_bfloat16_table_halves_the_storage_and_rounds_only_the_stored_rows():
+  case = CASES["scaffold"]
+  _, want = run((4,), **case)
+  sim, got = run((4,), **case, client_state_store="host", client_state_dtype="bfloat16")
+  state = sim.init_state()
+  assert all(t.dtype == ml_dtypes.bfloat16 for t in state.client_state.tables)
+  d = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state.params))
+  assert state.client_state.nbytes == 2 * d * len(SIZES)
+  # round 0 reads exact rows (zeros): same loss; later rounds read rounded control variates
+  assert got[2][0] == want[2][0]
+  for a, b in zip(jax.tree.leaves(want[0]), jax.tree.leaves(got[0])):
+    np.testing.assert_allclose(a, b, atol=1e-3)
+    assert not np.array_equal(a, b) or a.size < 4
+
+
+def test_host_table_reads_round_zero_rows_until_written_and_pads_the_page():
+  init = {"c": np.array([1.5, -2.0], np.float32), "seen": np.array(False)}
+  table = HostTable(init, 5, kind="host")
+  page = table.gather(np.array([1, 3]), capacity=4)
+  np.testing.assert_array_equal(page["c"], [[1.5, -2.0], [1.5, -2.0], [0, 0], [0, 0]])
+  page["c"][1] = [7.0, 8.0]
+  page["seen"][1] = True
+  table.scatter(np.array([1, 3]), page)
+  got = table.rows([0, 3, 1])
+  np.testing.assert_array_equal(got["c"], [[1.5, -2.0], [7.0, 8.0], [1.5, -2.0]])
+  np.testing.assert_array_equal(got["seen"], [False, True, False])
+  assert table.tables[1].dtype == bool   # only float32 leaves take the storage dtype
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(client_state_dtype="bfloat16"), "'client_state_dtype' = 'bfloat16' with "
+     "client_state_store 'device': it is read only with client_state_store 'host' or 'disk'"),
+    (dict(client_state_store="host", client_state_dir="/tmp"), "read only with "
+     "client_state_store 'disk'"),
+    (dict(client_state_page_rounds=4), "'client_state_page_rounds' = 4 with"),
+    (dict(client_state_store="disk", checkpoint_every=5), "'checkpoint_every' = 5 with "
+     "client_state_store 'disk': checkpoints do not save a host table yet"),
+    (dict(client_state_store="host", algorithm="solo"), "SOLO's evaluation reads every "
+     "client's model"),
+    (dict(client_state_store="sideways"), "'client_state_store' = 'sideways': allowed values "
+     "are device, host, disk"),
+])
+def test_store_keys_that_would_be_ignored_or_cannot_work_are_refused(overrides, message):
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    make_config(overrides)
+
+
+def test_a_run_without_per_client_state_refuses_a_host_table():
+  x, y, parts = toy_problem()
+  with pytest.raises(ConfigError, match="keeps no per-client state"):
+    toy_simulation(x, y, parts, client_state_store="host")
