@@ -16,26 +16,33 @@ SIZES = tuple(range(2, 26))   # 24 clients, 2 to 25 examples
 
 def run(rounds_per_call, **overrides):
   """Params, every client's state rows and the loss of each round, in calls of
-  rounds_per_call rounds (a store off the device pages inside each call)."""
+  rounds_per_call rounds (a store off the device pages each round of a call)."""
   x, y, parts = toy_problem(sizes=SIZES, features=5, seed=1)
   sim = toy_simulation(x, y, parts, devices=2, **overrides)
-  state, losses = sim.init_state(), []
+  state, losses, spent = sim.init_state(), [], 0
   for n in rounds_per_call:
     state, stats = sim.run_rounds(state, n)
     losses.append(np.asarray(stats.loss_sum))
+    spent += int(np.sum(stats.spent))
+  if "target_epsilon" in overrides:
+    assert spent > 0   # admission refused clients, whose rows must stay as they were
   rows = state.client_state
   if isinstance(rows, HostTable):
-    rows = rows.rows(np.arange(len(parts)))
+    rows = rows.gather(np.arange(len(parts)))
   return sim, jax.tree.map(np.asarray, (state.params, rows, np.concatenate(losses)))
 
 
-# SCAFFOLD's control variates (fixed cohorts, some clients drawn in consecutive rounds);
-# TopkSDP-FL's residuals and MOON's previous models with Poisson cohorts of varying size
+# SCAFFOLD's control variates (fixed cohorts, some clients drawn in consecutive rounds),
+# TopkSDP-FL's residuals with Poisson cohorts of varying size, MOON's previous models
 CASES = {
     "scaffold": dict(algorithm="scaffold", clients_per_round=7, momentum=0.0),
     "topksdp_poisson": dict(algorithm="topksdp", s_local=0.5, s_global=0.5,
                             sampling="poisson", clients_per_round=6, max_cohort=12),
     "moon": dict(algorithm="moon", clients_per_round=5),
+    # local DP with a budget: admission refuses clients whose budget is spent, and
+    # their rows must come back unchanged
+    "topk_local_budget": dict(s_local=0.5, index_selection="random_k", clients_per_round=12, dp="local",
+                              noise_multiplier=1.0, target_epsilon=12.0),
 }
 
 
@@ -43,7 +50,7 @@ CASES = {
 def test_host_and_disk_tables_reproduce_the_device_table_bit_for_bit(case, tmp_path):
   calls = (3, 1, 2)
   _, want = run(calls, **CASES[case])
-  for store in ({"client_state_store": "host", "client_state_page_rounds": 2},
+  for store in ({"client_state_store": "host"},
                 {"client_state_store": "disk", "client_state_dir": str(tmp_path)}):
     sim, got = run(calls, **CASES[case], **store)
     assert sim.paging is not None
@@ -67,15 +74,15 @@ def test_bfloat16_table_halves_the_storage_and_rounds_only_the_stored_rows():
     assert not np.array_equal(a, b) or a.size < 4
 
 
-def test_host_table_reads_round_zero_rows_until_written_and_pads_the_page():
+def test_host_table_reads_round_zero_rows_until_written():
   init = {"c": np.array([1.5, -2.0], np.float32), "seen": np.array(False)}
   table = HostTable(init, 5, kind="host")
-  page = table.gather(np.array([1, 3]), capacity=4)
-  np.testing.assert_array_equal(page["c"], [[1.5, -2.0], [1.5, -2.0], [0, 0], [0, 0]])
+  page = table.gather(np.array([1, 3]))
+  np.testing.assert_array_equal(page["c"], [[1.5, -2.0], [1.5, -2.0]])
   page["c"][1] = [7.0, 8.0]
   page["seen"][1] = True
   table.scatter(np.array([1, 3]), page)
-  got = table.rows([0, 3, 1])
+  got = table.gather([0, 3, 1])
   np.testing.assert_array_equal(got["c"], [[1.5, -2.0], [7.0, 8.0], [1.5, -2.0]])
   np.testing.assert_array_equal(got["seen"], [False, True, False])
   assert table.tables[1].dtype == bool   # only float32 leaves take the storage dtype
@@ -86,7 +93,6 @@ def test_host_table_reads_round_zero_rows_until_written_and_pads_the_page():
      "client_state_store 'device': it is read only with client_state_store 'host' or 'disk'"),
     (dict(client_state_store="host", client_state_dir="/tmp"), "read only with "
      "client_state_store 'disk'"),
-    (dict(client_state_page_rounds=4), "'client_state_page_rounds' = 4 with"),
     (dict(client_state_store="disk", checkpoint_every=5), "'checkpoint_every' = 5 with "
      "client_state_store 'disk': checkpoints do not save a host table yet"),
     (dict(client_state_store="host", algorithm="solo"), "SOLO's evaluation reads every "

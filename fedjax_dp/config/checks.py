@@ -40,7 +40,6 @@ def _check_client_state_store(cfg: Config) -> None:
   table cannot do yet is refused rather than done wrong."""
   store = cfg.client_state_store
   for key, default, needs in (("client_state_dtype", "float32", ("host", "disk")),
-                              ("client_state_page_rounds", 1, ("host", "disk")),
                               ("client_state_dir", None, ("disk",))):
     if getattr(cfg, key) != default and store not in needs:
       raise ConfigError(f"config key '{key}' = {getattr(cfg, key)!r} with client_state_store "

@@ -136,7 +136,6 @@ class Config:
   # per-client state off the device (placement/paged_state.py)
   client_state_store: str = "device"
   client_state_dtype: str = "float32"
-  client_state_page_rounds: int = 1
   client_state_dir: str | None = None
   eval_batch_size: int = 1000
 
@@ -255,7 +254,6 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "keep_checkpoints": (1, None, True, True),
     "devices": (0, None, True, True),
     "client_batch": (0, None, True, True),
-    "client_state_page_rounds": (1, None, True, True),
     "eval_batch_size": (1, None, True, True),
 }
 

@@ -239,9 +239,9 @@ class Simulation:
                         "change the noise applied without the RDP charged)")
     hp = self.hparams if hparams is None else self.replicate(
         jax.tree.map(jnp.asarray, hparams))
-    if self.paging is not None:   # the per-client state in a host table, page by page
+    if self.paging is not None:   # the per-client state in a host table, round by round
       return paged_state.run_pages(self.paging, lambda s, n: self.run_chunk(s, self.store, hp, n),
-                                   state, num_rounds, self.store.client_count, self.replicate)
+                                   state, num_rounds, self.store.client_count)
     return self.run_chunk(state, self.store, hp, num_rounds)
 
 
@@ -306,10 +306,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
                       "keeps no per-client state (the store would hold nothing); leave it "
                       "'device'")
-  if paged and resident_state:
-    raise ConfigError(f"resident_state=True with client_state_store "
-                      f"{cfg.client_state_store!r}: resident rows live on the device")
-  resident_state = False if paged else resident_state
+  if paged and resident_state is False:
+    raise ConfigError(f"resident_state=False with client_state_store "
+                      f"{cfg.client_state_store!r}: a host table's page is resident")
   width, why = one_step.one_step_width(
       epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
       local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
@@ -323,20 +322,19 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       num_clients=cfg.num_clients, full_participation=full_participation,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, inspects_uploads=inspects_uploads,
-      one_step_width=width)
+      one_step_width=width, paged=paged)
   stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
                           byzantine, executor)
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
-          if executor.resident else None)
+          if executor.resident and not paged else None)
   sample = cohort_lib.make_sampler(
-      resident=executor.resident, num_clients=cfg.num_clients,
+      resident=home is not None, num_clients=cfg.num_clients,
       clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
       n_dev=n_dev, slots=slots, home=home)
   round_fn = make_round(cfg, recipe, mesh, stages, dp, sample)
   paging = paged_state.make_paging(
-      partial(_round_cohort, sample), cfg.num_clients, kind=cfg.client_state_store,
-      dtype=cfg.client_state_dtype, page_rounds=cfg.client_state_page_rounds, slots=slots,
-      directory=cfg.client_state_dir) if paged else None
+      partial(_round_cohort, sample), mesh, cfg.num_clients, kind=cfg.client_state_store,
+      dtype=cfg.client_state_dtype, directory=cfg.client_state_dir) if paged else None
 
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
@@ -345,7 +343,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   store = jax.device_put(store, NamedSharding(mesh, P()))
   host_hp = hparams_lib.round_hparams(cfg, privacy)
   hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), NamedSharding(mesh, P()))
-  layouts = cohort_lib.resident_layout(mesh, home) if executor.resident else {}
+  layouts = cohort_lib.resident_layout(mesh, home) if home is not None else {}
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     evaluate=make_evaluate(model, task), privacy=privacy, hparams=hp,

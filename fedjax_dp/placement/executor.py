@@ -14,9 +14,9 @@ the stages' properties and the platform (never from feature flags):
   resident      whether per-client state rows live on the device that trains them
                 (every client in every round: the cohort and its dealing never
                 change), or in a replicated [num_clients, ...] table each device
-                reads its cohort's rows from and writes them back to (or a
-                page of a host table, read and written the same way through
-                its row index: placement/paged_state.py)
+                reads its cohort's rows from and writes them back to (a
+                host table's page of the round's cohort is resident:
+                placement/paged_state.py)
   fused_sum     whether the aggregate is a weighted sum no stage needs to see
                 upload by upload (no DP client half, no attack, a linear
                 aggregator): then each upload is added into a running sum inside
@@ -38,8 +38,6 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
-
-from fedjax_dp.placement.paged_state import PagedRows
 
 
 class Executor(NamedTuple):
@@ -64,13 +62,6 @@ class Executor(NamedTuple):
     ((outputs_i, summed_i), row) and outputs come back as (stacked, summed)."""
     if self.resident:
       return map_clients_with_resident_state(fn, args, client_state, self.batch, sums)
-    if isinstance(client_state, PagedRows):   # a page of a host table (paged_state.py)
-      rows = client_state.row_of[cohort_ids]
-      capacity = jax.tree.leaves(client_state.rows)[0].shape[0]
-      out, table = map_clients_with_state(fn, args, client_state.rows, rows,
-                                          jnp.where(cohort_mask, rows, capacity), self.batch,
-                                          sums)
-      return out, client_state._replace(rows=table)
     # refused and padded slots write nothing back (a padded slot may repeat a real id)
     write_ids = jnp.where(cohort_mask, cohort_ids, num_clients)
     return map_clients_with_state(fn, args, client_state, cohort_ids, write_ids, self.batch,
@@ -88,7 +79,8 @@ ONE_STEP_EXAMPLES = 1024    # examples per one_step chunk: activations that stay
 def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int,
                   num_clients: int, per_client_state: bool, full_participation: bool,
                   resident: bool | None, inspects_uploads: bool,
-                  refuses_clients: bool, one_step_width: int = 0) -> Executor:
+                  refuses_clients: bool, one_step_width: int = 0,
+                  paged: bool = False) -> Executor:
   """The executor for a round whose stages have these properties.
 
   parallelism: 'auto' (one_step where the clients allow it, else map on CPU and
@@ -102,15 +94,17 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   robust rule); refuses_clients: admission may refuse a drawn client (budgets);
   one_step_width: the largest client's example count where every client's
   local work is one plain SGD step whose upload only the example-weighted sum
-  reads (core/one_step.py), else 0."""
+  reads (core/one_step.py), else 0; paged: the per-client state is a host
+  table whose cohort rows each round places in slot order (paged_state.py), so
+  they are resident whoever the cohort is."""
   if parallelism == "auto":
     parallelism = ("one_step" if one_step_width else
                    "map" if mesh.devices.flat[0].platform == "cpu" else "vmap")
   if parallelism == "one_step" and not one_step_width:
     raise ValueError("one_step needs every client's local work to be one plain SGD step")
   if resident is None:
-    resident = full_participation and per_client_state
-  if resident and not full_participation:
+    resident = paged or (full_participation and per_client_state)
+  if resident and not (full_participation or paged):
     raise ValueError("resident_state needs every client in every round (sampling fixed, "
                      f"clients_per_round = num_clients = {num_clients})")
   local = slots // mesh.devices.size

@@ -1,23 +1,20 @@
-"""Per-client state outside device memory: a host table paged into the device.
+"""Per-client state outside device memory: a host table paged onto the devices.
 
 With `client_state_store: host` or `disk` the per-client state (SCAFFOLD's
 control variates, TopkSDP-FL's residuals, MOON's previous models, ...) does not
 live on the device as a dense `[num_clients, ...]` table. It lives in a
 `HostTable` (numpy arrays in host memory, or numpy memory-mapped files on disk,
-stored float32 or bfloat16), and the simulation runs in pages of
-`client_state_page_rounds` rounds:
+stored float32 or bfloat16), and each round runs as a page (`run_pages`):
 
-  1. the page's cohorts are drawn ahead, with the rounds' own keys and sampler
-     (`draw_cohorts`: the same ids the compiled rounds then draw);
-  2. the union U of their clients is gathered from the table into a device
-     page `PagedRows(rows [capacity, ...], row_of [num_clients])`, capacity =
-     page rounds x cohort slots, row_of[c] = c's row in the page (capacity: not
-     in the page);
-  3. the compiled rounds read and write page rows through row_of (the executor's
-     replicated-table path, unchanged);
-  4. the page's rows are scattered back into the table.
+  1. the round's cohort is drawn ahead, with the round's own key and sampler
+     (the same ids, dealt to the same slots, that the compiled round draws);
+  2. the cohort's rows are gathered from the table in slot order and placed
+     sharded over the "clients" axis, so each device holds the rows of the
+     clients it trains (the executor's resident layout: no row crosses devices);
+  3. the compiled round reads and writes them in place;
+  4. the rows of the clients drawn are scattered back into the table.
 
-Device memory is then set by the page, not the population. Stored float32 the
+Device memory is then set by the cohort, not the population. Stored float32 the
 results are bit for bit those of the device table (tests/test_paged_state.py);
 bfloat16 halves the table and rounds each row to 8 bits of mantissa whenever
 it is stored.
@@ -39,15 +36,10 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 STORES = ("device", "host", "disk")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
-
-
-class PagedRows(NamedTuple):
-  """A page of the per-client state on the device (see the module docstring)."""
-  rows: Any            # per-client pytree, leaves [capacity, ...]
-  row_of: jax.Array    # int32 [num_clients]: each client's row in `rows`; capacity if absent
 
 
 class HostTable:
@@ -90,88 +82,62 @@ class HostTable:
     """Bytes the whole table takes once every client has been written."""
     return sum(t.nbytes for t in self.tables)
 
-  def gather(self, ids: np.ndarray, capacity: int) -> Any:
-    """The rows of clients `ids` [n] (n <= capacity) as a per-client pytree of
-    float32 (or the leaf's own dtype) numpy arrays [capacity, ...]; rows past n are
-    zeros, unwritten clients read round 0's row."""
+  def gather(self, ids) -> Any:
+    """The rows of clients `ids` [n] as a per-client pytree of float32 (or the
+    leaf's own dtype) numpy arrays [n, ...]; unwritten clients read round 0's row."""
+    ids = np.asarray(ids)
     fresh = ~self.written[ids]
     out = []
     for table, init, shape, dtype in zip(self.tables, self.init, self.shapes, self.dtypes):
-      rows = np.zeros((capacity, init.size), dtype)
-      rows[:len(ids)][fresh] = init
-      rows[:len(ids)][~fresh] = table[ids[~fresh]]   # only written rows are read
-      out.append(rows.reshape((capacity,) + shape))
+      rows = np.empty((len(ids), init.size), dtype)
+      rows[fresh] = init
+      rows[~fresh] = table[ids[~fresh]]   # only written rows are read
+      out.append(rows.reshape((len(ids),) + shape))
     return jax.tree.unflatten(self.treedef, out)
 
-  def scatter(self, ids: np.ndarray, rows: Any) -> None:
-    """Writes the first len(ids) rows of `rows` (a pytree as `gather` returns) back."""
-    for table, leaf in zip(self.tables, self.treedef.flatten_up_to(rows)):
-      table[ids] = np.asarray(leaf[:len(ids)]).reshape(len(ids), -1).astype(table.dtype)
-    self.written[ids] = True
-
-  def rows(self, ids) -> Any:
-    """Clients `ids`' rows (unpadded), e.g. to inspect a few clients' state."""
+  def scatter(self, ids, rows: Any) -> None:
+    """Writes rows (a pytree as `gather` returns, [len(ids), ...]) as clients `ids`'."""
     ids = np.asarray(ids)
-    return jax.tree.map(lambda a: a[:len(ids)], self.gather(ids, len(ids)))
+    for table, leaf in zip(self.tables, self.treedef.flatten_up_to(rows)):
+      table[ids] = np.asarray(leaf).reshape(len(ids), -1).astype(table.dtype)
+    self.written[ids] = True
 
 
 # A leafless pytree node: a SimState holding a HostTable can be placed, mapped and
-# printed as any other; jit never sees it (the simulation swaps in a PagedRows).
+# printed as any other; jit never sees it (run_pages swaps in the round's rows).
 jax.tree_util.register_pytree_node(HostTable, lambda t: ((), t), lambda t, _: t)
-
-
-def page_of(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  """The sorted distinct clients of a page's cohorts (ids, mask [rounds, slots])."""
-  return np.unique(np.asarray(ids)[np.asarray(mask)])
-
-
-@partial(jax.jit, static_argnums=(1,))
-def row_index(clients: jax.Array, num_clients: int) -> jax.Array:
-  """int32 [num_clients]: client clients[j] -> j; others -> len(clients) (the page's
-  capacity; padded entries of `clients` [capacity] are num_clients and are dropped)."""
-  capacity = clients.shape[0]
-  empty = jnp.full((num_clients,), capacity, jnp.int32)
-  return empty.at[clients].set(jnp.arange(capacity, dtype=jnp.int32), mode="drop")
 
 
 class Paging(NamedTuple):
   """How a simulation whose per-client state is a HostTable runs (make_paging)."""
-  draw_cohorts: Any    # (key, first round, client_count, rounds) -> ids, mask [rounds, slots]
-  page_rounds: int     # rounds a page runs
-  capacity: int        # rows a page holds: page_rounds x cohort slots
+  draw_cohort: Any     # (key, round, client_count) -> ids, mask [slots]
   make_table: Any      # round 0's row of one client -> HostTable
-  num_clients: int
+  slots: Any           # NamedSharding: the cohort's rows over the "clients" axis
 
 
-def make_paging(round_cohort, num_clients: int, *, kind: str, dtype: str, page_rounds: int,
-                slots: int, directory: str | None) -> Paging:
+def make_paging(round_cohort, mesh, num_clients: int, *, kind: str, dtype: str,
+                directory: str | None) -> Paging:
   """round_cohort(key, round, client_count) -> (ids, mask) [slots]: the cohort the
-  compiled round draws, which the page's rows are gathered for ahead of it."""
-  @partial(jax.jit, static_argnums=(3,))
-  def draw_cohorts(key, first_round, client_count, rounds: int):
-    return jax.lax.map(lambda r: round_cohort(key, r, client_count),
-                       first_round + jnp.arange(rounds, dtype=first_round.dtype))
-
+  compiled round draws, whose rows are gathered ahead of it."""
   make_table = partial(HostTable, num_clients=num_clients, kind=kind, dtype=dtype,
                        directory=directory)
-  return Paging(draw_cohorts, page_rounds, page_rounds * slots, make_table, num_clients)
+  return Paging(jax.jit(round_cohort), make_table, NamedSharding(mesh, P("clients")))
 
 
-def run_pages(paging: Paging, run_chunk, state, num_rounds: int, client_count, place):
-  """run_chunk(state, rounds) -> (state, stats [rounds]) for a state whose
-  client_state is a HostTable: page by page, the page's rows on the device
-  (placed by `place`) as a PagedRows, written back after it. Returns the state
-  (holding the same, updated, table) and the stats of all num_rounds rounds."""
-  table, n, chunks = state.client_state, paging.num_clients, []
-  for start in range(0, num_rounds, paging.page_rounds):
-    rounds = min(paging.page_rounds, num_rounds - start)
-    clients = page_of(*paging.draw_cohorts(state.key, state.round, client_count, rounds))
-    padded = np.full(paging.capacity, n, np.int32)
-    padded[:len(clients)] = clients
-    page = PagedRows(place(table.gather(clients, paging.capacity)),
-                     place(row_index(place(padded), n)))
-    state, stats = run_chunk(state._replace(client_state=page), rounds)
-    table.scatter(clients, jax.device_get(state.client_state.rows))
+def run_pages(paging: Paging, run_chunk, state, num_rounds: int, client_count):
+  """run_chunk(state, 1) -> (state, stats [1]) for a state whose client_state is a
+  HostTable, round by round with the round's cohort's rows on the devices in
+  slot order. Returns the state (holding the same, updated, table) and the
+  stats of the num_rounds rounds."""
+  table, chunks = state.client_state, []
+  for _ in range(num_rounds):
+    ids, mask = (np.asarray(a) for a in paging.draw_cohort(state.key, state.round,
+                                                           client_count))
+    page = jax.device_put(table.gather(ids), paging.slots)
+    state, stats = run_chunk(state._replace(client_state=page), 1)
+    rows = jax.device_get(state.client_state)
+    # each drawn client has one slot; padded slots (mask False) write nothing
+    table.scatter(ids[mask], jax.tree.map(lambda a: a[mask], rows))
     state = state._replace(client_state=table)
     chunks.append(stats)
   return state, jax.tree.map(lambda *a: jnp.concatenate(a), *chunks)
