@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.placement.paged_state import HostTable
+from fedjax_dp.placement.paged_state import FileRows, HostTable
 from tests.helpers import toy_problem, toy_simulation
 
 SIZES = tuple(range(2, 26))   # 24 clients, 2 to 25 examples
@@ -75,6 +75,7 @@ def test_bfloat16_table_halves_the_storage_and_rounds_only_the_stored_rows():
 
 
 def test_host_table_reads_round_zero_rows_until_written():
+  """In host memory; the disk kind is the same code over FileRows (below)."""
   init = {"c": np.array([1.5, -2.0], np.float32), "seen": np.array(False)}
   table = HostTable(init, 5, kind="host")
   page = table.gather(np.array([1, 3]))
@@ -109,3 +110,13 @@ def test_a_run_without_per_client_state_refuses_a_host_table():
   x, y, parts = toy_problem()
   with pytest.raises(ConfigError, match="keeps no per-client state"):
     toy_simulation(x, y, parts, client_state_store="host")
+
+
+def test_file_rows_read_and_write_rows_like_a_numpy_array(tmp_path):
+  rows = FileRows((6, 3), ml_dtypes.bfloat16, str(tmp_path))
+  assert os.listdir(tmp_path) == []          # unlinked at once
+  np.testing.assert_array_equal(rows[[4, 0]], np.zeros((2, 3)))   # never written: zeros
+  want = np.arange(6, dtype=np.float32).reshape(2, 3) + 0.5
+  rows[[5, 1]] = want
+  np.testing.assert_array_equal(rows[[1, 5, 2]].astype(np.float32), [want[1], want[0], [0] * 3])
+  assert rows.nbytes == 6 * 3 * 2

@@ -3,7 +3,7 @@
 With `client_state_store: host` or `disk` the per-client state (SCAFFOLD's
 control variates, TopkSDP-FL's residuals, MOON's previous models, ...) does not
 live on the device as a dense `[num_clients, ...]` table. It lives in a
-`HostTable` (numpy arrays in host memory, or numpy memory-mapped files on disk,
+`HostTable` (numpy arrays in host memory, or files on disk read and written by row,
 stored float32 or bfloat16), and each round runs as a page (`run_pages`):
 
   1. the round's cohort is drawn ahead, with the round's own key and sampler
@@ -21,7 +21,7 @@ it is stored.
 
 Rows nobody has written yet read as round 0's row, so a table of a million
 clients costs nothing until clients take part (no table-sized initialisation).
-A disk table's files are unlinked as soon as they are mapped: they take disk
+A disk table's files are unlinked as soon as they are opened: they take disk
 space while the table lives and vanish with it, even if the process is killed.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -44,8 +45,8 @@ DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 class HostTable:
   """Every client's state rows off the device: one [num_clients, row size] array per
-  leaf of the per-client pytree, in host memory ('host') or in memory-mapped
-  files ('disk', under `directory`). Float32 leaves are stored as `dtype`
+  leaf of the per-client pytree, in host memory ('host') or in files ('disk',
+  under `directory`; FileRows). Float32 leaves are stored as `dtype`
   ('float32' or 'bfloat16'); others as they are. Updated in place by the
   simulation, as donated device buffers are: a state you passed to run_rounds
   no longer holds the rows of the round it was at."""
@@ -67,15 +68,7 @@ class HostTable:
   def _allocate(self, shape, dtype, directory):
     if self.kind == "host":
       return np.zeros(shape, dtype)   # pages are mapped when first written
-    fd, path = tempfile.mkstemp(prefix="client_state-", suffix=".bin",
-                                dir=directory or tempfile.gettempdir())
-    try:
-      os.ftruncate(fd, int(np.prod(shape)) * np.dtype(dtype).itemsize)   # sparse: no blocks yet
-      table = np.memmap(path, dtype=dtype, mode="r+", shape=shape)
-    finally:
-      os.close(fd)
-      os.unlink(path)   # the mapping keeps the file alive; nothing is left behind
-    return table
+    return FileRows(shape, dtype, directory or tempfile.gettempdir())
 
   @property
   def nbytes(self) -> int:
@@ -101,6 +94,36 @@ class HostTable:
     for table, leaf in zip(self.tables, self.treedef.flatten_up_to(rows)):
       table[ids] = np.asarray(leaf).reshape(len(ids), -1).astype(table.dtype)
     self.written[ids] = True
+
+
+class FileRows:
+  """A [rows, size] array in a file, read and written a row at a time with
+  pread/pwrite: `a[ids]` and `a[ids] = values` as for a numpy array. Writing
+  through a memory map instead cost 4-9 s for 1,000 rows of 195 KB (a page fault
+  for each 4 KB of a new row), pwrite 0.07 s. The file is unlinked at once:
+  it takes disk space while this object lives and never outlives the process.
+  Its blocks are allocated as rows are first written (a sparse file)."""
+
+  def __init__(self, shape, dtype, directory: str):
+    self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+    self.row_bytes = shape[1] * self.dtype.itemsize
+    self.nbytes = shape[0] * self.row_bytes
+    fd, path = tempfile.mkstemp(prefix="client_state-", suffix=".bin", dir=directory)
+    os.unlink(path)
+    os.ftruncate(fd, self.nbytes)
+    self.fd = fd
+    weakref.finalize(self, os.close, fd)
+
+  def __getitem__(self, ids) -> np.ndarray:
+    out = np.empty((len(ids), self.row_bytes), np.uint8)   # bytes: bfloat16 has no buffer
+    for row, i in zip(out, ids):
+      os.preadv(self.fd, [row], int(i) * self.row_bytes)
+    return out.view(self.dtype)
+
+  def __setitem__(self, ids, values) -> None:
+    values = np.ascontiguousarray(values, self.dtype).reshape(len(ids), -1).view(np.uint8)
+    for row, i in zip(values, ids):
+      os.pwrite(self.fd, row, int(i) * self.row_bytes)
 
 
 # A leafless pytree node: a SimState holding a HostTable can be placed, mapped and
