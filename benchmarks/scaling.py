@@ -10,7 +10,7 @@ of min(clients, --cohort-max) drawn each round. Two kinds of run:
   stateful    SCAFFOLD: a [clients, d] control-variate table, read and written for
               the cohort each round: on every device (--store device, replicated),
               or in a host table paged onto the device round by round (--store
-              host: host memory; disk: memory-mapped files; --store-dtype
+              host: host memory; disk: files read and written by row; --store-dtype
               bfloat16 halves it). Each point reports the table's size.
 
 A stateful point whose device table would need more than --max-table-gb is

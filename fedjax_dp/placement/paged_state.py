@@ -39,7 +39,6 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-STORES = ("device", "host", "disk")
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
