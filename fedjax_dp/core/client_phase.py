@@ -30,7 +30,7 @@ from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
 from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
-from fedjax_dp.placement.executor import Executor, gather_over_devices
+from fedjax_dp.placement.executor import Executor, gather_over_devices, sum_over_devices
 from fedjax_dp.privacy.dp_round import DPRound
 
 
@@ -90,7 +90,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   (res, contribs, owed, nonfinite), sums, client_state = _train_cohort(
       stages, params, cohort_ids, cohort_mask, counts, client_hp, round_key, client_state,
       server_state, x, y, client_index, client_count.shape[0])
-  contrib_sum = jax.lax.psum(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs), "clients")
+  contrib_sum = sum_over_devices(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs))
   mask_f = cohort_mask.astype(jnp.float32)
   weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
   unclipped = jnp.zeros((), jnp.int32)
@@ -169,11 +169,11 @@ def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr) 
   mask_f = cohort_mask.astype(jnp.float32)
   # the integer counts in one all-reduce: a separate psum for the non-finite count
   # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
-  participants, unclipped, nonfinite = jax.lax.psum(jnp.stack([
+  participants, unclipped, nonfinite = sum_over_devices(jnp.stack([
       jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
-      jnp.sum(nonfinite, dtype=jnp.int32)]), "clients")
-  return RoundStats(loss_sum=jax.lax.psum(jnp.sum(res.loss_sum * mask_f), "clients"),
-                    examples=jax.lax.psum(jnp.sum(res.examples * mask_f), "clients"),
+      jnp.sum(nonfinite, dtype=jnp.int32)]))
+  return RoundStats(loss_sum=sum_over_devices(jnp.sum(res.loss_sum * mask_f)),
+                    examples=sum_over_devices(jnp.sum(res.examples * mask_f)),
                     participants=participants, unclipped=unclipped,
                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
                     event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=nonfinite)
@@ -269,9 +269,9 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
   the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
   sum under central DP (the server noises the sum and divides)."""
   if sums is not None:   # weight_of(...) is weights * mask_f, summed in the loop
-    delta_sum = jax.lax.psum(sums["delta"], "clients")
+    delta_sum = sum_over_devices(sums["delta"])
   else:
-    delta_sum = jax.lax.psum(weighted_mean.weighted_sum(weights, deltas), "clients")
+    delta_sum = sum_over_devices(weighted_mean.weighted_sum(weights, deltas))
   if aggregate_noise:
     # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
     # distribution (pipeline.gaussian_on_kept). The weights pair with their own
@@ -281,14 +281,14 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
     else:
       sent, noise_std = owed
       var = pipeline_lib.aggregate_noise_var(weights * mask_f, noise_std, sent)
-    std = jnp.sqrt(jax.lax.psum(var, "clients"))
+    std = jnp.sqrt(sum_over_devices(var))
     flat, unravel = ravel_pytree(delta_sum)
     noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
     delta_sum = unravel(flat + noise)
   if mode == "central":
     return delta_sum
-  total_weight = jax.lax.psum(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
-                                      dtype=jnp.float32), "clients")
+  total_weight = sum_over_devices(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
+                                      dtype=jnp.float32))
   return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
 
 

@@ -118,6 +118,24 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
                   width=one_step_width if parallelism == "one_step" else 0)
 
 
+def sum_over_devices(tree):
+  """Inside shard_map: the sum over devices of each leaf (psum's value), added in
+  device order, ((d_0 + d_1) + d_2) + ..., after an all-gather.
+
+  XLA's all-reduce within one process adds in that order; across processes (gloo
+  on CPU, NCCL on GPU) it adds in the order of its ring or tree, which changed the
+  last bits of a round. Gathering and adding here gives the same bits whether the
+  `clients` axis is in one process or spread over many. The cost is room for
+  every device's copy of the sum while it is added: [devices, *leaf]."""
+  def one(x):
+    parts = jax.lax.all_gather(x, "clients", to="invarying")
+    total = parts[0]
+    for i in range(1, parts.shape[0]):
+      total = total + parts[i]
+    return total
+  return jax.tree.map(one, tree)
+
+
 def gather_over_devices(a: jax.Array) -> jax.Array:
   """Inside shard_map: every device's slice of `a`, concatenated along axis 0."""
   return jax.lax.all_gather(a, "clients", tiled=True, to="invarying")
