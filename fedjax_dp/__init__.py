@@ -16,6 +16,9 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   Config, make_config     the flat run configuration (README: Config keys)
   ConfigError, DataError, RunError
                           the one-line errors of bad input
+  start_processes(num_processes, process_id, coordinator)
+                          join a run of many processes (hosts) before JAX starts:
+                          the clients axis spans them all, process 0 writes --out
 
 `recipe` is a recipe (fedjax_dp.recipes), an algorithm name ('fedavg'; 'dp_fedavg'
 for central DP), a dict of config keys, or a Config (see fedjax_dp.api).
@@ -30,7 +33,8 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "losses": "losses", "models": "models", "recipes": "recipes",
                "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
-          "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors"}
+          "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
+          "start_processes": "placement.processes"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

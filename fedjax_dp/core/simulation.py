@@ -60,6 +60,10 @@ def make_mesh(num_devices: int = 0) -> Mesh:
     if num_devices > len(devices):
       raise ConfigError(f"config key 'devices' = {num_devices}: this machine has "
                         f"{len(devices)}; allowed are 0 (all) to {len(devices)}")
+    if jax.process_count() > 1 and num_devices != len(devices):
+      raise ConfigError(f"config key 'devices' = {num_devices} with {jax.process_count()} "
+                        f"processes: the clients axis spans every process's devices; allowed "
+                        f"are 0 (all) and {len(devices)}")
     devices = devices[:num_devices]
   return Mesh(np.array(devices), ("clients",))
 
@@ -306,6 +310,10 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
     raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
                       "keeps no per-client state (the store would hold nothing); leave it "
                       "'device'")
+  if paged and jax.process_count() > 1:
+    raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r} with "
+                      f"{jax.process_count()} processes: a host or disk table is one process's; "
+                      "leave it 'device' (the table is then sharded over all processes)")
   if paged and resident_state is False:
     raise ConfigError(f"resident_state=False with client_state_store "
                       f"{cfg.client_state_store!r}: a host table's page is resident")

@@ -71,8 +71,10 @@ class RoundStats(NamedTuple):
 
 
 def secret_run_key() -> jax.Array:
-  """A uint32[2] PRNG key from the operating system's entropy (os.urandom)."""
-  return jnp.asarray(np.frombuffer(os.urandom(8), np.uint32))
+  """A uint32[2] PRNG key from the operating system's entropy (os.urandom); in a
+  run of many processes, process 0's (every process must run the same rounds)."""
+  from fedjax_dp.placement.processes import from_primary
+  return jnp.asarray(from_primary(np.frombuffer(os.urandom(8), np.uint32).copy()))
 
 
 def init_state(cfg: Config, model: Model, client_table=None) -> SimState:

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_dp.placement import processes
+
 # orbax logs every save at INFO through absl; keep the user's terminal for the progress bar
 logging.getLogger("absl").setLevel(logging.WARNING)
 
@@ -39,10 +41,11 @@ DIGEST_KEY = "state_sha256"
 
 
 def state_digest(state: Any) -> str:
-  """SHA-256 over every leaf's dtype, shape and bytes, in tree order."""
+  """SHA-256 over every leaf's dtype, shape and bytes, in tree order (a leaf
+  sharded over many processes is gathered: every process computes the same digest)."""
   h = hashlib.sha256()
   for leaf in jax.tree.leaves(state):
-    a = np.ascontiguousarray(np.asarray(leaf))
+    a = np.ascontiguousarray(processes.host_value(leaf))
     h.update(f"{a.dtype.str}{a.shape}".encode())
     h.update(a.tobytes())
   return h.hexdigest()

@@ -30,6 +30,9 @@ def _run(args) -> int:
     cfg = load_config(args.config, args.set)
   summary = run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
                            progress=not args.no_progress)
+  from fedjax_dp.placement.processes import is_primary
+  if not is_primary():
+    return 0   # process 0 reports
   final = summary["final"]
   out = os.path.abspath(args.out)
   if final:
@@ -97,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
                  help="continue the run in --out from its newest readable checkpoint")
   r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  many = r.add_argument_group(
+      "many processes (hosts)", "start the same command in each process; the clients mesh "
+      "spans their devices and process 0 writes --out (also $JAX_NUM_PROCESSES, "
+      "$JAX_PROCESS_ID, $JAX_COORDINATOR_ADDRESS)")
+  many.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+  many.add_argument("--process-id", type=int, metavar="I", help="this process: 0 to N-1")
+  many.add_argument("--coordinator", metavar="HOST:PORT",
+                    help="address of process 0's coordinator service")
   r.set_defaults(func=_run)
 
   d = sub.add_parser("datasets", help="list datasets, or show a partition's label histogram")
@@ -134,9 +145,15 @@ def run_guarded(fn) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   args = build_parser().parse_args(argv)
+  from fedjax_dp.placement import processes
   from fedjax_dp.placement.host import use_cpu_devices
   use_cpu_devices()  # before JAX starts: one CPU device per core
-  return run_guarded(lambda: args.func(args))
+
+  def start_and_run() -> int:
+    if args.command == "run":   # also before JAX starts
+      processes.start_processes(args.num_processes, args.process_id, args.coordinator)
+    return args.func(args)
+  return run_guarded(start_and_run)
 
 
 def exit_with(code: int) -> None:

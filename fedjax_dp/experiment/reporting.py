@@ -8,13 +8,18 @@ import json
 import os
 from typing import Any
 
+from fedjax_dp.placement.processes import is_primary
+
 METRIC_KEYS = ("round", "test_accuracy", "test_loss", "train_loss", "epsilon", "delta",
                "bytes_up", "bytes_down", "wall_s")
 
 
 def write_json_atomic(path: str, obj: Any, mode: int | None = None) -> None:
   """Writes JSON through a temporary file and a rename: a reader never sees half a file.
-  `mode`: the file's permission bits from its creation on (e.g. 0o600 for a secret)."""
+  `mode`: the file's permission bits from its creation on (e.g. 0o600 for a secret).
+  Like every writer here, a no-op outside process 0 of a run of many (processes.py)."""
+  if not is_primary():
+    return
   tmp = f"{path}.tmp"
   if mode is not None:
     if os.path.exists(tmp):
@@ -30,6 +35,8 @@ def write_json_atomic(path: str, obj: Any, mode: int | None = None) -> None:
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes text through a temporary file and a rename (see write_json_atomic)."""
+  if not is_primary():
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w", newline="") as f:
     f.write(text)
@@ -49,6 +56,8 @@ def csv_text(rows: list[dict]) -> str:
 
 def save_figure_atomic(fig, path: str, **kwargs) -> None:
   """fig.savefig through a temporary file (same extension, for the format) and a rename."""
+  if not is_primary():
+    return
   root, ext = os.path.splitext(path)
   tmp = f"{root}.tmp{ext}"
   fig.savefig(tmp, **kwargs)
@@ -73,6 +82,8 @@ def read_metrics(path: str) -> list[dict]:
 
 
 def rewrite_metrics(path: str, rows: list[dict]) -> None:
+  if not is_primary():
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
     for row in rows:
@@ -81,6 +92,8 @@ def rewrite_metrics(path: str, rows: list[dict]) -> None:
 
 
 def append_metrics(path: str, row: dict) -> None:
+  if not is_primary():
+    return
   with open(path, "a") as f:
     f.write(json.dumps(row) + "\n")
     f.flush()
@@ -118,7 +131,8 @@ def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
       ax.legend()
     fig.tight_layout()
     path = os.path.join(out_dir, filename)
-    fig.savefig(path)
+    if is_primary():
+      fig.savefig(path)
     plt.close(fig)
     paths.append(path)
   return paths

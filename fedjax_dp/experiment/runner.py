@@ -38,6 +38,7 @@ from fedjax_dp.experiment.run_folder import (EXECUTION_KEYS, RESUMABLE_CHANGES, 
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.experiment.target_epsilon import budget_rounds
 from fedjax_dp.models import Model, num_params
+from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting, privacy_log
 
 __all__ = ["RunError", "chunk_ends", "run_experiment", "run_or_reuse"]
@@ -104,6 +105,8 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   from fedjax_dp import callbacks as callbacks_lib
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
+  if not processes.is_primary():   # one voice for a run of many processes (processes.py)
+    log, progress = (lambda msg: None), False
   task = task or losses.CLASSIFICATION
   ctx = _open_run(cfg, out, resume, overwrite, log, mesh, model, data, task)
   if isinstance(ctx, dict):
@@ -146,7 +149,11 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
     if cfg.dp == "central":
       last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
                            calibration)
-  cfg = prepare_out(out, cfg, resume, overwrite)
+  # every process has read and checked the folder before process 0 changes it (the
+  # others must not check it again: they would find process 0's new files)
+  processes.barrier("fedjax_dp.run_folder_checked")
+  if processes.is_primary():
+    cfg = prepare_out(out, cfg, resume, overwrite)
   start = int(state.round)
   summary_path = os.path.join(out, "summary.json")
   if resume and start >= last and os.path.exists(summary_path):
