@@ -48,6 +48,7 @@ from fedjax_dp.experiment.metrics_row import (aggregator_metrics, published_part
                                               spent_epsilon)
 from fedjax_dp.experiment.resume import mark_released
 from fedjax_dp.experiment.runner import chunk_ends
+from fedjax_dp.placement import paged_state
 from fedjax_dp.experiment.setup import client_label_distribution
 from fedjax_dp.experiment.summary import run_summary
 from fedjax_dp.privacy.local_dp_report import clients_spent
@@ -280,12 +281,13 @@ def checkpoint() -> Callback:
   at the last round, and where the run stops."""
   def save(ctx: RunContext) -> None:
     calibrating = ctx.cfg.dp == "central" and ctx.cfg.noise_multiplier is None
-    ckpt.save(os.path.join(ctx.out, "checkpoints"), ctx.round, client_order(ctx),
+    state = client_order(ctx)
+    ckpt.save(os.path.join(ctx.out, "checkpoints"), ctx.round, state,
               {"wall_s": time.perf_counter() - ctx.wall0, **ctx.diag, "privacy_log": ctx.plog,
                **({"calibration": {"rounds": ctx.cfg.rounds,
                                    "noise_multiplier": ctx.calibration}}
                   if calibrating else {})},
-              keep=ctx.cfg.keep_checkpoints)
+              keep=ctx.cfg.keep_checkpoints, side=paged_state.checkpoint_side(state)[0])
     mark_released(ctx.out, ctx.round)
     ctx.last_checkpoint = ctx.round
 

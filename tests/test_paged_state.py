@@ -1,5 +1,6 @@
 """Per-client state in a host table (placement/paged_state.py), against the device table."""
 
+import json
 import os
 
 import jax
@@ -94,8 +95,6 @@ def test_host_table_reads_round_zero_rows_until_written():
      "client_state_store 'device': it is read only with client_state_store 'host' or 'disk'"),
     (dict(client_state_store="host", client_state_dir="/tmp"), "read only with "
      "client_state_store 'disk'"),
-    (dict(client_state_store="disk", checkpoint_every=5), "'checkpoint_every' = 5 with "
-     "client_state_store 'disk': checkpoints do not save a host table yet"),
     (dict(client_state_store="host", algorithm="solo"), "SOLO's evaluation reads every "
      "client's model"),
     (dict(client_state_store="sideways"), "'client_state_store' = 'sideways': allowed values "
@@ -120,3 +119,64 @@ def test_file_rows_read_and_write_rows_like_a_numpy_array(tmp_path):
   rows[[5, 1]] = want
   np.testing.assert_array_equal(rows[[1, 5, 2]].astype(np.float32), [want[1], want[0], [0] * 3])
   assert rows.nbytes == 6 * 3 * 2
+
+
+def _run_cli_rounds(out, rounds, resume=False, **overrides):
+  from fedjax_dp.experiment.runner import run_experiment
+  cfg = make_config(dict(dataset="synthetic", num_clients=24, clients_per_round=7,
+                         algorithm="scaffold", rounds=rounds, eval_every=2, checkpoint_every=2,
+                         devices=2, **overrides))
+  run_experiment(cfg, str(out), resume=resume, progress=False, log=lambda m: None)
+  rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+  return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
+
+
+@pytest.mark.parametrize("store", ["host", "disk"])
+def test_a_run_with_a_host_table_resumes_from_its_checkpoints_to_the_same_numbers(store,
+                                                                                  tmp_path):
+  """The table's rows are saved beside each orbax step (checkpoint.save's side folder)
+  and read back on --resume: 2 + 2 rounds release what 4 rounds with the device table do."""
+  want = _run_cli_rounds(tmp_path / "device", 4)
+  out = tmp_path / store
+  _run_cli_rounds(out, 2, client_state_store=store)
+  assert {"ids.npy", "leaf0.bin", "table.json"} <= set(os.listdir(out / "checkpoints" / "2" /
+                                                                 "side"))
+  assert _run_cli_rounds(out, 4, resume=True, client_state_store=store) == want
+  assert not [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]
+
+
+def test_a_damaged_table_falls_back_to_the_previous_checkpoint(tmp_path):
+  want = _run_cli_rounds(tmp_path / "device", 6)
+  out = tmp_path / "host"
+  _run_cli_rounds(out, 4, client_state_store="host")
+  leaf = out / "checkpoints" / "4" / "side" / "leaf0.bin"
+  raw = bytearray(leaf.read_bytes())
+  raw[7] ^= 1
+  leaf.write_bytes(bytes(raw))
+  from fedjax_dp.experiment.runner import run_experiment
+  cfg = make_config(dict(dataset="synthetic", num_clients=24, clients_per_round=7,
+                         algorithm="scaffold", rounds=6, eval_every=2, checkpoint_every=2,
+                         devices=2, client_state_store="host"))
+  said = []
+  run_experiment(cfg, str(out), resume=True, progress=False, log=said.append)
+  assert any("checkpoint at round 4" in m and "does not match its digest" in m for m in said)
+  assert any("resuming" in m and "round 2" in m for m in said)
+  rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+  assert [{k: v for k, v in r.items() if k != "wall_s"} for r in rows] == want
+
+
+def test_a_table_saved_and_loaded_holds_the_same_rows(tmp_path):
+  init = {"c": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.int32(4)}
+  for kind in ("host", "disk"):
+    table = HostTable(init, 50, kind=kind, directory=str(tmp_path))
+    ids = np.array([3, 17, 49, 0])
+    table.scatter(ids, {"c": np.random.default_rng(0).normal(size=(4, 2, 3)),
+                        "n": np.array([1, 2, 3, 4], np.int32)})
+    table.save(str(tmp_path / f"saved_{kind}"), chunk=3)
+    again = HostTable(init, 50, kind=kind, directory=str(tmp_path))
+    again.load(str(tmp_path / f"saved_{kind}"), chunk=3)
+    every = np.arange(50)
+    for a, b in zip(jax.tree.leaves(table.gather(every)), jax.tree.leaves(again.gather(every))):
+      np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="is not this run's"):
+      HostTable(init, 51, kind=kind).load(str(tmp_path / f"saved_{kind}"))

@@ -47,10 +47,6 @@ def _check_client_state_store(cfg: Config) -> None:
                         f"{' or '.join(repr(n) for n in needs)}")
   if store == "device":
     return
-  if cfg.checkpoint_every:
-    raise ConfigError(f"config key 'checkpoint_every' = {cfg.checkpoint_every} with "
-                      f"client_state_store {store!r}: checkpoints do not save a host table yet; "
-                      "use checkpoint_every 0 or client_state_store 'device'")
   from fedjax_dp.algorithms import parse_algorithm
   if "solo" in parse_algorithm(cfg.algorithm)[0]:
     raise ConfigError(f"config key 'client_state_store' = {store!r} with algorithm "

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -51,9 +52,22 @@ def state_digest(state: Any) -> str:
   return h.hexdigest()
 
 
-def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3) -> None:
-  """Saves `state` (a pytree of arrays) and JSON `meta` as checkpoint `step`; blocks until done."""
+SIDE = "side"   # a step's folder of files beside orbax's items (a host client table)
+
+
+def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3,
+         side: Callable[[str], None] | None = None) -> None:
+  """Saves `state` (a pytree of arrays) and JSON `meta` as checkpoint `step`; blocks until done.
+
+  side(folder): writes what the pytree does not hold (a HostTable's rows) into
+  `folder`, which it makes. It is written first, beside the steps, and moved into
+  the step's folder once orbax has finished that step; a step killed in between
+  lacks it, and restore_latest then falls back to the step before."""
   meta = {**meta, DIGEST_KEY: state_digest(state)}
+  pending = os.path.join(os.path.abspath(directory), f".{SIDE}-{step}.tmp")
+  if side is not None:
+    shutil.rmtree(pending, ignore_errors=True)   # left by a killed save
+    side(pending)
   absl = logging.getLogger("absl")
   level = absl.level
   # orbax logs a traceback at ERROR when Ctrl-C lands in its wait; the interrupt
@@ -61,11 +75,17 @@ def save(directory: str, step: int, state: Any, meta: dict, keep: int = 3) -> No
   absl.setLevel(logging.CRITICAL)
   try:
     with _manager(directory, keep) as mgr:
+      # steps from `step` on are what a resume fell back past (unreadable) and re-ran:
+      # orbax would skip this save while a step >= it is listed
+      for stale in [s for s in mgr.all_steps() if s >= step]:
+        mgr.delete(stale)
       mgr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                              meta=ocp.args.JsonSave(meta)))
       mgr.wait_until_finished()
   finally:
     absl.setLevel(level)
+  if side is not None:
+    os.replace(pending, os.path.join(os.path.abspath(directory), str(step), SIDE))
 
 
 def steps(directory: str) -> list[int]:
@@ -75,12 +95,14 @@ def steps(directory: str) -> list[int]:
     return sorted(mgr.all_steps())
 
 
-def restore_latest(directory: str, template: Any, warn=None) -> tuple[int, Any, dict]:
+def restore_latest(directory: str, template: Any, warn=None,
+                   side: Callable[[str, Any], Any] | None = None) -> tuple[int, Any, dict]:
   """Restores the newest readable checkpoint as (step, state, meta).
 
   `template` is a state pytree with the right structure, shapes, dtypes and
   shardings. A checkpoint that fails to restore is reported through `warn`
-  (default: stderr) and the next older one is tried.
+  (default: stderr) and the next older one is tried. side(folder, state) -> state
+  reads what save's `side` wrote (an error there also falls back).
   """
   warn = warn or (lambda msg: print(msg, file=sys.stderr))
   available = steps(directory)
@@ -96,7 +118,10 @@ def restore_latest(directory: str, template: Any, warn=None) -> tuple[int, Any, 
         saved = meta.pop(DIGEST_KEY, None)   # absent in checkpoints from before the digest
         if saved is not None and saved != state_digest(restored["state"]):
           raise ValueError("its state does not match the digest saved with it")
-        return step, restored["state"], meta
+        state = restored["state"]
+        if side is not None:
+          state = side(os.path.join(os.path.abspath(directory), str(step), SIDE), state)
+        return step, state, meta
       except Exception as e:  # orbax raises many types for damaged files
         # the first line, without the storage layer's internals after a colon
         reason = str(e).splitlines()[0].split(": {")[0][:160] if str(e) else type(e).__name__

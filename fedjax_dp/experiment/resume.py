@@ -22,6 +22,7 @@ from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
 from fedjax_dp.experiment.run_folder import rounds_done, saved_config
 from fedjax_dp.experiment.target_epsilon import calibrated_multiplier
+from fedjax_dp.placement import paged_state
 from fedjax_dp.privacy import accounting, privacy_log
 
 SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
@@ -68,7 +69,8 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
   ckpt_dir = os.path.join(out, "checkpoints")
   meta = dict(FRESH_META)
   if ckpt.steps(ckpt_dir):
-    _, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log)
+    _, state, meta = ckpt.restore_latest(ckpt_dir, state, warn=log,
+                                         side=paged_state.checkpoint_side(state)[1])
   restored = int(state.round)
   if cfg.noise_seed == "secret" and restored == 0:
     state = _restore_secret_key(out, sim, state)
