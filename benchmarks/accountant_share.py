@@ -21,6 +21,8 @@ import json
 import os
 import statistics
 import sys
+
+from cli_args import new_file
 import time
 
 from fedjax_dp.placement.host import use_cpu_devices
@@ -53,7 +55,8 @@ def median_of(fn, repeats=5):
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--dataset", default="fmnist")
-  ap.add_argument("--json", default=None)
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
   cfg = make_config(dict(PROTOCOL, dataset=args.dataset))
   _, _, sim = setup(cfg)
@@ -110,7 +113,7 @@ def main(argv=None):
   print(json.dumps(out, indent=2))
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    with open(args.json, "x") as f:
       json.dump(out, f, indent=2)
 
 

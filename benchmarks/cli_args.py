@@ -35,3 +35,12 @@ def positive_float(text: str) -> float:
   if not (value > 0 and value != float("inf")):
     raise argparse.ArgumentTypeError(f"{text!r}: allowed are finite numbers > 0")
   return value
+
+
+def new_file(text: str) -> str:
+  """A path where no file is yet (--json, --plot): results are never overwritten,
+  and the refusal comes before the benchmark runs."""
+  import os
+  if os.path.exists(text):
+    raise argparse.ArgumentTypeError(f"{text!r} exists; name a new file")
+  return text

@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 
+from cli_args import new_file
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
                 alpha=0.5, model="mlp", hidden=[200, 200], local_epochs=1, batch_size=64,
@@ -95,7 +97,8 @@ def main(argv=None):
   ap.add_argument("--chunks", type=int, default=9)
   ap.add_argument("--chunk-rounds", type=int, default=5)
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-  ap.add_argument("--json", default=None)
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
   if args.worker:
     return worker(args.worker, args.chunk_rounds)
@@ -105,7 +108,7 @@ def main(argv=None):
   out = [compare(trees, v, args.chunks, args.chunk_rounds) for v in args.variant or ["fedavg"]]
   print(json.dumps(out, indent=1))
   if args.json:
-    with open(args.json, "w") as f:
+    with open(args.json, "x") as f:
       json.dump(out, f, indent=1)
 
 

@@ -39,7 +39,7 @@ use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 
 import jax
 
-from cli_args import positive_int
+from cli_args import new_file, positive_int
 from fedavg_round import time_rounds
 from fedjax_dp.config import make_config
 from fedjax_dp.experiment.setup import setup
@@ -117,7 +117,8 @@ def main(argv=None):
   ap.add_argument("--sgd-ceiling", action="store_true",
                   help="also time plain batch-64 SGD over the same examples")
   ap.add_argument("--data-dir", default=None)
-  ap.add_argument("--json", default=None, help="write the results here too (refuses to overwrite)")
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
   if args.json and os.path.exists(args.json):
     ap.error(f"--json {args.json!r} exists; name a new file")

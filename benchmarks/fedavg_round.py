@@ -31,7 +31,7 @@ use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 import jax
 import numpy as np
 
-from cli_args import nonnegative_int, positive_int
+from cli_args import new_file, nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
 from fedjax_dp.experiment.setup import setup
@@ -75,7 +75,8 @@ def main(argv=None):
   ap.add_argument("--client-batch", type=positive_int, default=1)
   ap.add_argument("--devices", type=nonnegative_int, default=0, help="mesh size (0 = all devices)")
   ap.add_argument("--data-dir", default=None)
-  ap.add_argument("--json", default=None, help="write the results here too")
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
 
   from peak import measure_matmul_peak
@@ -131,7 +132,7 @@ def main(argv=None):
     result["first_round_reaching_80pct"] = next((r for r, a in curve if a >= 0.80), None)
   print(json.dumps(result, indent=2))
   if args.json:
-    with open(args.json, "w") as f:
+    with open(args.json, "x") as f:
       json.dump(result, f, indent=2)
 
 

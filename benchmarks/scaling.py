@@ -114,7 +114,7 @@ def plot(points: list[dict], path: str) -> None:
 
 
 def main(argv=None):
-  from cli_args import positive_float, positive_int
+  from cli_args import new_file, positive_float, positive_int
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--clients", type=positive_int, nargs="+",
                   default=[100, 1000, 10000, 100000, 1000000])
@@ -128,7 +128,8 @@ def main(argv=None):
   ap.add_argument("--store-dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--timeout", type=positive_int, default=900, help="seconds per point")
   ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
-  ap.add_argument("--json", default=None, help="write the results here (refuses to overwrite)")
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   ap.add_argument("--plot", default=None, help="log-log plot here (refuses to overwrite)")
   args = ap.parse_args(argv)
   if args.one:

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cli_args import positive_int
+from cli_args import new_file, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.kernels import topk as topk_kernels
 from fedjax_dp.experiment.setup import setup
@@ -139,7 +139,8 @@ def main(argv=None):
                        "same time), e.g. --only topksdp_bisect")
   ap.add_argument("--control", action="store_true",
                   help="also time a second FedAvg (A/A): its ratio to FedAvg is the noise floor")
-  ap.add_argument("--json", default=None)
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
   variants = [v for v in VARIANTS if args.only is None or v[0] == "fedavg" or v[0] in args.only]
   res = {"protocol": dict(PROTOCOL, dataset=args.dataset), "topksdp": TOPKSDP,
@@ -153,7 +154,7 @@ def main(argv=None):
   print(json.dumps(res, indent=2))
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    with open(args.json, "x") as f:
       json.dump(res, f, indent=2)
 
 

@@ -10,7 +10,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from cli_args import nonnegative_int, positive_float, positive_int  # noqa: E402
+from cli_args import new_file, nonnegative_int, positive_float, positive_int  # noqa: E402
 
 
 def test_positive_float_accepts_its_range_and_names_the_bad_value():
@@ -30,6 +30,19 @@ def test_count_types_accept_their_range_and_name_the_bad_value():
 
 
 WHOLE = "allowed are whole numbers >= 1"
+
+
+@pytest.mark.parametrize("script", ["fedavg_round.py", "topksdp_round.py", "compare_trees.py",
+                                    "accountant_share.py", "cross_device.py", "scaling.py"])
+def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_path):
+  old = tmp_path / "old.json"
+  old.write_text("{}")
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script),
+                        "--json", str(old)], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines()[-1].endswith(f"'{old}' exists; name a new file")
+  assert old.read_text() == "{}"
+  assert new_file(str(tmp_path / "new.json")) == str(tmp_path / "new.json")
 
 
 @pytest.mark.parametrize("script,args,allowed", [
