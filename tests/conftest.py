@@ -3,10 +3,13 @@ tests, LLVM optimization level 0, and JAX's persistent compilation cache.
 
 Many tests build the same small simulations, and the CLI tests start fresh
 processes that compile the same round again; the cache compiles each program
-once per worker. Each pytest-xdist worker gets its own directory, so no two
-processes ever write one entry at once (JAX writes entries in place; an entry
-it cannot read is recompiled, with a warning). The cache key is the compiled
-program itself, so stale entries are never used for changed code.
+once for all of them. The pytest-xdist workers share one directory
+(.cache/jax-tests/main: $PYTEST_XDIST_WORKER is not yet set when this file is
+imported), so one worker reuses what the other compiled. JAX writes an entry in
+place, without a lock; one read while another process is writing it fails to
+load, and JAX then compiles the program again with a warning, so the race costs
+time, never a result. The cache key is the compiled program itself, so stale
+entries are never used for changed code.
 """
 
 import os
