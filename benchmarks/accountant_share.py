@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
-
-from cli_args import new_file
 import time
+
+from cli_args import new_file, write_results
 
 from fedjax_dp.placement.host import use_cpu_devices
 
@@ -31,7 +29,6 @@ use_cpu_devices()
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_dp.privacy import accounting
 from fedjax_dp.config import make_config
@@ -112,9 +109,7 @@ def main(argv=None):
   }
   print(json.dumps(out, indent=2))
   if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "x") as f:
-      json.dump(out, f, indent=2)
+    write_results(out, args.json)
 
 
 if __name__ == "__main__":

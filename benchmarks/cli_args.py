@@ -44,3 +44,12 @@ def new_file(text: str) -> str:
   if os.path.exists(text):
     raise argparse.ArgumentTypeError(f"{text!r} exists; name a new file")
   return text
+
+
+def write_results(result, path: str, indent: int = 2) -> None:
+  """Writes `result` as JSON to `path` (a new_file; its folder is made), never over a file."""
+  import json
+  import os
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "x") as f:
+    json.dump(result, f, indent=indent)

@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 
-from cli_args import new_file
+from cli_args import new_file, write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partition="dirichlet",
@@ -108,8 +108,7 @@ def main(argv=None):
   out = [compare(trees, v, args.chunks, args.chunk_rounds) for v in args.variant or ["fedavg"]]
   print(json.dumps(out, indent=1))
   if args.json:
-    with open(args.json, "x") as f:
-      json.dump(out, f, indent=1)
+    write_results(out, args.json, indent=1)
 
 
 if __name__ == "__main__":

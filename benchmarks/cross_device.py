@@ -39,7 +39,7 @@ use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 
 import jax
 
-from cli_args import new_file, positive_int
+from cli_args import new_file, write_results, positive_int
 from fedavg_round import time_rounds
 from fedjax_dp.config import make_config
 from fedjax_dp.experiment.setup import setup
@@ -138,8 +138,7 @@ def main(argv=None):
             "matmul_peaks": peaks, "peak_gflops": peak, "runs": runs}
   print(json.dumps(result, indent=2))
   if args.json:
-    with open(args.json, "x") as f:
-      json.dump(result, f, indent=2)
+    write_results(result, args.json)
 
 
 if __name__ == "__main__":

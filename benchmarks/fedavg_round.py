@@ -29,9 +29,8 @@ from fedjax_dp.placement.host import use_cpu_devices
 use_cpu_devices()  # as the CLI does: one XLA CPU device per core
 
 import jax
-import numpy as np
 
-from cli_args import new_file, nonnegative_int, positive_int
+from cli_args import new_file, write_results, nonnegative_int, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.models import num_params
 from fedjax_dp.experiment.setup import setup
@@ -132,8 +131,7 @@ def main(argv=None):
     result["first_round_reaching_80pct"] = next((r for r, a in curve if a >= 0.80), None)
   print(json.dumps(result, indent=2))
   if args.json:
-    with open(args.json, "x") as f:
-      json.dump(result, f, indent=2)
+    write_results(result, args.json)
 
 
 if __name__ == "__main__":

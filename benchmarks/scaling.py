@@ -114,7 +114,7 @@ def plot(points: list[dict], path: str) -> None:
 
 
 def main(argv=None):
-  from cli_args import new_file, positive_float, positive_int
+  from cli_args import new_file, write_results, positive_float, positive_int
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--clients", type=positive_int, nargs="+",
                   default=[100, 1000, 10000, 100000, 1000000])
@@ -149,8 +149,7 @@ def main(argv=None):
             "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}
   print(json.dumps(result, indent=2))
   if args.json:
-    with open(args.json, "x") as f:
-      json.dump(result, f, indent=2)
+    write_results(result, args.json)
   if args.plot:
     plot(points, args.plot)
 

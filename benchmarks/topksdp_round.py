@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -40,10 +39,9 @@ from fedjax_dp.placement.host import use_cpu_devices
 use_cpu_devices()
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from cli_args import new_file, positive_int
+from cli_args import new_file, write_results, positive_int
 from fedjax_dp.config import make_config
 from fedjax_dp.kernels import topk as topk_kernels
 from fedjax_dp.experiment.setup import setup
@@ -153,9 +151,7 @@ def main(argv=None):
     res["topk_kernels"] = topk_variants()
   print(json.dumps(res, indent=2))
   if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "x") as f:
-      json.dump(res, f, indent=2)
+    write_results(res, args.json)
 
 
 if __name__ == "__main__":

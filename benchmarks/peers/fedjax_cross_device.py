@@ -35,6 +35,9 @@ from importlib.metadata import version
 import jax
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cli_args import new_file, write_results  # noqa: E402  (benchmarks/cli_args.py: stdlib only)
+
 if not hasattr(jax, "tree_map"):  # fedjax 0.0.17 calls jax.tree_map, which current JAX removed
   jax.tree_map = jax.tree.map
 
@@ -126,11 +129,9 @@ def main(argv=None):
                   help="N for each protocol: 60000 / N examples per client")
   ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
   ap.add_argument("--data-dir", default=None)
-  ap.add_argument("--json", default=None, help="write the results here too (refuses to overwrite)")
+  ap.add_argument("--json", default=None, type=new_file,
+                  help="write the results here too (refuses an existing file)")
   args = ap.parse_args(argv)
-  if args.json and os.path.exists(args.json):
-    print(f"error: --json {args.json!r} exists; name a new file", file=sys.stderr)
-    sys.exit(2)
   if args.rounds < 1 or any(n < 1 for n in args.clients):
     ap.error("--rounds and --clients must be positive")
   x, y = load_fmnist_train(args.data_dir)
@@ -144,8 +145,7 @@ def main(argv=None):
             "runs": runs}
   print(json.dumps(result, indent=2))
   if args.json:
-    with open(args.json, "x") as f:
-      json.dump(result, f, indent=2)
+    write_results(result, args.json)
 
 
 if __name__ == "__main__":
