@@ -71,11 +71,6 @@ def _setting(value: int | None, env: str, flag: str) -> int | None:
     raise RunError(f"${env}={raw!r} ({flag}): expected an integer") from None
 
 
-def count() -> int:
-  import jax
-  return jax.process_count()
-
-
 def is_primary() -> bool:
   """True in the process that writes files (process 0; also a run of one process)."""
   import jax
