@@ -320,3 +320,26 @@ def test_resume_keeps_a_preset_key_the_run_overrode(tmp_path):
   assert main(["run", *common, "--set", "rounds=1"]) == 0
   assert main(["run", "--resume", "--no-progress", "--out", out, "--set", "rounds=2"]) == 0
   assert json.load(open(os.path.join(out, "config.json")))["s_global"] == 0
+
+
+INTERRUPTED_NOISE = """
+import sys
+from fedjax_dp.experiment.cli import exit_with, run_guarded
+class Loud:                       # a teardown that raises, as asyncio's loop did
+  def __del__(self):
+    raise RuntimeError("teardown noise")
+async def save():                 # a coroutine never awaited, as orbax's save was
+  pass
+def interrupted():
+  loud, coro = Loud(), save()
+  raise KeyboardInterrupt
+exit_with(run_guarded(interrupted))
+"""
+
+
+def test_an_interrupt_says_one_line_whatever_the_interrupted_frames_leave():
+  """Ctrl-C during an orbax save freed its event loop and coroutine after
+  'interrupted', and their complaints reached stderr (seen under load)."""
+  proc = subprocess.run([sys.executable, "-c", INTERRUPTED_NOISE], capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 130 and proc.stderr == "interrupted\n", proc.stderr
