@@ -15,6 +15,7 @@ neighbouring relations and are not comparable.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -43,8 +44,17 @@ def pld_epsilon_composed(q: float, events, delta: float) -> float:
   """Epsilon by dp-accounting's PLD of a sequence of Poisson-subsampled Gaussian
   steps, events [(noise multiplier, steps)] (runs of equal steps, each composed
   with a count: T single composes are 1000x slower)."""
+  typed = tuple((type(z), z, int(steps)) for z, steps in events)   # float32 stays apart
+  return _pld_epsilon_composed(q, typed, delta)
+
+
+# A run's report, its resume's and a calibration's last check compose the same events:
+# remembered per process (a pure function of its arguments and their types).
+@functools.lru_cache(maxsize=256, typed=True)
+def _pld_epsilon_composed(q, typed_events: tuple, delta) -> float:
   import dp_accounting
   from dp_accounting.pld import pld_privacy_accountant
+  events = [(z, steps) for _, z, steps in typed_events]
   for z, _ in events:
     if z < PLD_MIN_NOISE_MULTIPLIER:
       raise AccountError(f"noise multiplier {z:g}: the PLD accountant needs >= "
