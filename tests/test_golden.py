@@ -9,7 +9,11 @@ compares SHA-256 digests of
 against tests/golden/round_hashes.json. A change that alters numbers on purpose
 says so in its commit and regenerates the file in that commit only:
 
-  FEDJAX_DP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
+  FEDJAX_DP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q -m "slow or not slow" tests/test_golden.py
+
+(`make test` runs every configuration on 1 device and a third of them on 2; see
+TWO_DEVICES_IN_MAKE_TEST. Run all of them with `make test-slow` before and after
+moving code.)
 """
 
 import hashlib
@@ -127,8 +131,21 @@ def _golden() -> dict:
     return json.load(f)
 
 
-@pytest.mark.parametrize("devices", [1, 2])
-@pytest.mark.parametrize("name", sorted(CONFIGS))
+# On 2 devices `make test` runs the configurations whose sharded execution differs
+# (resident per-client state, vmapped groups, stacked uploads for a robust rule,
+# shuffling, admission, kept noise, Poisson cohorts); `make test-slow` runs the others,
+# which take the same sharded paths (test_sharding checks 8 devices against 1 besides).
+TWO_DEVICES_IN_MAKE_TEST = {"fedavg", "scaffold_contrastive", "moon_params_fedadmm_vmap",
+                            "multi_krum_local_dp", "local_cluster_noise_shuffle",
+                            "central_budget_stop", "topksdp_kept_noise",
+                            "central_per_layer_poisson"}
+CASES = [pytest.param(name, devices, id=f"{name}-{devices}",
+                      marks=() if devices == 1 or name in TWO_DEVICES_IN_MAKE_TEST
+                      else pytest.mark.slow)
+         for name in sorted(CONFIGS) for devices in (1, 2)]
+
+
+@pytest.mark.parametrize("name, devices", CASES)
 def test_round_reproduces_its_golden_hashes(name, devices):
   got = run_golden(name, devices)
   if UPDATE:

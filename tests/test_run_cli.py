@@ -178,6 +178,9 @@ def _cmd(out, *extra):
   return args + list(extra)
 
 
+# Three CLI processes, 20 s cold: `make test-slow`. In `make test`, the Ctrl-C test
+# resumes an interrupted run and test_checkpoint skips a damaged step.
+@pytest.mark.slow
 def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
   full = str(tmp_path / "full")
   subprocess.run(_cmd(full), check=True, timeout=300, capture_output=True)
