@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import analyzer, semantic, sensitivity
+from fedjax_dp.privacy import analyzer, semantic, semantic_cache, sensitivity
 from fedjax_dp.data.partition import partition
-from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC
+from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, PUBLIC
 
 
 def test_masked_statistics_equal_the_unpadded_ones():
@@ -116,3 +116,61 @@ def test_analyzer_needs_tabular_data():
   from fedjax_dp.experiment.setup import setup
   with pytest.raises(ConfigError, match="tier_source"):
     setup(make_config({"dataset": "digits", "tier_source": "analyzer"}))
+
+
+def _same_arrays(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def test_the_trained_network_is_cached_on_disk_and_loads_bit_for_bit(tmp_path, monkeypatch):
+  """A second process (the in-process memo cleared) loads what the first trained:
+  the same bits as training again; a damaged file is trained again and replaced; a
+  changed step count is another file; FEDJAX_DP_CACHE=off writes nothing."""
+  monkeypatch.setenv("FEDJAX_DP_CACHE", str(tmp_path))
+  steps = 30
+  analyzer.semantic_model.cache_clear()
+  first = analyzer.semantic_model(0, steps)
+  assert first.source == "trained"
+  files = list((tmp_path / "semantic").iterdir())
+  assert [f.suffix for f in files] == [".npz"]
+  analyzer.semantic_model.cache_clear()
+  loaded = analyzer.semantic_model(0, steps)
+  assert loaded.source == f"cache {files[0]}"
+  fresh = analyzer.train_semantic_model(0, steps)
+  for m in (first, loaded):
+    _same_arrays((m.teacher, m.student, m.quantized), (fresh.teacher, fresh.student,
+                                                        fresh.quantized))
+    assert (m.train_accuracy, m.bytes, m.training_examples) == (
+        fresh.train_accuracy, fresh.bytes, fresh.training_examples)
+
+  data = bytearray(files[0].read_bytes())
+  data[len(data) // 2] ^= 0xFF                      # one byte of the arrays flipped
+  files[0].write_bytes(bytes(data))
+  analyzer.semantic_model.cache_clear()
+  assert analyzer.semantic_model(0, steps).source == "trained"
+  analyzer.semantic_model.cache_clear()
+  assert analyzer.semantic_model(0, steps).source.startswith("cache ")
+  with np.load(files[0]) as z:                      # a well-formed file with other numbers
+    arrays = {k: z[k] for k in z.files}
+  arrays["int8_b0"] = arrays["int8_b0"] + np.float32(1.0)
+  np.savez(files[0], **arrays)
+  assert semantic_cache.load(str(files[0])) is None  # its recorded SHA-256 no longer holds
+  analyzer.semantic_model.cache_clear()
+  assert analyzer.semantic_model(0, steps).source == "trained"
+
+  analyzer.semantic_model.cache_clear()
+  analyzer.semantic_model(0, steps + 1)
+  assert len(list((tmp_path / "semantic").glob("*.npz"))) == 2
+  assert not list((tmp_path / "semantic").glob("*.tmp"))
+
+  off = tmp_path / "off"
+  monkeypatch.setenv("FEDJAX_DP_CACHE", "off")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(off))
+  analyzer.semantic_model.cache_clear()
+  assert analyzer.semantic_model(0, steps).source == "trained"
+  assert not off.exists()
+  analyzer.semantic_model.cache_clear()

@@ -32,16 +32,17 @@ noised; the run's privacy report lists that as not accounted.
 from __future__ import annotations
 
 import functools
-import math
+import os
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.privacy import semantic
+from fedjax_dp.privacy import semantic, semantic_cache
 from fedjax_dp.privacy import sensitivity
-from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
+from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, PUBLIC, TIERS
 
 STAT_WEIGHT, SEM_WEIGHT = 0.6, 0.4
 HIGH_ABOVE, LOW_AT_MOST = 0.7, 0.3
@@ -140,36 +141,81 @@ def training_set(seed: int = 0, examples: int = 3000, chunk: int = 50):
   return xs, ys
 
 
-class SemanticModel:
+class SemanticModel(NamedTuple):
   """The trained semantic branch: float teacher, pruned student, int8 student."""
+  teacher: list                      # [(W, b)] float32
+  student: semantic.Student
+  quantized: semantic.QuantizedMLP
+  train_accuracy: dict               # stage -> accuracy on the training descriptors
+  bytes: dict                        # stage -> bytes of its parameters
+  training_examples: int
+  source: str = "trained"            # 'trained', or 'cache <file>' where it was loaded
 
-  def __init__(self, seed: int = 0, steps: int = 1500):
-    xs, ys = training_set(seed)
-    key = jax.random.PRNGKey(seed)
-    x, y = jnp.asarray(xs), jnp.asarray(ys)
-    self.teacher = jax.jit(semantic.train_teacher, static_argnums=(3,))(
-        jax.random.fold_in(key, 0), x, y, steps)
-    train = jax.jit(functools.partial(semantic.distill_student, steps=steps,
-                                      finetune_steps=steps // 3))
-    self.student = train(jax.random.fold_in(key, 1), self.teacher, x, y)
-    self.quantized = semantic.quantize_int8(self.student.params)
-    # training accuracy of each stage (held-out accuracy is the run's tier accuracy)
-    acc = lambda logits: float(jnp.mean(jnp.argmax(logits, -1) == y))
-    self.train_accuracy = {
-        "teacher": acc(semantic.mlp_logits(self.teacher, x)),
-        "student_pruned": acc(semantic.mlp_logits(self.student.params, x)),
-        "student_int8": acc(semantic.quantized_logits(self.quantized, x))}
-    self.bytes = {
-        "teacher_float32": semantic.param_bytes(self.teacher),
-        "student_float32": semantic.param_bytes(self.student.params),
-        "student_int8": semantic.param_bytes(self.quantized),
-        "student_int8_sparse": semantic.sparse_bytes(self.quantized, self.student.mask)}
-    self.training_examples = int(len(ys))
+
+def train_semantic_model(seed: int = 0, steps: int = 1500) -> SemanticModel:
+  """Teacher, distilled and pruned student, int8 student on `training_set(seed)`."""
+  xs, ys = training_set(seed)
+  key = jax.random.PRNGKey(seed)
+  x, y = jnp.asarray(xs), jnp.asarray(ys)
+  teacher = jax.jit(semantic.train_teacher, static_argnums=(3,))(
+      jax.random.fold_in(key, 0), x, y, steps)
+  train = jax.jit(functools.partial(semantic.distill_student, steps=steps,
+                                    finetune_steps=steps // 3))
+  student = train(jax.random.fold_in(key, 1), teacher, x, y)
+  quantized = semantic.quantize_int8(student.params)
+  # training accuracy of each stage (held-out accuracy is the run's tier accuracy)
+  acc = lambda logits: float(jnp.mean(jnp.argmax(logits, -1) == y))
+  return SemanticModel(
+      teacher, student, quantized,
+      train_accuracy={"teacher": acc(semantic.mlp_logits(teacher, x)),
+                      "student_pruned": acc(semantic.mlp_logits(student.params, x)),
+                      "student_int8": acc(semantic.quantized_logits(quantized, x))},
+      bytes={"teacher_float32": semantic.param_bytes(teacher),
+             "student_float32": semantic.param_bytes(student.params),
+             "student_int8": semantic.param_bytes(quantized),
+             "student_int8_sparse": semantic.sparse_bytes(quantized, student.mask)},
+      training_examples=int(len(ys)))
+
+
+def _model_arrays(m: SemanticModel) -> dict[str, np.ndarray]:
+  out = {"student_mask": np.asarray(m.student.mask)}
+  for name, layers in (("teacher", m.teacher), ("student", m.student.params),
+                       ("int8", zip(m.quantized.weights, m.quantized.biases))):
+    for i, (w, b) in enumerate(layers):
+      out[f"{name}_w{i}"], out[f"{name}_b{i}"] = np.asarray(w), np.asarray(b)
+  for i, s in enumerate(m.quantized.scales):
+    out[f"int8_s{i}"] = np.asarray(s)
+  return out
+
+
+def _model_from_arrays(a: dict[str, np.ndarray], meta: dict, source: str) -> SemanticModel:
+  layers = lambda name: [(jnp.asarray(a[f"{name}_w{i}"]), jnp.asarray(a[f"{name}_b{i}"]))
+                         for i in range(sum(k.startswith(f"{name}_w") for k in a))]
+  int8 = layers("int8")
+  return SemanticModel(
+      layers("teacher"), semantic.Student(layers("student"), jnp.asarray(a["student_mask"])),
+      semantic.QuantizedMLP([w for w, _ in int8],
+                            [jnp.asarray(a[f"int8_s{i}"]) for i in range(len(int8))],
+                            [b for _, b in int8]),
+      meta["train_accuracy"], meta["bytes"], meta["training_examples"], source)
 
 
 @functools.lru_cache(maxsize=4)
 def semantic_model(seed: int = 0, steps: int = 1500) -> SemanticModel:
-  return SemanticModel(seed, steps)
+  """The trained network: remembered in this process, and on disk between runs
+  (`semantic_cache`: loaded only where everything its training reads is unchanged)."""
+  folder = semantic_cache.cache_dir()
+  if folder is None:
+    return train_semantic_model(seed, steps)
+  path = os.path.join(folder, semantic_cache.model_key(seed, steps) + ".npz")
+  found = semantic_cache.load(path)
+  if found is not None:
+    return _model_from_arrays(*found, source=f"cache {path}")
+  model = train_semantic_model(seed, steps)
+  semantic_cache.save(path, _model_arrays(model), {
+      "seed": seed, "steps": steps, "train_accuracy": model.train_accuracy,
+      "bytes": model.bytes, "training_examples": model.training_examples})
+  return model
 
 
 def thresholds(score: np.ndarray) -> np.ndarray:
@@ -203,7 +249,7 @@ def analyze_clients(x_train: np.ndarray, parts: list[np.ndarray], sensitive: np.
   if rule not in RULES:
     raise ValueError(f"analyzer rule {rule!r}: allowed values are {', '.join(RULES)}")
   t_train = time.perf_counter()
-  model = semantic_model(seed, semantic_steps)    # trained once per process (cached)
+  model = semantic_model(seed, semantic_steps)    # trained, or loaded (semantic_cache)
   train_s = time.perf_counter() - t_train
   f = x_train.shape[1]
   sens_cols = np.flatnonzero(sensitive) if sensitive is not None else np.zeros(0, int)
@@ -242,6 +288,7 @@ def analyze_clients(x_train: np.ndarray, parts: list[np.ndarray], sensitive: np.
       "semantic_training": {
           "examples": model.training_examples,
           "source": f"healthcare generator, seed {10_000 + seed}, chunks of 50 records",
+          "network": model.source,
           "train_accuracy": model.train_accuracy},
       "memory_bytes": {**model.bytes,
                        "client_pass_temp": int(getattr(memory, "temp_size_in_bytes", 0) or 0),
