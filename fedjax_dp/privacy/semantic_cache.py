@@ -8,8 +8,8 @@ deployment ships its pretrained client model.
 
 A file is used only when everything the training reads is unchanged: its name is a
 SHA-256 over the seed, the step count, the source of the modules that generate the
-training set and train the network, the JAX, jaxlib and NumPy versions, the
-platform and XLA_FLAGS (compiler flags may change the last bits). Inside, a SHA-256
+training set and train the network, the JAX, jaxlib, NumPy and optax versions,
+the platform and XLA_FLAGS (compiler flags may change the last bits). Inside, a SHA-256
 of the arrays is checked on load; a file that fails it is trained again and
 replaced. Writes go to a temporary file renamed into place, so a reader never sees
 half a file.
@@ -48,11 +48,13 @@ def model_key(seed: int, steps: int) -> str:
   """SHA-256 of what the trained network depends on (module docstring)."""
   import jax
   import jaxlib
+  import optax
   from fedjax_dp.data import tabular
   from fedjax_dp.privacy import analyzer, semantic, sensitivity
   h = hashlib.sha256(json.dumps({
       "format": FORMAT, "seed": int(seed), "steps": int(steps),
       "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
+      "optax": optax.__version__,                     # the networks' Adam
       "platform": jax.devices()[0].platform, "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }, sort_keys=True).encode())
   for module in (analyzer, semantic, sensitivity, tabular):
