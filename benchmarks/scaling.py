@@ -130,15 +130,13 @@ def main(argv=None):
   ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "COHORT", "KIND"), help=argparse.SUPPRESS)
   ap.add_argument("--json", default=None, type=new_file,
                   help="write the results here too (refuses an existing file)")
-  ap.add_argument("--plot", default=None, help="log-log plot here (refuses to overwrite)")
+  ap.add_argument("--plot", default=None, type=new_file,
+                  help="log-log plot here (refuses an existing file)")
   args = ap.parse_args(argv)
   if args.one:
     print(json.dumps(one_point(int(args.one[0]), int(args.one[1]), args.one[2], args.rounds,
                                args.store, args.store_dtype)))
     return
-  for path in (args.json, args.plot):
-    if path and os.path.exists(path):
-      ap.error(f"{path!r} exists; name a new file")
   points = []
   for kind in args.kind:
     for n in args.clients:
