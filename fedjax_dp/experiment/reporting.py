@@ -131,8 +131,7 @@ def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
       ax.legend()
     fig.tight_layout()
     path = os.path.join(out_dir, filename)
-    if is_primary():
-      fig.savefig(path)
+    save_figure_atomic(fig, path)
     plt.close(fig)
     paths.append(path)
   return paths
