@@ -288,7 +288,7 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
   if mode == "central":
     return delta_sum
   total_weight = sum_over_devices(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
-                                      dtype=jnp.float32))
+                                          dtype=jnp.float32))
   return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
 
 

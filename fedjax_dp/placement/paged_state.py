@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+TABLE_META = "table.json"   # a saved table's shapes, dtypes and files' SHA-256 (HostTable.save)
 
 
 class HostTable:
@@ -95,7 +96,6 @@ class HostTable:
     for table, leaf in zip(self.tables, self.treedef.flatten_up_to(rows)):
       table[ids] = np.asarray(leaf).reshape(len(ids), -1).astype(table.dtype)
     self.written[ids] = True
-
 
   # ------------------------------------------------------------ checkpoints
 
@@ -153,9 +153,6 @@ class HostTable:
       if h.hexdigest() != leaf["sha256"]:
         raise ValueError(f"its client table file leaf{k}.bin does not match its digest")
     self.written[ids] = True
-
-
-TABLE_META = "table.json"
 
 
 def checkpoint_side(state):

@@ -22,13 +22,14 @@ import numpy as np
 
 
 def start_processes(num_processes: int | None = None, process_id: int | None = None,
-          coordinator: str | None = None) -> int:
+                    coordinator: str | None = None) -> int:
   """Joins this process to a run of `num_processes`; returns the process count (1: alone).
 
   Arguments left None come from $JAX_NUM_PROCESSES, $JAX_PROCESS_ID and
   $JAX_COORDINATOR_ADDRESS (HOST:PORT of process 0's coordinator service). With
   neither a count above 1 nor those variables, does nothing. Must run before
-  JAX's first device query (as `host.use_cpu_devices`). Public as `fedjax_dp.start_processes`: JAX fixes its devices then.
+  JAX's first device query, when JAX fixes its devices (as `host.use_cpu_devices`).
+  Public as `fedjax_dp.start_processes`.
   """
   from fedjax_dp.experiment.errors import RunError
   num_processes = _setting(num_processes, "JAX_NUM_PROCESSES", "--num-processes")
