@@ -68,3 +68,57 @@ def test_topksdp_benchmark_control_is_a_second_fedavg_in_the_alternation():
   ratios = [x / y for x, y in zip(res["all"]["fedavg_again"], res["all"]["fedavg"])]
   # the median of the two cycles' ratios is their mean
   assert res["over_fedavg_paired"]["fedavg_again"] == pytest.approx(sum(ratios) / 2)
+
+
+def test_scaling_peers_train_on_the_arrays_our_point_trains_on(tmp_path):
+  import numpy as np
+  import scaling
+  from fedjax_dp.experiment.setup import setup
+  scaling.write_peer_data(50, 10, str(tmp_path / "data.npz"))
+  ds, parts, _ = setup(scaling.point_config(50, 10, "stateless"))
+  with np.load(tmp_path / "data.npz") as f:
+    x, y, starts = f["x"], f["y"], f["starts"]
+  assert len(starts) == 51 and starts[-1] == len(x) == 100
+  for c in range(50):
+    np.testing.assert_array_equal(x[starts[c]:starts[c + 1]], ds.x_train[parts[c]])
+    np.testing.assert_array_equal(y[starts[c]:starts[c + 1]], ds.y_train[parts[c]])
+
+
+def test_scaling_skips_a_peer_point_whose_predicted_round_is_over_the_timeout():
+  import scaling
+  measured = {"clients": 1000, "cohort": 1000, "median_round_s": 10.0, "clients_per_s": 100}
+  assert scaling.peer_skip("flower", None, 10000, 2, 600) is None
+  # 10,000 clients at 100 a second: 100 s a round, 3 rounds = 300 s
+  assert scaling.peer_skip("flower", measured, 10000, 2, 301) is None
+  why = scaling.peer_skip("flower", measured, 10000, 2, 299)
+  assert why == ("not run: 100 clients/s at 1000 clients predicts 100 s a round, 3 rounds "
+                 "over --peer-timeout 299 s")
+  failed = {"clients": 100, "failed": "exit 1"}
+  assert scaling.peer_skip("flower", failed, 1000, 2, 600) == \
+      "not run: failed or skipped at 100 clients"
+
+
+def test_scaling_refuses_a_named_peer_without_its_venv(tmp_path, monkeypatch, capsys):
+  import scaling
+  monkeypatch.setattr(scaling, "PEERS_DIR", str(tmp_path))
+  with pytest.raises(SystemExit) as exit_:
+    scaling.main(["--peers", "pfl", "--clients", "100"])
+  assert exit_.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+      "is missing; build it with sh benchmarks/peers/setup_pfl.sh")
+  with pytest.raises(SystemExit) as exit_:
+    scaling.main(["--peers", "pfl", "--kind", "stateful"])
+  assert exit_.value.code == 2
+  assert "peers run the stateless protocol only" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fedjax", "pfl", "flower"])
+def test_a_built_peer_times_rounds_of_the_scaling_protocol(name, tmp_path):
+  import scaling
+  if not os.path.exists(scaling.peer_python(name)):
+    pytest.skip(f"no {name} venv: {scaling.PEERS[name][2]}")
+  scaling.write_peer_data(20, 10, str(tmp_path / "data.npz"))
+  res = scaling.run_peer(name, 20, 10, str(tmp_path / "data.npz"), 2, 300)
+  assert res["library"] == name and res["clients"] == 20 and res["cohort"] == 10, res
+  assert len(res["round_s"]) == 2 and res["median_round_s"] > 0
