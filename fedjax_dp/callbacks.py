@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from fedjax_dp.experiment import checkpoint as ckpt
+from fedjax_dp.experiment import interrupts
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.experiment import reporting
 from fedjax_dp.config import Config
@@ -161,6 +162,7 @@ def run_loop(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
     for cb in callbacks:
       if cb.after_chunk is not None and cb.after_chunk(ctx, stats):
         ctx.stop = True   # the callbacks after it see it (evaluate, checkpoint)
+    interrupts.check()   # a Ctrl-C some library swallowed ends the run here
     if ctx.stop:
       break
   ctx.state = ctx.ordered = ctx.sim.to_client_order(ctx.state)

@@ -14,6 +14,8 @@ import sys
 import traceback
 import warnings
 
+from fedjax_dp.experiment import interrupts
+
 USER_ERROR = 2
 INTERRUPTED = 130
 
@@ -137,7 +139,8 @@ def run_guarded(fn) -> int:
   from fedjax_dp.data.dataset import DataError
   from fedjax_dp.experiment.errors import RunError
   try:
-    return fn()
+    with interrupts.installed():   # a Ctrl-C is never lost (interrupts.py)
+      return fn()
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
     print(f"error: {e}", file=sys.stderr)
     return USER_ERROR

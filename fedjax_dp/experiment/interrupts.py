@@ -1,0 +1,60 @@
+"""Ctrl-C that a run never loses.
+
+Python turns SIGINT into a KeyboardInterrupt wherever the main thread is. Raised
+inside a gc callback (JAX registers one) or a `__del__`, it is swallowed: Python
+prints 'Exception ignored in ...' and carries on, and the run went on to its last
+round and exited 0 after the user's Ctrl-C (seen in the CLI's Ctrl-C test). Within
+`installed()`, SIGINT is recorded, and raised as Python's own handler raises it
+except inside those two; `check()` (the run loop calls it between chunks) raises
+a recorded one that has not ended the run, so a swallowed Ctrl-C ends it there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import signal
+import threading
+
+_requested = False
+
+
+def _would_be_swallowed(frame) -> bool:
+  """Is the main thread inside a gc callback or a __del__ (on the stack from `frame`)?"""
+  callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _on_sigint(signum, frame):
+  global _requested
+  _requested = True
+  if not _would_be_swallowed(frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def installed():
+  """SIGINT through _on_sigint within, where Python's own handler is in place and
+  this is the main thread (a SIGINT ignored by the parent stays ignored)."""
+  global _requested
+  if threading.current_thread() is not threading.main_thread() or \
+      signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    yield
+    return
+  _requested = False
+  previous = signal.signal(signal.SIGINT, _on_sigint)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    _requested = False
+
+
+def check() -> None:
+  """Raises KeyboardInterrupt if a Ctrl-C was recorded (one a library swallowed)."""
+  if _requested:
+    raise KeyboardInterrupt
