@@ -33,7 +33,8 @@ def digest(out, step):
 
 
 @pytest.mark.parametrize("stop_at, evaluated, checkpointed", [
-    (3, [2, 3], [3]),      # a checkpoint round: the run's end evaluates it
+    # a checkpoint round: the run's end evaluates it (`make test-slow`: CI runs it)
+    pytest.param(3, [2, 3], [3], marks=pytest.mark.slow),
     (4, [2, 4], [3, 4]),   # an evaluation round: the run's end checkpoints it
 ])
 def test_a_callback_sees_each_chunk_and_a_stopped_run_ends_evaluated_and_checkpointed(

@@ -21,6 +21,9 @@ def _fmnist_available():
     return False
 
 
+# ~16 s (Fashion-MNIST runs through the script): `make test-slow` (CI runs it); the
+# reuse of runs is also test_run_or_reuse_reuses_same_settings_and_refuses_others
+@pytest.mark.slow
 @pytest.mark.skipif(not _fmnist_available(), reason="needs Fashion-MNIST (make fmnist-data)")
 def test_table2_script_writes_tables_and_reuses_runs(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "topksdp", "run.py"), "table2",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.config import ConfigError
-from tests.helpers import toy_problem, toy_simulation
+from tests.helpers import make_test_runs, toy_problem, toy_simulation
 from tests.test_golden import FEATURE_TIERS
 
 CASES = {
@@ -62,7 +62,10 @@ def _leaves(tree):
   return [np.asarray(a) for a in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# `make test` keeps one case of each code path; the others run in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("name", make_test_runs(sorted(CASES), {
+    "central_adaptive", "kept_noise_paper_clip", "local_budget", "moon_feddyn_geomed",
+    "upload_clips"}))
 def test_changed_hyperparameters_reuse_the_compiled_round_and_match_a_fresh_build(name):
   base, change = CASES[name]
   x, y, parts = toy_problem(sizes=(7, 12, 3, 9, 5, 8))

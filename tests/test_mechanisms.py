@@ -8,7 +8,7 @@ from scipy import stats
 
 from fedjax_dp.privacy import accounting, mechanisms
 from fedjax_dp.kernels import clipping, gaussian_noise
-from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
+from tests.helpers import flat, make_test_runs, round_zero_deltas, toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")
 
@@ -106,8 +106,10 @@ def _one_round(sim):
   return deltas, flat(s1.params) - flat(p0), s1, st
 
 
-@pytest.mark.parametrize("dp,clip_parts", [("central", "flat"), ("central", "per_layer"),
-                                           ("local", "flat"), ("local", "per_layer")])
+# `make test` keeps one case of each code path; the others run in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("dp,clip_parts", make_test_runs(
+    [("central", "flat"), ("central", "per_layer"), ("local", "flat"), ("local", "per_layer")],
+    {("central", "flat"), ("local", "per_layer")}))
 def test_noiseless_round_is_the_mean_of_clipped_updates(dp, clip_parts):
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12))
   sim = toy_simulation(x, y, parts, hidden=[6], dp=dp, noise_multiplier=0.0, clip_norm=0.05,

@@ -113,6 +113,9 @@ def test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_targe
   assert int(state.server_state["noise_control"]["skipped"]) == int(np.sum(stats.spent))
 
 
+# ~11 s (calibration over 10 rounds): `make test-slow` (CI runs it); the adaptive
+# noise's charge is test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_target
+@pytest.mark.slow
 def test_calibrated_adaptive_central_stays_within_the_target():
   sim = _tiers_sim(dp="central", noise_multiplier=None, target_epsilon=2.0, rounds=10,
                    sampling="poisson", clients_per_round=2)

@@ -265,13 +265,15 @@ TERMS = [dict(algorithm="fedprox", prox_mu=0.5), dict(algorithm="scaffold"),
               contrastive_radius=0.5)]
 
 
-# On 2 devices `make test` runs SCAFFOLD (a server control variate besides the
-# clients') and the contrastive term (previous models); FedProx (stateless) and FedADMM
-# (client duals, the same per-client rows as SCAFFOLD's) run there in `make test-slow`.
+# `make test` runs every term on 1 device but FedADMM (client duals, per-client rows
+# as SCAFFOLD's), and SCAFFOLD on 2 (a server control variate besides the clients');
+# the others run in `make test-slow` (CI runs both).
+IN_MAKE_TEST = {"1-fedprox", "1-scaffold", "1-contrastive", "2-scaffold"}
+
+
 @pytest.mark.parametrize("devices, overrides", [
     pytest.param(d, o, id=f"{d}-{o['algorithm']}",
-                 marks=pytest.mark.slow if d == 2 and o["algorithm"] in ("fedprox", "fedadmm")
-                 else ())
+                 marks=() if f"{d}-{o['algorithm']}" in IN_MAKE_TEST else pytest.mark.slow)
     for d in (1, 2) for o in TERMS])
 def test_partial_cohorts_equal_plain_loops(overrides, devices):
   """2 of 4 clients per round for 4 rounds, so per-client state persists across

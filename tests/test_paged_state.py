@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.placement.paged_state import FileRows, HostTable
-from tests.helpers import toy_problem, toy_simulation
+from tests.helpers import make_test_runs, toy_problem, toy_simulation
 
 SIZES = tuple(range(2, 26))   # 24 clients, 2 to 25 examples
 
@@ -47,10 +47,9 @@ CASES = {
 }
 
 
-# MOON's previous models are rows written whole each round, as TopkSDP-FL's residuals
-# are: `make test-slow` only
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "moon" else c
-                                  for c in sorted(CASES)])
+# `make test` runs SCAFFOLD (a row read and written per client); TopkSDP-FL's residuals,
+# MOON's previous models and admission's refused rows run in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("case", make_test_runs(sorted(CASES), {"scaffold"}))
 def test_host_and_disk_tables_reproduce_the_device_table_bit_for_bit(case, tmp_path):
   calls = (3, 1, 2)
   _, want = run(calls, **CASES[case])
@@ -134,7 +133,9 @@ def _run_cli_rounds(out, rounds, resume=False, **overrides):
   return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-@pytest.mark.parametrize("store", ["host", "disk"])
+# the host table's resume in `make test-slow` (CI runs it): the disk table's reads the
+# same checkpointed rows through the same code
+@pytest.mark.parametrize("store", [pytest.param("host", marks=pytest.mark.slow), "disk"])
 def test_a_run_with_a_host_table_resumes_from_its_checkpoints_to_the_same_numbers(store,
                                                                                   tmp_path):
   """The table's rows are saved beside each orbax step (checkpoint.save's side folder)

@@ -550,6 +550,9 @@ def _quiet_dp_accounting_logs():
 # --------------------------------------------------------------------------- the findings
 
 
+# also test_privacy_record's test_adaptive_clipping_with_tiers_is_charged_what_it_applies:
+# `make test-slow` (CI runs it)
+@pytest.mark.slow
 def test_adaptive_clipping_with_tiers_is_charged_the_noise_it_applies(tabular, tmp_path,
                                                                       monkeypatch):
   """Finding 1 on tiny data: every column `high` (S = 0.32 < 1), adaptive clipping,
@@ -564,6 +567,9 @@ def test_adaptive_clipping_with_tiers_is_charged_the_noise_it_applies(tabular, t
   check_phases(rec, phases, "tiers_high", 0.5, "central tiers (all high) + adaptive clipping")
 
 
+# finding 2 through a resumed CLI run is also test_privacy_record's
+# test_resume_with_more_rounds_calibrates_only_the_rounds_to_come: `make test-slow` (CI runs it)
+@pytest.mark.slow
 def test_resume_with_more_rounds_keeps_a_calibrated_run_within_its_target(tabular, tmp_path,
                                                                          monkeypatch):
   """Finding 2 on tiny data: target_epsilon 3 calibrates z for 4 rounds (Poisson
@@ -578,6 +584,9 @@ def test_resume_with_more_rounds_keeps_a_calibrated_run_within_its_target(tabula
   check_phases(rec, phases, "tiers", 0.03, "central flat, target 3, resumed 4 -> 12 rounds")
 
 
+# the accountant at the rounds' own learning rates is also test_privacy_record's
+# test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with: `make test-slow`
+@pytest.mark.slow
 def test_kept_noise_accountant_after_a_resume_under_a_cosine_schedule(tmp_path, monkeypatch):
   """Finding 3 on tiny data: TopkSDP-FL's noise on kept coordinates (paper
   calibration, random_k, final_clip_l2 0.1) with lr 0.05 cosine to 0.01, 4 rounds,

@@ -50,6 +50,8 @@ def test_resume_with_more_rounds_calibrates_only_the_rounds_to_come(tmp_path):
   assert second["epsilon"] <= 8.0 and not second["stopped_by_budget"]
 
 
+# ~9 s (three runs): `make test-slow` (CI runs it); the fallback itself is test_checkpoint's
+@pytest.mark.slow
 def test_a_resumed_extension_repeats_bit_for_bit_after_a_checkpoint_fallback(tmp_path):
   run(tmp_path / "r", rounds=4, target_epsilon=8.0)
   full = run(tmp_path / "r", resume=True, rounds=8, target_epsilon=8.0)
@@ -63,6 +65,8 @@ def test_a_resumed_extension_repeats_bit_for_bit_after_a_checkpoint_fallback(tmp
   assert again["privacy"]["noise_events"] == full["privacy"]["noise_events"]
 
 
+# ~8 s: `make test-slow` (CI runs it)
+@pytest.mark.slow
 def test_a_rerun_under_other_rounds_and_a_schedule_is_refused(tmp_path, capsys):
   # finding 15: rounds 3-4 would re-run with another learning rate under the same noise
   out = tmp_path / "r"

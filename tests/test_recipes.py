@@ -25,7 +25,7 @@ from fedjax_dp.robust import registry as rule_registry
 from fedjax_dp.core.simulation import build_simulation, make_mesh
 from fedjax_dp.placement.store import build_store
 from fedjax_dp.data.tabular import TIERS
-from tests.helpers import toy_problem
+from tests.helpers import make_test_runs, toy_problem
 from tests.test_golden import CONFIGS as GOLDEN_CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,9 @@ def test_every_named_recipe_is_listed_here():
   assert fedjax_dp.recipes.fedavg is recipes.fedavg   # a public name of the package
 
 
-@pytest.mark.parametrize("name", sorted(NAMED))
+# `make test` keeps one case of each code path; the others run in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("name", make_test_runs(sorted(NAMED), {
+    "fedavg", "scaffold", "topksdp", "dp_fedavg", "ldp_fedavg", "solo"}))
 def test_named_recipe_runs_as_its_flat_config_bit_for_bit(name):
   """The recipe's config is the one a user writes, and two rounds of it give the
   flat config's state and statistics bit for bit (the flat path: make_config)."""

@@ -109,6 +109,9 @@ def test_resident_state_rows_follow_their_slots_like_a_plain_loop():
   np.testing.assert_array_equal(np.asarray(got["b"]), table["b"] + 1)
 
 
+# ~11 s: `make test-slow` (CI runs it); resident rows on 8 devices against 1 are also
+# test_eight_devices_equal_one_with_per_client_state
+@pytest.mark.slow
 def test_resident_state_equals_the_replicated_table():
   """Full participation keeps each client's state on its device inside a chunk;
   it must give the replicated table's numbers, rows in client order after every
@@ -165,7 +168,8 @@ def test_resident_state_needs_full_participation():
     toy_simulation(x, y, parts, clients_per_round=10, algorithm="scaffold", resident_state=True)
 
 
-@pytest.mark.parametrize("resident", [False, True])
+# without resident state in `make test-slow` (CI runs it)
+@pytest.mark.parametrize("resident", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_clients_one_at_a_time_equal_vmapped_groups(resident):
   """client_batch 1 runs each client's loop unbatched (no per-step select of the
   carry); groups of 3 (with a remainder of 1 on each of 2 devices: 7 slots) run

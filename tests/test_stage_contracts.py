@@ -36,6 +36,7 @@ from fedjax_dp.privacy.setup import make_privacy
 from fedjax_dp.config import make_config
 from fedjax_dp.models import make_model
 from fedjax_dp.placement.store import sample_cohort
+from tests.helpers import make_test_runs
 
 
 # ------------------------------------------------------------------ helpers
@@ -452,7 +453,11 @@ def dp_step(dp, state, ids, mask, deltas, round_key, hp, mode="central"):
   return plan, adm, (uploads, unclipped, nonfinite), released
 
 
-@pytest.mark.parametrize("name", sorted(DP_CASES))
+# `make test` runs each mode, clip layout and budget once; local DP's per-layer budget
+# case runs in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("name", make_test_runs(sorted(DP_CASES), {
+    "none", "central", "local", "central-per_layer-adaptive", "central-budget-convergence",
+    "local-cluster_noise"}))
 def test_dp_round_contract(name):
   cfg, privacy, dp, params, state, hp = dp_case(name)
   ids, mask = DP_IDS, DP_MASK
