@@ -144,8 +144,7 @@ def run_peer(name: str, clients: int, cohort: int, data: str, rounds: int,
   return {**head, **json.loads(lines[-1]), "library": name}
 
 
-def peer_skip(name: str, previous: dict | None, cohort: int, rounds: int,
-              timeout_s: int) -> str | None:
+def peer_skip(previous: dict | None, cohort: int, rounds: int, timeout_s: int) -> str | None:
   """Why this peer's next point is not run, or None (see the module's docstring)."""
   if previous is None:
     return None
@@ -234,10 +233,21 @@ def main(argv=None):
   for kind in args.kind:
     for n in args.clients:
       cohort = min(n, args.cohort_max)
-      points.append({"library": "fedjax-dp"} | run_point(n, cohort, kind, args.rounds, args.max_table_gb,
-                              args.timeout, args.store, args.store_dtype))
+      points.append({"library": "fedjax-dp"} | run_point(
+          n, cohort, kind, args.rounds, args.max_table_gb, args.timeout, args.store,
+          args.store_dtype))
       print(json.dumps(points[-1]), file=sys.stderr, flush=True)
-      if kind != "stateless" or not peers:
+      if kind != "stateless":
+        continue
+      skips = {name: peer_skip(last.get(name), cohort, args.peer_rounds, args.peer_timeout)
+               for name in peers}
+      for name, why in skips.items():
+        if why:   # the next point is predicted from the last one measured
+          points.append({"library": name, "clients": n, "cohort": cohort, "kind": kind,
+                         "skipped": why})
+          print(json.dumps(points[-1]), file=sys.stderr, flush=True)
+      to_run = [name for name, why in skips.items() if not why]
+      if not to_run:
         continue
       with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data.npz")
@@ -245,13 +255,9 @@ def main(argv=None):
         # (Linux keeps the high-water mark across fork and exec), so this process stays small
         subprocess.run([sys.executable, __file__, "--peer-data", str(n), str(cohort), data],
                        check=True)
-        for name in peers:
-          why = peer_skip(name, last.get(name), cohort, args.peer_rounds, args.peer_timeout)
-          points.append({"library": name, "clients": n, "cohort": cohort, "kind": kind,
-                         "skipped": why} if why else
-                        run_peer(name, n, cohort, data, args.peer_rounds, args.peer_timeout))
-          if not why:   # a skip predicts the next point from the last one measured
-            last[name] = points[-1]
+        for name in to_run:
+          points.append(run_peer(name, n, cohort, data, args.peer_rounds, args.peer_timeout))
+          last[name] = points[-1]
           print(json.dumps(points[-1]), file=sys.stderr, flush=True)
   result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}

@@ -60,15 +60,13 @@ def flat(tree):
   return np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(tree)])
 
 
-def make_test_runs(values, keep, ids=None):
+def make_test_runs(values, keep):
   """Parametrize values: those in `keep` run in `make test`; the others are marked
   slow and run in `make test-slow` (CI runs both). For the cases of one test that
-  take the same code paths with other settings: `make test` keeps one of each path.
-  `ids`: a function naming a value, for values that are not their own names."""
-  name = ids or (lambda v: v)
-  unknown = set(keep) - {name(v) for v in values}
+  take the same code paths with other settings: `make test` keeps one of each path."""
+  unknown = set(keep) - set(values)
   assert not unknown, f"make_test_runs: {sorted(unknown)} are not among the values"
   # a tuple is one case of several argument names
-  return [v if name(v) in keep else
+  return [v if v in keep else
           pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
           for v in values]

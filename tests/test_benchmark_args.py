@@ -87,14 +87,14 @@ def test_scaling_peers_train_on_the_arrays_our_point_trains_on(tmp_path):
 def test_scaling_skips_a_peer_point_whose_predicted_round_is_over_the_timeout():
   import scaling
   measured = {"clients": 1000, "cohort": 1000, "median_round_s": 10.0, "clients_per_s": 100}
-  assert scaling.peer_skip("flower", None, 10000, 2, 600) is None
+  assert scaling.peer_skip(None, 10000, 2, 600) is None
   # 10,000 clients at 100 a second: 100 s a round, 3 rounds = 300 s
-  assert scaling.peer_skip("flower", measured, 10000, 2, 301) is None
-  why = scaling.peer_skip("flower", measured, 10000, 2, 299)
+  assert scaling.peer_skip(measured, 10000, 2, 301) is None
+  why = scaling.peer_skip(measured, 10000, 2, 299)
   assert why == ("not run: 100 clients/s at 1000 clients predicts 100 s a round, 3 rounds "
                  "over --peer-timeout 299 s")
   failed = {"clients": 100, "failed": "exit 1"}
-  assert scaling.peer_skip("flower", failed, 1000, 2, 600) == \
+  assert scaling.peer_skip(failed, 1000, 2, 600) == \
       "not run: failed or skipped at 100 clients"
 
 
