@@ -23,10 +23,12 @@ def reference_rounds(sim, x, y, parts, rounds):
   run_key = jax.random.PRNGKey(cfg.seed)
   max_n = sim.store.max_examples
 
+  # jitted so that each batch shape compiles once, not each operation of each step
+  jit_grad = jax.jit(jax.grad(lambda q, xb, yb: jnp.mean(
+      optax.softmax_cross_entropy_with_integer_labels(model.apply(q, xb), yb))))
+
   def grad(p, xb, yb):
-    loss = lambda q: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-        model.apply(q, xb), yb))
-    return jax.tree.map(np.asarray, jax.grad(loss)(p))
+    return jax.tree.map(np.asarray, jit_grad(p, xb, yb))
 
   for r in range(rounds):
     lr = cfg.lr

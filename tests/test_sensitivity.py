@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -65,7 +66,7 @@ def test_statistical_scores_rank_the_healthcare_features():
   x, _, tiers, _, sensitive = healthcare_data(400, seed=0)
   x = (x - x.mean(0)) / (x.std(0) + 1e-9)
   cols = [0, 1, 305, 483, 484, 493, 525, 526]   # 2 genotypes, clinical, 3 sensitive, 2 imaging
-  out = sa.statistical_scores(jnp.asarray(x[:200, cols]), jnp.asarray(x[:200][:, sensitive]),
+  out = jax.jit(sa.statistical_scores)(jnp.asarray(x[:200, cols]), jnp.asarray(x[:200][:, sensitive]),
                               jnp.asarray(x[200:, cols]))
   disc = np.asarray(out["discrete"])
   assert disc[:2].all() and not disc[-2:].any()       # genotypes discrete, imaging continuous
