@@ -3,7 +3,6 @@
 import gc
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -235,10 +234,16 @@ def test_usage_errors_are_one_line_with_exit_two(capsys):
 LONG = ("--set", "rounds=150")
 
 
+def _sigint_as_at_a_terminal():
+  """A test process started in the background (nohup, `cmd &` without job control)
+  inherits SIGINT ignored, and so would the run: Ctrl-C's default disposition back."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_says_interrupted_in_one_line_and_the_run_resumes(tmp_path):
   out = str(tmp_path / "int")
   proc = subprocess.Popen(_cmd(out, *LONG), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
+                          text=True, preexec_fn=_sigint_as_at_a_terminal)
   ckpt_dir, metrics = os.path.join(out, "checkpoints"), os.path.join(out, "metrics.jsonl")
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -273,24 +278,30 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_ends_the_run():
         pass
 
   unraisable, hook = [], sys.unraisablehook
-  with interrupts.installed():
-    interrupts.check()            # nothing recorded yet
-    gc.callbacks.append(callback)
-    sys.unraisablehook = unraisable.append
-    try:
-      gc.collect()                # no KeyboardInterrupt escapes the collection
-    finally:
-      gc.callbacks.remove(callback)
-      sys.unraisablehook = hook
-    assert landed and unraisable == []   # nor is one printed as 'Exception ignored'
-    with pytest.raises(KeyboardInterrupt):
-      interrupts.check()
-    with pytest.raises(KeyboardInterrupt):   # elsewhere it raises at once, as Python's does
-      os.kill(os.getpid(), signal.SIGINT)
-      for _ in range(10_000):
-        pass
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  interrupts.check()              # outside, nothing is pending
+  # Python's handler, as in a process started at a terminal (one started in the
+  # background inherits SIGINT ignored, and installed() then leaves it so)
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    with interrupts.installed():
+      interrupts.check()            # nothing recorded yet
+      gc.callbacks.append(callback)
+      sys.unraisablehook = unraisable.append
+      try:
+        gc.collect()                # no KeyboardInterrupt escapes the collection
+      finally:
+        gc.callbacks.remove(callback)
+        sys.unraisablehook = hook
+      assert landed and unraisable == []   # nor is one printed as 'Exception ignored'
+      with pytest.raises(KeyboardInterrupt):
+        interrupts.check()
+      with pytest.raises(KeyboardInterrupt):   # elsewhere it raises at once, as Python's does
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):
+          pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    interrupts.check()              # outside, nothing is pending
+  finally:
+    signal.signal(signal.SIGINT, outer)
 
 
 def test_datasets_lists_every_dataset(capsys):
