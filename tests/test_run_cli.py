@@ -1,5 +1,6 @@
 """End-to-end runs through the CLI: outputs, determinism, refusal to overwrite, kill and resume."""
 
+import contextlib
 import gc
 import json
 import os
@@ -234,16 +235,24 @@ def test_usage_errors_are_one_line_with_exit_two(capsys):
 LONG = ("--set", "rounds=150")
 
 
+@contextlib.contextmanager
 def _sigint_as_at_a_terminal():
-  """A test process started in the background (nohup, `cmd &` without job control)
-  inherits SIGINT ignored, and so would the run: Ctrl-C's default disposition back."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  """Python's SIGINT handler within. A suite started in the background (nohup) runs with
+  SIGINT ignored, and a run it starts inherits that; a handler is not inherited
+  across exec, so a run started within gets SIGINT's default disposition. (Not
+  preexec_fn: a fork of the multithreaded JAX process that runs Python can deadlock.)"""
+  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, outer)
 
 
 def test_ctrl_c_says_interrupted_in_one_line_and_the_run_resumes(tmp_path):
   out = str(tmp_path / "int")
-  proc = subprocess.Popen(_cmd(out, *LONG), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, preexec_fn=_sigint_as_at_a_terminal)
+  with _sigint_as_at_a_terminal():
+    proc = subprocess.Popen(_cmd(out, *LONG), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
   ckpt_dir, metrics = os.path.join(out, "checkpoints"), os.path.join(out, "metrics.jsonl")
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -278,10 +287,7 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_ends_the_run():
         pass
 
   unraisable, hook = [], sys.unraisablehook
-  # Python's handler, as in a process started at a terminal (one started in the
-  # background inherits SIGINT ignored, and installed() then leaves it so)
-  outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
+  with _sigint_as_at_a_terminal():    # else installed() leaves an ignored SIGINT so
     with interrupts.installed():
       interrupts.check()            # nothing recorded yet
       gc.callbacks.append(callback)
@@ -300,8 +306,28 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_ends_the_run():
           pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     interrupts.check()              # outside, nothing is pending
-  finally:
-    signal.signal(signal.SIGINT, outer)
+
+
+def test_an_error_raised_while_a_ctrl_c_unwinds_ends_the_run_as_interrupted(capsys):
+  """Once, a Ctrl-C in an orbax save made orbax's cleanup raise RuntimeError: exit 1
+  and a traceback. The Ctrl-C is what happened; an error of the run's own is not one."""
+  from fedjax_dp.experiment.cli import INTERRUPTED, run_guarded
+
+  def cleanup_fails():
+    try:
+      raise KeyboardInterrupt
+    except KeyboardInterrupt:
+      raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+  assert run_guarded(cleanup_fails) == INTERRUPTED
+  assert capsys.readouterr().err == "interrupted\n"
+
+  def fails():
+    try:
+      raise ValueError("its own")
+    except ValueError:
+      raise RuntimeError("and another")
+  with pytest.raises(RuntimeError, match="and another"):
+    run_guarded(fails)
 
 
 def test_datasets_lists_every_dataset(capsys):

@@ -148,9 +148,29 @@ def run_guarded(fn) -> int:
     _free_quietly(e)
     print("interrupted", file=sys.stderr)
     return INTERRUPTED
+  except Exception as e:
+    if not _raised_by_an_interrupt(e):
+      raise
+    # a library's cleanup failed while a Ctrl-C unwound through it (seen once: orbax,
+    # cut short mid-save): the Ctrl-C is what happened, and it ends the run as one
+    _free_quietly(e)
+    print("interrupted", file=sys.stderr)
+    return INTERRUPTED
 
 
-def _free_quietly(interrupt: KeyboardInterrupt) -> None:
+def _raised_by_an_interrupt(e: BaseException) -> bool:
+  """Was `e` raised while a KeyboardInterrupt was being handled (its __context__ or
+  __cause__ chain holds one)?"""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, KeyboardInterrupt):
+      return True
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def _free_quietly(interrupt: BaseException) -> None:
   """Frees the interrupted frames now, their teardown's complaints silenced. An
   orbax save cut short leaves an event loop and coroutines in them, which print
   'Exception ignored' and 'never awaited' on stderr when freed; this used to happen
