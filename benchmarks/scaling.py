@@ -16,10 +16,12 @@ of min(clients, --cohort-max) drawn each round. Two kinds of run:
 A stateful point whose device table would need more than --max-table-gb is
 skipped with the figure (--store device only).
 
-Peers (--peers; default: each whose venv exists) run the stateless protocol in the
-same invocation, right after our point at each size, on the same arrays (written to
-a temporary .npz; benchmarks/peers/scaling_peer.py says what each does): FedJAX
-0.0.17, pfl-research 0.6.0 (PyTorch) and Flower 1.41 (Ray). A peer without its venv
+Peers (--peers; default: each whose venv exists) run the same protocol in the same
+invocation, right after our point at each size, on the same arrays (written to a
+temporary .npz; benchmarks/peers/scaling_peer.py says what each does): FedJAX 0.0.17,
+pfl-research 0.6.0 (PyTorch) and Flower 1.41 (Ray) at the stateless points, and the
+one of them that ships SCAFFOLD, pfl-research, at the stateful points too (its
+control variates in its in-memory user-state storage). A peer without its venv
 is skipped with the command that builds it (benchmarks/peers/setup_*.sh). A peer
 point whose round, predicted from that peer's previous point's clients per second,
 would take more than --peer-timeout / (--peer-rounds + 1) is skipped with the
@@ -49,6 +51,10 @@ PEERS_DIR = os.path.join(HERE, "peers")
 PEERS = {"fedjax": (".venv-fedjax", "fedjax_scaling.py", "sh benchmarks/peers/setup_fedjax.sh"),
          "pfl": (".venv-pfl", "pfl_scaling.py", "sh benchmarks/peers/setup_pfl.sh"),
          "flower": (".venv-flower", "flower_scaling.py", "sh benchmarks/peers/setup_flower.sh")}
+# the kinds of point each peer can run (the stateful one is SCAFFOLD: only pfl ships it)
+PEER_KINDS = {"fedjax": ("stateless",), "pfl": ("stateless", "stateful"),
+              "flower": ("stateless",)}
+PEER_ALGORITHM = {"stateless": "fedavg", "stateful": "scaffold"}
 
 FEATURES, CLASSES, HIDDEN, PER_CLIENT = 32, 10, 64, 2
 PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
@@ -110,8 +116,9 @@ def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: f
 
 
 def write_peer_data(clients: int, cohort: int, path: str) -> None:
-  """The arrays our stateless point trains on, in client order (scaling_peer.py's
-  format): its config's data, partition and feature scaling, as setup() builds them."""
+  """The arrays our points of this size train on (the stateless and the stateful share
+  them), in client order (scaling_peer.py's format): the config's data, partition and
+  feature scaling, as setup() builds them."""
   import numpy as np
   from fedjax_dp.data import apply_feature_scaling
   from fedjax_dp.experiment.setup import client_partition, load_data
@@ -130,11 +137,12 @@ def peer_python(name: str) -> str:
 
 
 def run_peer(name: str, clients: int, cohort: int, data: str, rounds: int,
-             timeout_s: int) -> dict:
-  head = {"library": name, "clients": clients, "cohort": cohort, "kind": "stateless"}
+             timeout_s: int, kind: str = "stateless") -> dict:
+  head = {"library": name, "clients": clients, "cohort": cohort, "kind": kind}
   try:
     out = subprocess.run([peer_python(name), os.path.join(PEERS_DIR, PEERS[name][1]),
-                          "--data", data, "--cohort", str(cohort), "--rounds", str(rounds)],
+                          "--data", data, "--cohort", str(cohort), "--rounds", str(rounds),
+                          "--algorithm", PEER_ALGORITHM[kind]],
                          capture_output=True, text=True, timeout=timeout_s)
   except subprocess.TimeoutExpired:
     return {**head, "failed": f"did not finish within --peer-timeout {timeout_s} s"}
@@ -197,7 +205,7 @@ def main(argv=None):
   ap.add_argument("--store-dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--timeout", type=positive_int, default=900, help="seconds per point")
   ap.add_argument("--peers", nargs="*", default=None, choices=sorted(PEERS),
-                  help="peers to time on the stateless points (default: each whose venv "
+                  help="peers to time beside our points (default: each whose venv "
                        "exists; none: --peers with no name)")
   ap.add_argument("--peer-rounds", type=positive_int, default=2,
                   help="timed rounds per peer point, after one warm-up round")
@@ -220,12 +228,13 @@ def main(argv=None):
     return
   peers = ([name for name in PEERS if os.path.exists(peer_python(name))]
            if args.peers is None else args.peers)
-  if peers and "stateless" not in args.kind:
-    ap.error(f"--peers {' '.join(peers)}: peers run the stateless protocol only; add "
-             "--kind stateless or pass --peers with no name")
+  for name in args.peers or []:
+    if not set(PEER_KINDS[name]) & set(args.kind):
+      ap.error(f"--peers {name}: it runs the {' and '.join(PEER_KINDS[name])} points only, "
+               f"and --kind asks for {' '.join(args.kind)}")
   points, last = [], {}
   for name in sorted(set(PEERS) - set(peers)) if args.peers is None else []:
-    points.append({"library": name, "kind": "stateless",
+    points.append({"library": name, "kind": " ".join(PEER_KINDS[name]),
                    "skipped": f"no venv: build it with {PEERS[name][2]}"})
   for name in peers:
     if not os.path.exists(peer_python(name)):
@@ -237,10 +246,9 @@ def main(argv=None):
           n, cohort, kind, args.rounds, args.max_table_gb, args.timeout, args.store,
           args.store_dtype))
       print(json.dumps(points[-1]), file=sys.stderr, flush=True)
-      if kind != "stateless":
-        continue
-      skips = {name: peer_skip(last.get(name), cohort, args.peer_rounds, args.peer_timeout)
-               for name in peers}
+      skips = {name: peer_skip(last.get((name, kind)), cohort, args.peer_rounds,
+                               args.peer_timeout)
+               for name in peers if kind in PEER_KINDS[name]}
       for name, why in skips.items():
         if why:   # the next point is predicted from the last one measured
           points.append({"library": name, "clients": n, "cohort": cohort, "kind": kind,
@@ -256,8 +264,9 @@ def main(argv=None):
         subprocess.run([sys.executable, __file__, "--peer-data", str(n), str(cohort), data],
                        check=True)
         for name in to_run:
-          points.append(run_peer(name, n, cohort, data, args.peer_rounds, args.peer_timeout))
-          last[name] = points[-1]
+          points.append(run_peer(name, n, cohort, data, args.peer_rounds, args.peer_timeout,
+                                 kind))
+          last[name, kind] = points[-1]
           print(json.dumps(points[-1]), file=sys.stderr, flush=True)
   result = {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "params": PARAMS, "examples_per_client": PER_CLIENT, "points": points}

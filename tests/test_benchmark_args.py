@@ -75,13 +75,14 @@ def test_scaling_peers_train_on_the_arrays_our_point_trains_on(tmp_path):
   import scaling
   from fedjax_dp.experiment.setup import setup
   scaling.write_peer_data(50, 10, str(tmp_path / "data.npz"))
-  ds, parts, _ = setup(scaling.point_config(50, 10, "stateless"))
   with np.load(tmp_path / "data.npz") as f:
     x, y, starts = f["x"], f["y"], f["starts"]
   assert len(starts) == 51 and starts[-1] == len(x) == 100
-  for c in range(50):
-    np.testing.assert_array_equal(x[starts[c]:starts[c + 1]], ds.x_train[parts[c]])
-    np.testing.assert_array_equal(y[starts[c]:starts[c + 1]], ds.y_train[parts[c]])
+  for kind in ("stateless", "stateful"):     # one file serves both points of a size
+    ds, parts, _ = setup(scaling.point_config(50, 10, kind))
+    for c in range(50):
+      np.testing.assert_array_equal(x[starts[c]:starts[c + 1]], ds.x_train[parts[c]])
+      np.testing.assert_array_equal(y[starts[c]:starts[c + 1]], ds.y_train[parts[c]])
 
 
 def test_scaling_skips_a_peer_point_whose_predicted_round_is_over_the_timeout():
@@ -107,18 +108,21 @@ def test_scaling_refuses_a_named_peer_without_its_venv(tmp_path, monkeypatch, ca
   assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
       "is missing; build it with sh benchmarks/peers/setup_pfl.sh")
   with pytest.raises(SystemExit) as exit_:
-    scaling.main(["--peers", "pfl", "--kind", "stateful"])
+    scaling.main(["--peers", "fedjax", "--kind", "stateful"])
   assert exit_.value.code == 2
-  assert "peers run the stateless protocol only" in capsys.readouterr().err
+  assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+      "--peers fedjax: it runs the stateless points only, and --kind asks for stateful")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fedjax", "pfl", "flower"])
-def test_a_built_peer_times_rounds_of_the_scaling_protocol(name, tmp_path):
+@pytest.mark.parametrize("name,kind", [("fedjax", "stateless"), ("pfl", "stateless"),
+                                       ("pfl", "stateful"), ("flower", "stateless")])
+def test_a_built_peer_times_rounds_of_the_scaling_protocol(name, kind, tmp_path):
   import scaling
   if not os.path.exists(scaling.peer_python(name)):
     pytest.skip(f"no {name} venv: {scaling.PEERS[name][2]}")
   scaling.write_peer_data(20, 10, str(tmp_path / "data.npz"))
-  res = scaling.run_peer(name, 20, 10, str(tmp_path / "data.npz"), 2, 300)
+  res = scaling.run_peer(name, 20, 10, str(tmp_path / "data.npz"), 2, 300, kind)
   assert res["library"] == name and res["clients"] == 20 and res["cohort"] == 10, res
+  assert res["kind"] == kind and res.get("algorithm", "fedavg") == scaling.PEER_ALGORITHM[kind]
   assert len(res["round_s"]) == 2 and res["median_round_s"] > 0

@@ -1,15 +1,17 @@
-"""pfl-research 0.6.0 (PyTorch backend) on benchmarks/scaling.py's stateless protocol
-(scaling_peer.py).
+"""pfl-research 0.6.0 (PyTorch backend) on benchmarks/scaling.py's stateless and
+stateful protocols (scaling_peer.py).
 
 Written as a pfl user would: a FederatedDataset whose make_dataset_fn slices a client's
-rows, a uniform random user sampler, pfl.algorithm.FederatedAveraging on a
-SimulatedBackend (no postprocessors: no DP), a PyTorchModel of a torch MLP with SGD
-as the local (lr 0.05) and central (lr 1) optimizers, NNTrainHyperParams(1 epoch,
-batch 64). Central evaluation off. A round is one central iteration, timed between
-pfl's own after_central_iteration callbacks (the first from on_train_begin).
+rows, a uniform random user sampler, pfl.algorithm.FederatedAveraging (or, with
+--algorithm scaffold, pfl.algorithm.SCAFFOLD, option II, the control variates in an
+InMemoryUserStateStorage) on a SimulatedBackend (no postprocessors: no DP), a
+PyTorchModel of a torch MLP with SGD as the local (lr 0.05) and central (lr 1)
+optimizers, NNTrainHyperParams(1 epoch, batch 64). Central evaluation off. A round is
+one central iteration, timed between pfl's own after_central_iteration callbacks (the
+first from on_train_begin).
 
   benchmarks/peers/.venv-pfl/bin/python benchmarks/peers/pfl_scaling.py \\
-      --data DATA.npz --cohort 10000 --rounds 3
+      --data DATA.npz --cohort 10000 --rounds 3 [--algorithm scaffold]
 """
 
 import os
@@ -24,10 +26,12 @@ import scaling_peer as peer  # noqa: E402
 
 from pfl.aggregate.simulate import SimulatedBackend  # noqa: E402
 from pfl.algorithm import FederatedAveraging, NNAlgorithmParams  # noqa: E402
+from pfl.algorithm.scaffold import SCAFFOLD, SCAFFOLDParams  # noqa: E402
 from pfl.callback.base import TrainingProcessCallback  # noqa: E402
 from pfl.data.dataset import Dataset  # noqa: E402
 from pfl.data.federated_dataset import FederatedDataset  # noqa: E402
 from pfl.data.sampling import get_user_sampler  # noqa: E402
+from pfl.data.user_state import InMemoryUserStateStorage  # noqa: E402
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams  # noqa: E402
 from pfl.metrics import Metrics, Weighted  # noqa: E402
 from pfl.model.pytorch import PyTorchModel  # noqa: E402
@@ -70,7 +74,7 @@ class RoundClock(TrainingProcessCallback):
 
 
 def main(argv=None):
-  args = peer.parse_args(__doc__.splitlines()[0], argv)
+  args = peer.parse_args(__doc__.splitlines()[0], argv, algorithms=("fedavg", "scaffold"))
   clock = peer.Clock()
   torch.manual_seed(0)
   np.random.seed(0)
@@ -87,10 +91,16 @@ def main(argv=None):
   module = MLP()
   model = PyTorchModel(module, local_optimizer_create=torch.optim.SGD,
                        central_optimizer=torch.optim.SGD(module.parameters(), peer.SERVER_LR))
-  FederatedAveraging().run(
-      algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds + 1,
-                                         evaluation_frequency=args.rounds + 10,
-                                         train_cohort_size=args.cohort, val_cohort_size=0),
+  common = dict(central_num_iterations=args.rounds + 1, evaluation_frequency=args.rounds + 10,
+                train_cohort_size=args.cohort, val_cohort_size=0)
+  if args.algorithm == "scaffold":
+    algorithm = SCAFFOLD()
+    params = SCAFFOLDParams(**common, population=n, use_gradient_as_control_variate=False,
+                            user_state_storage=InMemoryUserStateStorage())
+  else:
+    algorithm, params = FederatedAveraging(), NNAlgorithmParams(**common)
+  algorithm.run(
+      algorithm_params=params,
       backend=SimulatedBackend(training_data=train, val_data=val),
       model=model,
       model_train_params=NNTrainHyperParams(local_num_epochs=1,
@@ -101,7 +111,7 @@ def main(argv=None):
   clock.rounds = clock.rounds[:args.rounds + 1]
   peer.emit(peer.result("pfl-research", {"pfl": version("pfl"), "torch": torch.__version__,
                                          "torch_threads": torch.get_num_threads()},
-                        n, args.cohort, clock))
+                        n, args.cohort, clock, algorithm=args.algorithm))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """What every peer of benchmarks/scaling.py shares: its arguments, the data and the result line.
 
-The protocol (scaling.py's stateless point, as each peer's own user would write it):
+The protocol (scaling.py's points, as each peer's own user would write it):
 N clients of 2 examples each (32 features, 10 classes: fedjax_dp's synthetic Gaussian
 classes, iid partition, seed 0, written by scaling.py to an .npz so that every library
 trains on the same arrays), a cohort of C clients drawn uniformly without replacement
 each round, E = 1, batch 64 (one step a client), client SGD lr 0.05 without momentum,
-MLP 32-64-10 (ReLU, 2,762 parameters), FedAvg weighted by examples with server lr 1.
+MLP 32-64-10 (ReLU, 2,762 parameters), FedAvg weighted by examples with server lr 1 (`--algorithm fedavg`, the stateless
+points), or SCAFFOLD, option II, each client's control variate kept between rounds
+(`--algorithm scaffold`, the stateful points; only peers that ship it accept it).
 A round ends when the new global model is on the server; one warm-up round, then the
 median of --rounds timed rounds.
 
@@ -31,8 +33,10 @@ FEATURES, HIDDEN, CLASSES = 32, 64, 10
 BATCH, CLIENT_LR, SERVER_LR = 64, 0.05, 1.0
 
 
-def parse_args(description: str, argv=None) -> argparse.Namespace:
+def parse_args(description: str, argv=None, algorithms=("fedavg",)) -> argparse.Namespace:
   ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--algorithm", default="fedavg", choices=algorithms,
+                  help="fedavg (stateless) or scaffold (stateful), where this peer ships it")
   ap.add_argument("--data", required=True, help="the .npz scaling.py wrote")
   ap.add_argument("--cohort", type=int, required=True, help="clients per round")
   ap.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
