@@ -221,6 +221,41 @@ def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
   assert key(read_rows(killed)) == key(read_rows(full))
 
 
+def test_one_set_takes_several_keys_and_python_m_runs_the_console_script(tmp_path):
+  """`--set rounds=2 eval_every=2` is what people type (it was 'unrecognized
+  arguments'); through `python -m fedjax_dp`, the console script's entry."""
+  from fedjax_dp.experiment.cli import build_parser
+  args = build_parser().parse_args(["run", "--out", "x", "--set", "a=1", "b=2", "--set", "c=3"])
+  assert args.set == ["a=1", "b=2", "c=3"]
+  out = str(tmp_path / "run")
+  done = subprocess.run([sys.executable, "-m", "fedjax_dp", "run", "--no-progress", "--out", out,
+                         "--set", *FAST, "rounds=2", "eval_every=1"],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  with open(os.path.join(out, "config.json")) as f:
+    cfg = json.load(f)
+  assert (cfg["rounds"], cfg["eval_every"], cfg["num_clients"]) == (2, 1, 10)
+  assert [r["round"] for r in read_rows(out)] == [1, 2]
+
+
+def test_version_is_the_packages():
+  import tomllib
+  with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+    version = tomllib.load(f)["project"]["version"]
+  done = subprocess.run([sys.executable, "-m", "fedjax_dp", "--version"], capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout == f"fedjax-dp {version}\n", done
+
+
+def test_an_unknown_key_suggests_the_nearest_ones(capsys):
+  assert main(["run", "--out", "x", "--set", "round=5"]) == 2
+  err = capsys.readouterr().err
+  assert err == ("error: unknown config key 'round' (did you mean 'rounds'? the README's "
+                 "'Config keys' lists all 107)\n")
+  assert main(["run", "--out", "x", "--set", "zzz=1"]) == 2
+  assert "(the README's 'Config keys' lists all" in capsys.readouterr().err
+
+
 def test_usage_errors_are_one_line_with_exit_two(capsys):
   for argv in ([], ["run", "--out", "x", "--bogus"], ["account", "--q", "x"]):
     with pytest.raises(SystemExit) as e:

@@ -5,6 +5,7 @@ parsing, and a YAML file on top of the defaults (load_config).
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -89,14 +90,20 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
       values.update({k: v for k, v in preset.items() if k not in raw})
   for key, value in raw.items():
     if key not in _FIELDS:
-      raise ConfigError(
-          f"unknown config key '{key}' (allowed: {', '.join(sorted(_FIELDS))})")
+      raise ConfigError(unknown_key_message(key))
     values[key] = _coerce(key, value)
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   cfg = Config(**values)
   _check(cfg, raw)
   return cfg
+
+
+def unknown_key_message(key: str) -> str:
+  """One line: the unknown key, the nearest known ones, and where the list is."""
+  near = difflib.get_close_matches(key, list(_FIELDS), n=3, cutoff=0.6)
+  hint = f"did you mean {' or '.join(repr(k) for k in near)}? " if near else ""
+  return f"unknown config key '{key}' ({hint}the README's 'Config keys' lists all {len(_FIELDS)})"
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

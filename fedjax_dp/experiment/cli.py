@@ -94,12 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
   p = OneLineParser(
       prog="fedjax-dp",
       description="JAX simulator for federated learning with differential privacy.")
+  from fedjax_dp import __version__
+  p.add_argument("--version", action="version", version=f"fedjax-dp {__version__}")
   sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
   r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
   r.add_argument("--config", help="YAML file of config keys (see README)")
-  r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="override one config key; repeatable")
+  r.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys: one or more KEY=VALUE; repeatable")
   r.add_argument("--out", required=True, help="output folder (must be empty or absent)")
   r.add_argument("--resume", action="store_true",
                  help="continue the run in --out from its newest readable checkpoint")
@@ -120,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
   d.add_argument("--partition", action="store_true",
                  help="print the per-client label histogram of the configured partition")
   d.add_argument("--config", help="YAML config (dataset, num_clients, partition, alpha, ...)")
-  d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+  d.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.set_defaults(func=_datasets)
 
