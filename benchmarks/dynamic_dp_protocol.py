@@ -46,7 +46,7 @@ import jax  # noqa: E402
 
 from fedjax_dp.privacy import accounting, analyzer, planning  # noqa: E402
 from fedjax_dp.privacy import setup as privacy_setup  # noqa: E402
-from fedjax_dp.config import load_config  # noqa: E402
+
 from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402
 
@@ -68,8 +68,17 @@ MEMOS = (analyzer.semantic_model, analyzer.training_set, accounting._poisson_gau
 
 
 def arm_config(name: str, rounds: int):
-  return load_config(BASE, [f"{k}={json.dumps(v)}" for k, v in
-                            dict(ARMS[name], rounds=rounds).items()])
+  return _protocol_script().load_protocol(dict(ARMS[name], rounds=rounds))
+
+
+def _protocol_script():
+  """experiments/dynamic_dp/run.py, whose load_protocol reads base.yaml as its arms do."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "dynamic_dp_run", os.path.join(HERE, "..", "experiments", "dynamic_dp", "run.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def run_arm(name: str, rounds: int, warm_cache: str) -> dict:

@@ -85,8 +85,11 @@ def test_cli_exit_status_two_without_traceback(tmp_path):
 
 
 def test_delta_below_one_over_num_clients_is_accepted():
-  # the bound only applies where a delta is used: dp none ignores delta
-  assert make_config({"delta": 0.3}).delta == 0.3
+  # the bound only applies where a delta is used; without dp nothing reads delta,
+  # and setting it is refused as any key nothing reads
+  with pytest.raises(ConfigError, match="'delta' = 0.3 is read by nothing in this run: it is "
+                     "read with dp 'central' or 'local'"):
+    make_config({"delta": 0.3})
   assert make_config({"dp": "central", "noise_multiplier": 1.0, "delta": 0.049}).delta == 0.049
   assert make_config({"algorithm": "topksdp", "kept_noise": "multiplier", "final_clip_l2": 1.0,
                       "ldp_delta": 0.049}).ldp_delta == 0.049
@@ -106,7 +109,27 @@ def test_experiment_configs_still_validate():
   import os
   root = os.path.join(os.path.dirname(__file__), "..", "experiments")
   for path in glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True):
-    load_config(path)
+    load_config(path, PROTOCOL_SETS.get(os.path.relpath(path, root), []))
+
+
+# experiment YAMLs that are protocols whose arms choose the DP mechanism: alone, their
+# clip is read by nothing (the script leaves it out of its no-privacy arm: load_protocol)
+PROTOCOL_SETS = {"dynamic_dp/base.yaml": ["dp=central", "target_epsilon=1.9"]}
+
+
+def test_a_protocol_without_its_mechanism_is_refused_and_its_script_drops_the_clip():
+  import importlib.util
+  import os
+  root = os.path.join(os.path.dirname(__file__), "..", "experiments")
+  with pytest.raises(ConfigError, match="'clip_norm' = 0.1 is read by nothing in this run: it "
+                     "is read with dp 'central' or 'local'"):
+    load_config(os.path.join(root, "dynamic_dp", "base.yaml"))
+  spec = importlib.util.spec_from_file_location("dynamic_dp_run",
+                                                os.path.join(root, "dynamic_dp", "run.py"))
+  dynamic_dp_run = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(dynamic_dp_run)
+  assert dynamic_dp_run.load_protocol({}).clip_norm == Config().clip_norm
+  assert dynamic_dp_run.load_protocol({"dp": "central", "target_epsilon": 1.9}).clip_norm == 0.1
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "contrastive", "topksdp", "moon",

@@ -157,9 +157,12 @@ def test_an_edited_pytree_is_refused():
 
 
 @pytest.mark.parametrize("base, change, message", [
-    (dict(), dict(prox_mu=0.5), "prox_mu = 0.5 changes nothing"),
+    (dict(), dict(prox_mu=0.5), "'prox_mu' = 0.5 is read by nothing in this run: it is read "
+                                 "with algorithm 'fedprox'"),
     (dict(aggregator="median"), dict(cclip_tau=2.0), "cclip_tau"),
-    (dict(dp="central", noise_multiplier=1.0), dict(clip_count_stddev=2.0), "changes nothing"),
+    (dict(dp="central", noise_multiplier=1.0), dict(clip_count_stddev=2.0),
+     "'clip_count_stddev' = 2.0 is read by nothing in this run: it is read with "
+     "adaptive_clipping true"),
     (dict(lr_schedule="constant"), dict(lr_min=0.01), "lr_min"),
     (dict(dp="local", noise_multiplier=1.0, target_epsilon=20.0), dict(target_epsilon=5.0),
      "per-client budgets"),

@@ -607,8 +607,10 @@ def run_kept_noise(tmp_path, monkeypatch, resume: bool, **overrides):
                 partition="iid", hidden=[64], batch_size=64, local_epochs=1,
                 algorithm="topksdp", index_selection="random_k",
                 final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=0.01, lr=0.05,
-                lr_min=0.01, rounds=4, eval_every=1, checkpoint_every=1000, devices=1, seed=0)
+                rounds=4, eval_every=1, checkpoint_every=1000, devices=1, seed=0)
   values.update(overrides)
+  if values.get("lr_schedule") == "cosine":   # read only by the cosine schedule
+    values["lr_min"] = 0.01
   phases, _ = run_phases(rec, values, str(tmp_path / "run"), resume_rounds=12 if resume else None)
   for ph in phases:
     check_kept_noise(rec, ph, f"TopkSDP-FL kept noise {ph.cfg.kept_noise}, lr "

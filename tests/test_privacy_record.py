@@ -24,8 +24,12 @@ BASE = {"dataset": "digits", "num_clients": 40, "clients_per_round": 4, "samplin
         "clip_norm": 0.5, "accountant": "pld", "eval_every": 2, "checkpoint_every": 2}
 
 
-def run(out, resume=False, **over):
-  return run_experiment(make_config({**BASE, **over}), str(out), resume=resume, progress=False,
+# BASE without its DP mechanism (a run without dp reads none of these keys)
+NO_DP = {k: v for k, v in BASE.items() if k not in ("dp", "clip_norm", "accountant")}
+
+
+def run(out, resume=False, base=BASE, **over):
+  return run_experiment(make_config({**base, **over}), str(out), resume=resume, progress=False,
                         log=lambda m: None)
 
 
@@ -210,15 +214,15 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
   import optax
   from fedjax_dp.models import num_params
   from fedjax_dp.privacy.topksdp_privacy import topksdp_report
-  over = dict(dp="none", accountant="rdp", s_local=0.9, index_selection="random_k",
+  over = dict(s_local=0.9, index_selection="random_k",
               final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=1.0, lr=0.05,
               lr_schedule="cosine", lr_min=0.01, sampling="fixed")
-  run(tmp_path / "k", rounds=4, **over)
-  summary = run(tmp_path / "k", resume=True, rounds=8, **over)
+  run(tmp_path / "k", rounds=4, base=NO_DP, **over)
+  summary = run(tmp_path / "k", resume=True, rounds=8, base=NO_DP, **over)
   # what each round ran with: rounds 0-3 under a 4-round cosine, 4-7 under an 8-round one
   lrs = [float(optax.cosine_decay_schedule(0.05, decay_steps=r, alpha=0.2)(t))
          for r, ts in ((4, range(4)), (8, range(4, 8))) for t in ts]
-  cfg = make_config({**BASE, **over, "rounds": 8})
+  cfg = make_config({**NO_DP, **over, "rounds": 8})
   sizes = json.load(open(tmp_path / "k" / "summary.json"))["data"]["client_examples"]
   from fedjax_dp.experiment.setup import setup
   _, parts, sim = setup(cfg)

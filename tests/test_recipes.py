@@ -26,6 +26,7 @@ from fedjax_dp.core.simulation import build_simulation, make_mesh
 from fedjax_dp.placement.store import build_store
 from fedjax_dp.data.tabular import TIERS
 from tests.helpers import make_test_runs, toy_problem
+from tests.test_config import PROTOCOL_SETS
 from tests.test_golden import CONFIGS as GOLDEN_CONFIGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +139,8 @@ def _shipped_configs():
     yield f"golden:{name}", make_config(dict(SETUP, **overrides))
   for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "**", "*.yaml"),
                                recursive=True)):
-    yield os.path.relpath(path, ROOT), load_config(path)
+    yield os.path.relpath(path, ROOT), load_config(
+        path, PROTOCOL_SETS.get(os.path.relpath(path, os.path.join(ROOT, "experiments")), []))
   for i, (path, sets) in enumerate(_readme_commands()):
     try:
       yield f"README command {i}", load_config(path, sets)
@@ -149,8 +151,9 @@ def _shipped_configs():
       "clip_parts=tiers", "tier_source=analyzer", "noise_schedule=convergence",
       "convergence_measure=norm_diff", "dp=central", "target_epsilon=1.9"])
   # keys no stage reads (prox_mu under fedavg, a schedule's window without DP) come back too
+  # (a saved run's config from before such keys were refused: refuse_unread=False)
   yield "unused keys", make_config({"prox_mu": 0.3, "convergence_window": 4, "delta": 1e-6,
-                                    "index_selection": "random_k"})
+                                    "index_selection": "random_k"}, refuse_unread=False)
 
 
 def test_from_config_then_to_config_is_the_same_config():

@@ -151,13 +151,20 @@ def test_cosine_clusters_and_clustered_mean_against_numpy():
   np.testing.assert_allclose(agg, want, rtol=1e-5, atol=1e-6)
 
 
+def _own_options(aggregator, **options):
+  """The options among `options` that `aggregator` reads (a key no stage reads is refused)."""
+  from fedjax_dp.robust import get_aggregator
+  return {k: v for k, v in options.items() if k in get_aggregator(aggregator).keys}
+
+
 @pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
                                         "outlier_median", "cluster"])
 def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
   """One round on 2 devices equals the numpy rule applied to the per-client deltas."""
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12))
   sim = toy_simulation(x, y, parts, hidden=[6], devices=2, aggregator=aggregator,
-                       trim_fraction=0.2, byzantine_f=1, cluster_threshold=0.3)
+                       **_own_options(aggregator, trim_fraction=0.2, byzantine_f=1,
+                                      cluster_threshold=0.3))
   s0 = sim.init_state()
   deltas = np.stack([flat(d) for d in round_zero_deltas(sim, s0)])
   p0 = flat(s0.params)
@@ -248,8 +255,8 @@ def test_robust_rules_drop_non_finite_uploads_and_ignore_masked_slots(aggregator
   """A NaN or inf upload is left out by every robust rule (and counted in
   flagged); a masked slot holding NaN or inf changes nothing (0 * inf was NaN)."""
   from fedjax_dp.robust import get_aggregator
-  cfg = make_config({"aggregator": aggregator, "byzantine_f": 1, "clients_per_round": 8,
-                     "num_clients": 8, "trim_fraction": 0.2})
+  cfg = make_config({"aggregator": aggregator, "clients_per_round": 8, "num_clients": 8,
+                     **_own_options(aggregator, byzantine_f=1, trim_fraction=0.2)})
   spec = get_aggregator(aggregator)
 
   def rule(u, mask, w):   # one call from the rule's initial state

@@ -17,7 +17,10 @@ from fedjax_dp.algorithms import TERMS, LocalContext, ServerContext, objective_f
 from fedjax_dp.config import make_config
 from fedjax_dp.robust import AGGREGATORS
 
-CFG = make_config({"byzantine_f": 1, "clients_per_round": 8, "num_clients": 8})
+# one config every stage reads its numbers from, outside any one run (so the keys of
+# rules and terms the config does not turn on are allowed: refuse_unread=False)
+CFG = make_config({"byzantine_f": 1, "clients_per_round": 8, "num_clients": 8},
+                  refuse_unread=False)
 M, D = 9, 6
 
 

@@ -39,7 +39,9 @@ use_cpu_devices()
 
 from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
-from fedjax_dp.config import load_config, make_config  # noqa: E402
+import yaml  # noqa: E402
+
+from fedjax_dp.config import Config, make_config  # noqa: E402
 from fedjax_dp.experiment.run_folder import make_out_folder  # noqa: E402
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
@@ -60,14 +62,29 @@ PAPER_ABLATIONS = {"full": 96.1, "no_semantic": 91.8, "no_convergence": 89.2,
 PAPER_ALPHA = {1.0: 96.1, 0.5: 93.8, 0.1: 90.4, 0.05: 86.9, 0.01: 80.3}
 
 
+BASE_YAML = os.path.join(HERE, "base.yaml")
+DP_ONLY = ("clip_norm",)   # base.yaml's keys that only a run with dp reads
+
+
+def load_protocol(overrides: dict) -> Config:
+  """base.yaml with `overrides`. An arm without dp leaves out base.yaml's DP keys:
+  nothing would read them, and a key nothing reads is refused."""
+  with open(BASE_YAML) as f:
+    values = yaml.safe_load(f)
+  values.update(overrides)
+  if values.get("dp", "none") == "none":
+    for key in DP_ONLY:
+      values.pop(key, None)
+  return make_config(values)
+
+
 def run_one(args, name: str, sets: dict) -> dict:
   out = os.path.join(args.out, args.protocol, name)
   overrides = dict(PROTOCOLS[args.protocol], **sets)
   overrides.setdefault("rounds", args.rounds)
-  if args.analyzer_steps:
+  if args.analyzer_steps and overrides.get("dp", "none") != "none":   # without dp, unread
     overrides["analyzer_steps"] = args.analyzer_steps
-  cfg = load_config(os.path.join(HERE, "base.yaml"),
-                    [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+  cfg = load_protocol(overrides)
   cfg = make_config({"eval_every": max(1, min(cfg.eval_every, cfg.rounds // 9 or 1))}, cfg)
   if not os.path.exists(os.path.join(out, "summary.json")):
     print(f"[run] {args.protocol}/{name}", flush=True)
@@ -144,10 +161,8 @@ def budget(args) -> list[dict]:
   that makes static DP spend epsilon 2.0 in 800 rounds, the paper's static row),
   a budget of 2.0, and up to 2,000 rounds."""
   from fedjax_dp.privacy.setup import noise_multiplier_for
-  base = load_config(os.path.join(HERE, "base.yaml"),
-                     [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
-  z = noise_multiplier_for(make_config({"dp": "central", "target_epsilon": 2.0,
-                                        "rounds": 800}, base))
+  z = noise_multiplier_for(load_protocol({**PROTOCOLS[args.protocol], "dp": "central",
+                                          "target_epsilon": 2.0, "rounds": 800}))
   rows = []
   for name, sets in (("static_dp", {}), ("dynamic_dp", DYNAMIC)):
     for seed in args.seeds:
@@ -162,9 +177,7 @@ def budget(args) -> list[dict]:
 
 def majority_share(args) -> float:
   from fedjax_dp.experiment.setup import load_data
-  cfg = load_config(os.path.join(HERE, "base.yaml"),
-                    [f"{k}={json.dumps(v)}" for k, v in PROTOCOLS[args.protocol].items()])
-  y = load_data(cfg).y_test
+  y = load_data(load_protocol(PROTOCOLS[args.protocol])).y_test
   return max((y == k).mean() for k in set(y.tolist()))
 
 

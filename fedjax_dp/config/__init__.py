@@ -13,9 +13,10 @@ The package holds, one concept a module:
 """
 
 # every name an importer reads through fedjax_dp.config (_coerce: recipes/base.py)
+from fedjax_dp.config.checks import unread_keys
 from fedjax_dp.config.loading import _coerce, load_config, make_config, parse_set
 from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER, PRESETS, RANGES,
                                      Config, ConfigError)
 
 __all__ = ["CHOICES", "FLOAT32_MAX", "MIN_NOISE_MULTIPLIER", "PRESETS", "RANGES", "Config",
-           "ConfigError", "load_config", "make_config", "parse_set"]
+           "ConfigError", "load_config", "make_config", "parse_set", "unread_keys"]

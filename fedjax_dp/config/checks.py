@@ -23,16 +23,95 @@ def _describe_range(key: str) -> str:
   return " and ".join(parts)
 
 
-def _check(cfg: Config, raw: dict[str, Any]) -> None:
+def _check(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> None:
   """Raises ConfigError for the first bad value, shown as the user wrote it (`raw`):
   each key's own values, the set-up's (population, sampling, Byzantine clients),
   then the run's recipe (recipes.from_config(cfg).validate(): which stages combine,
-  from their properties), then the data's."""
+  from their properties), then the data's; then a key of `raw` set away from its
+  default that nothing of this run reads (unless not `refuse_unread`: a saved run's
+  config, accepted when it was written)."""
   _check_keys(cfg, raw)
   _check_population(cfg, raw)
   _check_stages(cfg)
   _check_client_state_store(cfg)
   _check_data(cfg)
+  if refuse_unread:
+    _check_unread(cfg, raw)
+
+
+def unread_keys(cfg: Config) -> frozenset[str]:
+  """The config keys nothing of this run reads, whatever their values: recipe keys no
+  stage stands for (recipes.flat.unread_keys_of), and set-up keys another key turns
+  off (_SETUP_KEYS_READ)."""
+  from fedjax_dp.recipes import flat
+  return flat.unread_keys_of(flat.from_config(cfg)) | frozenset(
+      k for k, (is_read, _) in _SETUP_KEYS_READ.items() if not is_read(cfg))
+
+
+def _check_unread(cfg: Config, raw: dict[str, Any]) -> None:
+  """A key set away from its default that nothing reads would be silently ignored
+  (`noise_multiplier` without `dp` trained with no privacy and exited 0): one line
+  naming the key and the setting that would make it read."""
+  defaults = Config()
+  for key in sorted(unread_keys(cfg)):
+    value = getattr(cfg, key)
+    if key in raw and value != getattr(defaults, key):
+      raise ConfigError(f"config key '{key}' = {raw[key]!r} is read by nothing in this run: "
+                        f"{_what_reads(key)}")
+
+
+def _what_reads(key: str) -> str:
+  """The setting that makes `key` read (for the message of an unread key)."""
+  from fedjax_dp import robust
+  from fedjax_dp.algorithms.registry import TERMS
+  from fedjax_dp.recipes import flat
+  if key in _SETUP_KEYS_READ:
+    return f"it is read with {_SETUP_KEYS_READ[key][1]}"
+  terms = [n for n, t in TERMS.items() if key in t.keys]
+  if terms:
+    return f"it is read with algorithm {' or '.join(repr(t) for t in terms)}"
+  rules = [n for n, a in robust.AGGREGATORS.items() if key in a.keys]
+  if rules:
+    return f"it is read with aggregator {' or '.join(repr(r) for r in rules)}"
+  if key in flat.MECHANISM_KEYS or key in flat.PLANNER_KEYS:
+    return "it is read with dp 'central' or 'local' (without dp the run has no privacy)"
+  if key in flat.ADAPTIVE_KEYS:
+    return "it is read with adaptive_clipping true"
+  if key in flat.UPLOAD_KEYS["gaussian_on_kept"]:
+    return "it is read with kept_noise 'paper' or 'multiplier'"
+  if key in flat.UPLOAD_KEYS["topk"]:
+    return "it is read with s_local > 0 (top-k uploads)"
+  return "leave it at its default"
+
+
+def _server_optimizer(cfg: Config) -> str:
+  from fedjax_dp.training.server import server_optimizer_name
+  return server_optimizer_name(cfg)
+
+
+# set-up keys read only under another key's setting: key -> (is it read?, what makes it read)
+_SETUP_KEYS_READ = {
+    "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
+    "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
+              "partition 'dirichlet' or 'dirichlet_client'"),
+    "classes_per_client": (lambda c: c.partition == "shards", "partition 'shards'"),
+    "quantity_alpha": (lambda c: c.partition == "quantity", "partition 'quantity'"),
+    "byzantine_attack": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
+    "byzantine_scale": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
+    "synthetic_examples": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "synthetic_features": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "synthetic_classes": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "healthcare_examples": (lambda c: c.dataset == "healthcare", "dataset 'healthcare'"),
+    "csv_path": (lambda c: c.dataset == "csv", "dataset 'csv'"),
+    "label_column": (lambda c: c.dataset == "csv", "dataset 'csv'"),
+    "tier_map_path": (lambda c: c.dataset == "csv", "dataset 'csv'"),
+    "max_cohort": (lambda c: c.sampling == "poisson", "sampling 'poisson'"),
+    "server_momentum": (lambda c: _server_optimizer(c) == "momentum",
+                        "server_optimizer 'momentum' (or algorithm 'fedavgm')"),
+    **{k: (lambda c: _server_optimizer(c) == "adam",
+           "server_optimizer 'adam' (or algorithm 'fedadam')")
+       for k in ("server_beta1", "server_beta2", "server_eps")},
+}
 
 
 def _check_client_state_store(cfg: Config) -> None:

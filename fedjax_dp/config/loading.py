@@ -76,11 +76,14 @@ def _coerce(key: str, value: Any) -> Any:
   return value
 
 
-def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
+def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None,
+                refuse_unread: bool = True) -> Config:
   """Returns a validated Config: `base` (or the defaults) with `overrides` applied.
   An algorithm's PRESETS fill the keys `overrides` leave out, on the defaults or
   when `overrides` names the algorithm; a `base` (a saved, resolved config) keeps
-  its own values (a resumed topksdp run with s_global 0 stays at 0)."""
+  its own values (a resumed topksdp run with s_global 0 stays at 0). A key of
+  `overrides` away from its default that nothing of the run reads is a ConfigError
+  unless not `refuse_unread` (a saved config, checked when it was written)."""
   values = (base or Config()).to_dict()
   raw = dict(overrides or {})
   algorithm = str(raw.get("algorithm", values["algorithm"]))
@@ -95,7 +98,7 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   cfg = Config(**values)
-  _check(cfg, raw)
+  _check(cfg, raw, refuse_unread)
   return cfg
 
 

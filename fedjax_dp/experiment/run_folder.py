@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from fedjax_dp.config import Config, ConfigError, make_config
+from fedjax_dp.config import Config, ConfigError, make_config, unread_keys
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
@@ -35,7 +35,7 @@ def saved_config(path: str) -> Config:
     if "feature_scaling" not in values and values.get("dataset") in TABULAR:
       # written before the key existed, when tabular data was always pooled
       values = dict(values, feature_scaling="pooled")
-    return make_config(values)
+    return make_config(values, refuse_unread=False)   # as it was accepted when written
   except (OSError, ValueError, ConfigError) as e:
     raise RunError(f"--resume: {path} is not a valid run config ({str(e).splitlines()[0]})")
 
@@ -48,10 +48,13 @@ def rounds_done(out: str) -> int:
 
 def config_diff(cfg: Config, saved: Config, free: tuple[str, ...]) -> list[str]:
   """The config keys whose values differ between cfg and saved, but those in free
-  (feature_scaling compared as resolved: 'auto' is 'pooled' without DP)."""
+  and those neither run reads (config.unread_keys: a saved run's clip_norm without
+  dp is the same run as the default); feature_scaling compared as resolved ('auto'
+  is 'pooled' without DP)."""
   value = lambda c, k: resolved_feature_scaling(c) if k == "feature_scaling" else getattr(c, k)
+  unread = unread_keys(cfg) & unread_keys(saved)
   return [k for k in dataclasses.asdict(cfg) if value(cfg, k) != value(saved, k)
-          and k not in free]
+          and k not in free and k not in unread]
 
 
 def shown_setting(cfg: Config, key: str) -> str:

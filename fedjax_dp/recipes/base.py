@@ -110,7 +110,10 @@ class Recipe:
     check_agrees(self, values, setup)
     from fedjax_dp.config import make_config
     start = {k: v for k, v in (base or Config()).to_dict().items() if k in SETUP_KEYS}
-    return check_expressed(self, make_config({**start, **values, **setup}))
+    # a recipe read from a config that holds unread keys (a saved run's, accepted when
+    # it was written) gives that config back; a recipe built from stages has none
+    return check_expressed(self, make_config({**start, **values, **setup},
+                                             refuse_unread=not self.unused))
 
   # ------------------------------------------------------------------ resolved stages
   def objective(self, data_loss: Callable | None = None, momentum: float = 0.0):

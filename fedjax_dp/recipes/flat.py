@@ -105,7 +105,13 @@ def from_config(cfg: Config) -> Recipe:
       server_optimizer=Choice(server_lib.server_optimizer_name(cfg),
                               _take(cfg, SERVER_OPTIMIZER_KEYS)),
       **privacy_choices(cfg))
-  owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
-  unused = {k: getattr(cfg, k) for k in RECIPE_KEYS
-            if k not in owned and getattr(cfg, k) != _DEFAULTS[k]}
+  unused = {k: getattr(cfg, k) for k in unread_keys_of(recipe)
+            if getattr(cfg, k) != _DEFAULTS[k]}
   return recipe.replace(unused=unused)
+
+
+def unread_keys_of(recipe: Recipe) -> frozenset[str]:
+  """The recipe keys (RECIPE_KEYS) that no stage of `recipe` stands for: whatever
+  their values, the round does not read them."""
+  owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
+  return frozenset(k for k in RECIPE_KEYS if k not in owned)
