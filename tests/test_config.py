@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fedjax_dp.config import Config, ConfigError, load_config, make_config, parse_set
+from fedjax_dp.config import Config, ConfigError, load_config, make_config, parse_set, unread_keys
 
 
 # a complete kept-noise guarantee but for the algorithm
@@ -145,3 +145,51 @@ def test_rounds_stop_below_the_model_initialisation_key():
   make_config({"rounds": 2**20 - 1})
   with pytest.raises(ConfigError, match=r"'rounds' = 1048576: must be >= 1 and < 1048576"):
     make_config({"rounds": 2**20})
+
+
+@pytest.mark.parametrize("key, value, enable, reads", [
+    ("noise_multiplier", 1.0, {"dp": "central"}, "dp 'central' or 'local' (without dp the run "
+                                                  "has no privacy)"),
+    ("target_epsilon", 1.0, {"dp": "central"}, "dp 'central' or 'local'"),
+    ("clip_norm", 0.1, {"dp": "local", "noise_multiplier": 1.0}, "dp 'central' or 'local'"),
+    ("prox_mu", 0.1, {"algorithm": "fedprox"}, "algorithm 'fedprox'"),
+    ("admm_rho", 0.1, {"algorithm": "fedadmm"}, "algorithm 'fedadmm'"),
+    ("trim_fraction", 0.2, {"aggregator": "trimmed_mean"}, "aggregator 'trimmed_mean'"),
+    ("byzantine_f", 1, {"aggregator": "krum", "num_clients": 10, "clients_per_round": 10},
+     "aggregator 'krum' or 'multi_krum'"),
+    ("clip_lr", 0.5, {"dp": "central", "noise_multiplier": 1.0, "adaptive_clipping": True},
+     "adaptive_clipping true"),
+    ("kept_noise_multiplier", 1.0, {"kept_noise": "multiplier", "s_local": 0.5,
+                                    "final_clip_l2": 1.0},
+     "kept_noise 'paper' or 'multiplier'"),
+    ("topk_kernel", "bisect", {"s_local": 0.5}, "s_local > 0"),
+    ("lr_min", 0.001, {"lr_schedule": "cosine"}, "lr_schedule 'cosine'"),
+    ("alpha", 0.1, {"partition": "dirichlet_client"}, "partition 'dirichlet' or"),
+    ("byzantine_scale", 3.0, {"byzantine_fraction": 0.2}, "byzantine_fraction > 0"),
+    ("synthetic_features", 8, {"dataset": "synthetic"}, "dataset 'synthetic'"),
+    ("max_cohort", 20, {"sampling": "poisson"}, "sampling 'poisson'"),
+    ("server_beta1", 0.8, {"algorithm": "fedadam"}, "server_optimizer 'adam'"),
+    ("server_momentum", 0.5, {"server_optimizer": "momentum"}, "server_optimizer 'momentum'"),
+])
+def test_a_key_nothing_reads_is_refused_and_accepted_where_it_is_read(key, value, enable, reads):
+  base = {"partition": "iid"}   # alpha is read by the default partition, dirichlet
+  with pytest.raises(ConfigError) as e:
+    make_config({**base, key: value})
+  assert str(e.value).startswith(f"config key '{key}' = {value!r} is read by nothing in this "
+                                 f"run: it is read with {reads}"), str(e.value)
+  cfg = make_config({**base, **enable, key: value})
+  assert getattr(cfg, key) == value and key not in unread_keys(cfg)
+  # the default value is no setting; a saved config holding the key is read as written
+  make_config({**base, key: getattr(Config(), key)})
+  assert getattr(make_config({**base, key: value}, refuse_unread=False), key) == value
+
+
+def test_the_command_line_refuses_noise_without_dp_and_writes_nothing(tmp_path):
+  out = tmp_path / "run"
+  done = subprocess.run([sys.executable, "-m", "fedjax_dp", "run", "--no-progress", "--out",
+                         str(out), "--set", "noise_multiplier=1.0", "rounds=1"],
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2 and done.stderr == (
+      "error: config key 'noise_multiplier' = 1.0 is read by nothing in this run: it is read "
+      "with dp 'central' or 'local' (without dp the run has no privacy)\n"), done.stderr
+  assert not out.exists()
