@@ -238,6 +238,24 @@ def test_one_set_takes_several_keys_and_python_m_runs_the_console_script(tmp_pat
   assert [r["round"] for r in read_rows(out)] == [1, 2]
 
 
+def test_print_config_is_the_runs_config_json_and_runs_nothing(tmp_path, capsys):
+  out = str(tmp_path / "run")
+  assert cli(["--out", out] + sets()) == 0
+  capsys.readouterr()
+  with open(os.path.join(out, "config.json")) as f:
+    written = json.load(f)
+  assert cli(["--print-config"] + sets()) == 0                  # no --out needed
+  assert json.loads(capsys.readouterr().out) == written
+  before = sorted(os.listdir(out))
+  assert cli(["--print-config", "--resume", "--out", out, "--set", "rounds=8"]) == 0
+  assert json.loads(capsys.readouterr().out) == dict(written, rounds=8)
+  assert sorted(os.listdir(out)) == before and not os.path.exists(str(tmp_path / "other"))
+  assert cli(["--print-config", "--out", str(tmp_path / "other")] + sets()) == 0
+  assert not os.path.exists(str(tmp_path / "other"))
+  assert cli(sets()) == 2                                       # a run needs its folder
+  assert capsys.readouterr().err.startswith("error: fedjax-dp run: --out is required")
+
+
 def test_version_is_the_packages():
   import tomllib
   with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:

@@ -26,6 +26,9 @@ def _run(args) -> int:
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.runner import run_experiment
 
+  if args.out is None and not (args.print_config and not args.resume):
+    raise RunError("fedjax-dp run: --out is required (the run's folder; with --resume, the "
+                   "run to continue)")
   if args.resume and not args.config:
     cfg_path = os.path.join(args.out, "config.json")
     if not os.path.exists(cfg_path):
@@ -33,6 +36,9 @@ def _run(args) -> int:
     cfg = make_config(parse_set(args.set), base=saved_config(cfg_path))
   else:
     cfg = load_config(args.config, args.set)
+  if args.print_config:   # resolved and checked as a run would be; nothing runs or is written
+    print(cfg.to_json())
+    return 0
   summary = run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
                            progress=not args.no_progress)
   from fedjax_dp.placement.processes import is_primary
@@ -102,11 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
   r.add_argument("--config", help="YAML file of config keys (see README)")
   r.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                  help="override config keys: one or more KEY=VALUE; repeatable")
-  r.add_argument("--out", required=True, help="output folder (must be empty or absent)")
+  r.add_argument("--out", help="output folder (must be empty or absent); required but with "
+                 "--print-config")
   r.add_argument("--resume", action="store_true",
                  help="continue the run in --out from its newest readable checkpoint")
   r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  r.add_argument("--print-config", action="store_true",
+                 help="print the resolved config (config.json's form) and exit without running")
   many = r.add_argument_group(
       "many processes (hosts)", "start the same command in each process; the clients mesh "
       "spans their devices and process 0 writes --out (also $JAX_NUM_PROCESSES, "
@@ -216,7 +225,15 @@ def exit_with(code: int) -> None:
 
 def console_main() -> None:
   """The `fedjax-dp` command."""
-  exit_with(main())
+  try:
+    code = main()
+    sys.stdout.flush()
+  except BrokenPipeError:
+    # the reader went away (`fedjax-dp run --print-config | head`): no traceback, and
+    # stdout pointed at devnull so that the interpreter's own flush at exit is quiet too
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    code = 1
+  exit_with(code)
 
 
 if __name__ == "__main__":
