@@ -28,6 +28,7 @@ for sensitivity analysis.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -46,7 +47,6 @@ import jax  # noqa: E402
 
 from fedjax_dp.privacy import accounting, analyzer, planning  # noqa: E402
 from fedjax_dp.privacy import setup as privacy_setup  # noqa: E402
-
 from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402
 
@@ -71,6 +71,7 @@ def arm_config(name: str, rounds: int):
   return _protocol_script().load_protocol(dict(ARMS[name], rounds=rounds))
 
 
+@functools.cache   # executed once: it sets up the CPU devices and imports as a script does
 def _protocol_script():
   """experiments/dynamic_dp/run.py, whose load_protocol reads base.yaml as its arms do."""
   import importlib.util

@@ -32,28 +32,28 @@ def _check(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> None
   config, accepted when it was written)."""
   _check_keys(cfg, raw)
   _check_population(cfg, raw)
-  _check_stages(cfg)
+  recipe = _check_stages(cfg)
   _check_client_state_store(cfg)
   _check_data(cfg)
   if refuse_unread:
-    _check_unread(cfg, raw)
+    _check_unread(cfg, raw, recipe)
 
 
-def unread_keys(cfg: Config) -> frozenset[str]:
+def unread_keys(cfg: Config, recipe=None) -> frozenset[str]:
   """The config keys nothing of this run reads, whatever their values: recipe keys no
-  stage stands for (recipes.flat.unread_keys_of), and set-up keys another key turns
-  off (_SETUP_KEYS_READ)."""
+  stage stands for (recipes.flat.unread_keys_of; `recipe`: cfg's, if already read),
+  and set-up keys another key turns off (_SETUP_KEYS_READ)."""
   from fedjax_dp.recipes import flat
-  return flat.unread_keys_of(flat.from_config(cfg)) | frozenset(
+  return flat.unread_keys_of(recipe or flat.from_config(cfg)) | frozenset(
       k for k, (is_read, _) in _SETUP_KEYS_READ.items() if not is_read(cfg))
 
 
-def _check_unread(cfg: Config, raw: dict[str, Any]) -> None:
+def _check_unread(cfg: Config, raw: dict[str, Any], recipe) -> None:
   """A key set away from its default that nothing reads would be silently ignored
   (`noise_multiplier` without `dp` trained with no privacy and exited 0): one line
   naming the key and the setting that would make it read."""
   defaults = Config()
-  for key in sorted(unread_keys(cfg)):
+  for key in sorted(unread_keys(cfg, recipe)):
     value = getattr(cfg, key)
     if key in raw and value != getattr(defaults, key):
       raise ConfigError(f"config key '{key}' = {raw[key]!r} is read by nothing in this run: "
@@ -203,8 +203,9 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
                       "closed form (use 'client' or 'auto')")
 
 
-def _check_stages(cfg: Config) -> None:
-  """The stages' own numbers, then their combination (the recipe's validate)."""
+def _check_stages(cfg: Config):
+  """The stages' own numbers, then their combination (the recipe's validate);
+  returns the recipe."""
   if cfg.noise_multiplier is not None and 0 < cfg.noise_multiplier < MIN_NOISE_MULTIPLIER:
     raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g}: must be 0 (no "
                       f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
@@ -234,6 +235,7 @@ def _check_stages(cfg: Config) -> None:
   problem = recipe.rule.check(cfg)   # the rule's own keys (Krum's f and m)
   if problem:
     raise ConfigError(problem)
+  return recipe
 
 
 def _check_data(cfg: Config) -> None:

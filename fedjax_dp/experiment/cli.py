@@ -26,7 +26,7 @@ def _run(args) -> int:
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.runner import run_experiment
 
-  if args.out is None and not (args.print_config and not args.resume):
+  if args.out is None and (args.resume or not args.print_config):
     raise RunError("fedjax-dp run: --out is required (the run's folder; with --resume, the "
                    "run to continue)")
   if args.resume and not args.config:
@@ -155,23 +155,19 @@ def run_guarded(fn) -> int:
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
     print(f"error: {e}", file=sys.stderr)
     return USER_ERROR
-  except KeyboardInterrupt as e:
-    _free_quietly(e)
-    print("interrupted", file=sys.stderr)
-    return INTERRUPTED
-  except Exception as e:
+  except (KeyboardInterrupt, Exception) as e:
+    # a Ctrl-C, or an error a library's cleanup raised while a Ctrl-C unwound through it
+    # (seen once: orbax, cut short mid-save): the Ctrl-C is what happened
     if not _raised_by_an_interrupt(e):
       raise
-    # a library's cleanup failed while a Ctrl-C unwound through it (seen once: orbax,
-    # cut short mid-save): the Ctrl-C is what happened, and it ends the run as one
     _free_quietly(e)
     print("interrupted", file=sys.stderr)
     return INTERRUPTED
 
 
 def _raised_by_an_interrupt(e: BaseException) -> bool:
-  """Was `e` raised while a KeyboardInterrupt was being handled (its __context__ or
-  __cause__ chain holds one)?"""
+  """Is `e` a KeyboardInterrupt, or was it raised while one was being handled (its
+  __context__ or __cause__ chain holds one)?"""
   seen = set()
   while e is not None and id(e) not in seen:
     if isinstance(e, KeyboardInterrupt):
