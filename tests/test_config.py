@@ -147,6 +147,25 @@ def test_rounds_stop_below_the_model_initialisation_key():
     make_config({"rounds": 2**20})
 
 
+DP_ON = {"dp": "central", "noise_multiplier": 1.0}
+
+
+@pytest.mark.parametrize("key, value, variant", [
+    ("tier_noise_multipliers", (1.0,) * 5, {"clip_parts": "per_layer"}),
+    ("rest_tier", "high", {}),
+    ("convergence_window", 3, {}),
+    ("noise_ema", 0.5, {}),
+    ("convergence_beta", 0.5, {"noise_schedule": "weighted", "clip_parts": "tiers",
+                               "dataset": "healthcare"}),
+    ("analyzer_rule", "semantic", {"clip_parts": "tiers", "dataset": "healthcare"}),
+])
+def test_a_mechanism_key_its_variant_does_not_read_is_refused(key, value, variant):
+  """With dp on, a key read only by another variant of the mechanism (tier multipliers
+  under flat clipping, the controller's keys under a static schedule) is refused."""
+  with pytest.raises(ConfigError, match=f"'{key}' = .* is read by nothing in this run"):
+    make_config({**DP_ON, **variant, key: value})
+
+
 @pytest.mark.parametrize("key, value, enable, reads", [
     ("noise_multiplier", 1.0, {"dp": "central"}, "dp 'central' or 'local' (without dp the run "
                                                   "has no privacy)"),
@@ -170,6 +189,16 @@ def test_rounds_stop_below_the_model_initialisation_key():
     ("max_cohort", 20, {"sampling": "poisson"}, "sampling 'poisson'"),
     ("server_beta1", 0.8, {"algorithm": "fedadam"}, "server_optimizer 'adam'"),
     ("server_momentum", 0.5, {"server_optimizer": "momentum"}, "server_optimizer 'momentum'"),
+    ("tier_noise_multipliers", (1.0,) * 5, dict(DP_ON, clip_parts="tiers", dataset="healthcare"),
+     "clip_parts 'tiers' under dp 'central' or 'local'"),
+    ("convergence_lambda", 0.5, dict(DP_ON, noise_schedule="convergence"),
+     "noise_schedule 'convergence' or 'weighted' under dp"),
+    ("convergence_beta", 0.5, dict(DP_ON, noise_schedule="convergence"),
+     "noise_schedule 'convergence' under dp"),
+    ("analyzer_steps", 100, dict(DP_ON, tier_source="analyzer", dataset="healthcare"),
+     "tier_source 'analyzer' under dp"),
+    ("client_state_dtype", "bfloat16", {"client_state_store": "host", "algorithm": "scaffold"},
+     "client_state_store 'host' or 'disk'"),
 ])
 def test_a_key_nothing_reads_is_refused_and_accepted_where_it_is_read(key, value, enable, reads):
   base = {"partition": "iid"}   # alpha is read by the default partition, dirichlet

@@ -93,10 +93,10 @@ def test_host_table_reads_round_zero_rows_until_written():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(client_state_dtype="bfloat16"), "'client_state_dtype' = 'bfloat16' with "
-     "client_state_store 'device': it is read only with client_state_store 'host' or 'disk'"),
-    (dict(client_state_store="host", client_state_dir="/tmp"), "read only with "
-     "client_state_store 'disk'"),
+    (dict(client_state_dtype="bfloat16"), "'client_state_dtype' = 'bfloat16' is read by "
+     "nothing in this run: it is read with client_state_store 'host' or 'disk'"),
+    (dict(client_state_store="host", client_state_dir="/tmp"), "'client_state_dir' = '/tmp' is "
+     "read by nothing in this run: it is read with client_state_store 'disk'"),
     (dict(client_state_store="host", algorithm="solo"), "SOLO's evaluation reads every "
      "client's model"),
     (dict(client_state_store="sideways"), "'client_state_store' = 'sideways': allowed values "

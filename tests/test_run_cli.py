@@ -268,10 +268,10 @@ def test_version_is_the_packages():
 def test_an_unknown_key_suggests_the_nearest_ones(capsys):
   assert main(["run", "--out", "x", "--set", "round=5"]) == 2
   err = capsys.readouterr().err
-  assert err == ("error: unknown config key 'round' (did you mean 'rounds'? the README's "
-                 "'Config keys' lists all 107)\n")
+  assert err == ("error: unknown config key 'round' (did you mean 'rounds'? `fedjax-dp config` "
+                 "lists all 107, with their defaults and allowed values)\n")
   assert main(["run", "--out", "x", "--set", "zzz=1"]) == 2
-  assert "(the README's 'Config keys' lists all" in capsys.readouterr().err
+  assert "(`fedjax-dp config` lists all" in capsys.readouterr().err
 
 
 def test_usage_errors_are_one_line_with_exit_two(capsys):

@@ -127,7 +127,7 @@ def test_tiers_config_errors(tmp_path):
   with pytest.raises(ConfigError, match="'tier_noise_multipliers' = "):
     make_config({"tier_noise_multipliers": [1, 2]})
   assert make_config({"tier_noise_multipliers": "[3, 2, 1, 0.5, 0.2]", "dp": "central",
-                      "noise_multiplier": 1.0}).tier_noise_multipliers \
+                      "noise_multiplier": 1.0, "clip_parts": "tiers"}).tier_noise_multipliers \
       == (3.0, 2.0, 1.0, 0.5, 0.2)
   with pytest.raises(ConfigError, match="the data has no sensitivity tiers"):
     setup(make_config({"clip_parts": "tiers", "dp": "local", "noise_multiplier": 1.0}))

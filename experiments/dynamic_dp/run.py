@@ -54,6 +54,7 @@ PAPER_CALIBRATION_Z = math.sqrt(2 * math.log(1.25 / DELTA)) / 1.9   # sigma_base
 
 DYNAMIC = {"clip_parts": "tiers", "tier_source": "analyzer", "noise_schedule": "convergence",
            "convergence_measure": "norm_diff"}
+STATIC_SCHEDULE = {k: v for k, v in DYNAMIC.items() if k != "convergence_measure"}
 # The paper's Table 4 (healthcare) and section 4.3 figures, its own protocol and data (ADNI)
 PAPER_TABLE4 = {"no_privacy": (98.2, "inf", 450), "static_dp": (73.2, "2.0", 800),
                 "dynamic_dp": (96.1, "1.9", 1350)}
@@ -82,7 +83,8 @@ def run_one(args, name: str, sets: dict) -> dict:
   out = os.path.join(args.out, args.protocol, name)
   overrides = dict(PROTOCOLS[args.protocol], **sets)
   overrides.setdefault("rounds", args.rounds)
-  if args.analyzer_steps and overrides.get("dp", "none") != "none":   # without dp, unread
+  if args.analyzer_steps and overrides.get("dp", "none") != "none" and \
+      overrides.get("tier_source") == "analyzer":   # only the analyzer reads it
     overrides["analyzer_steps"] = args.analyzer_steps
   cfg = load_protocol(overrides)
   cfg = make_config({"eval_every": max(1, min(cfg.eval_every, cfg.rounds // 9 or 1))}, cfg)
@@ -132,9 +134,11 @@ def ablations(args) -> list[dict]:
   arms = [
       ("full", dict(DYNAMIC)),
       ("no_semantic", dict(DYNAMIC, analyzer_rule="statistical")),
-      ("no_convergence", dict(DYNAMIC, noise_schedule="static")),
+      # a static schedule reads no convergence key: DYNAMIC's measure is left out
+      ("no_convergence", dict(STATIC_SCHEDULE, noise_schedule="static")),
       ("no_adaptive_budget", dict(DYNAMIC, tier_noise_multipliers=[1, 1, 1, 1, 1])),
-      ("static_sensitivity_only", dict(DYNAMIC, tier_source="given", noise_schedule="static")),
+      ("static_sensitivity_only", dict(STATIC_SCHEDULE, tier_source="given",
+                                       noise_schedule="static")),
       ("static_dp_flat", {}),
   ]
   for name, sets in arms:

@@ -62,26 +62,45 @@ def _check_unread(cfg: Config, raw: dict[str, Any], recipe) -> None:
 
 def _what_reads(key: str) -> str:
   """The setting that makes `key` read (for the message of an unread key)."""
+  condition = read_condition(key)
+  if condition is None:
+    return "leave it at its default"
+  if condition.startswith("dp "):
+    condition += " (without dp the run has no privacy)"
+  return f"it is read with {condition}"
+
+
+def read_condition(key: str) -> str | None:
+  """The setting under which `key` is read ("dp 'central' or 'local' ..."), or None
+  for a key every run reads (a switch such as `dp` is always read)."""
   from fedjax_dp import robust
   from fedjax_dp.algorithms.registry import TERMS
   from fedjax_dp.recipes import flat
+  if key in _SWITCHES:
+    return None
   if key in _SETUP_KEYS_READ:
-    return f"it is read with {_SETUP_KEYS_READ[key][1]}"
+    return _SETUP_KEYS_READ[key][1]
   terms = [n for n, t in TERMS.items() if key in t.keys]
   if terms:
-    return f"it is read with algorithm {' or '.join(repr(t) for t in terms)}"
+    return f"algorithm {' or '.join(repr(t) for t in terms)}"
   rules = [n for n, a in robust.AGGREGATORS.items() if key in a.keys]
   if rules:
-    return f"it is read with aggregator {' or '.join(repr(r) for r in rules)}"
+    return f"aggregator {' or '.join(repr(r) for r in rules)}"
   if key in flat.MECHANISM_KEYS or key in flat.PLANNER_KEYS:
-    return "it is read with dp 'central' or 'local' (without dp the run has no privacy)"
+    return "dp 'central' or 'local'"
   if key in flat.ADAPTIVE_KEYS:
-    return "it is read with adaptive_clipping true"
+    return "adaptive_clipping true"
   if key in flat.UPLOAD_KEYS["gaussian_on_kept"]:
-    return "it is read with kept_noise 'paper' or 'multiplier'"
+    return "kept_noise 'paper' or 'multiplier'"
   if key in flat.UPLOAD_KEYS["topk"]:
-    return "it is read with s_local > 0 (top-k uploads)"
-  return "leave it at its default"
+    return "s_local > 0 (top-k uploads)"
+  return None
+
+
+# switches: at its default no stage stands for such a key (unread_keys lists it), and
+# any other value adds the stage that reads it, so it is never refused as unread
+_SWITCHES = frozenset({"dp", "adaptive_clipping", "kept_noise", "s_local", "s_global", "shuffle",
+                       "coordinate_clip", "update_clip_l2", "client_budgets", "cluster_noise"})
 
 
 def _server_optimizer(cfg: Config) -> str:
@@ -89,8 +108,25 @@ def _server_optimizer(cfg: Config) -> str:
   return server_optimizer_name(cfg)
 
 
-# set-up keys read only under another key's setting: key -> (is it read?, what makes it read)
+def _tabular() -> tuple[str, ...]:
+  from fedjax_dp.data import TABULAR
+  return TABULAR
+
+
+_DP_ON = "under dp 'central' or 'local'"
+
+# keys read only under another key's setting (set-up keys, and a mechanism's keys that
+# only some of its variants read): key -> (is it read?, what makes it read)
 _SETUP_KEYS_READ = {
+    **{k: (lambda c: c.dp != "none" and c.clip_parts == "tiers", f"clip_parts 'tiers' {_DP_ON}")
+       for k in ("rest_tier", "tier_noise_multipliers")},
+    **{k: (lambda c: c.dp != "none" and c.tier_source == "analyzer",
+           f"tier_source 'analyzer' {_DP_ON}") for k in ("analyzer_rule", "analyzer_steps")},
+    **{k: (lambda c: c.dp != "none" and c.noise_schedule != "static",
+           f"noise_schedule 'convergence' or 'weighted' {_DP_ON}")
+       for k in ("convergence_measure", "convergence_lambda", "convergence_window", "noise_ema")},
+    "convergence_beta": (lambda c: c.dp != "none" and c.noise_schedule == "convergence",
+                         f"noise_schedule 'convergence' {_DP_ON}"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
               "partition 'dirichlet' or 'dirichlet_client'"),
@@ -106,24 +142,23 @@ _SETUP_KEYS_READ = {
     "label_column": (lambda c: c.dataset == "csv", "dataset 'csv'"),
     "tier_map_path": (lambda c: c.dataset == "csv", "dataset 'csv'"),
     "max_cohort": (lambda c: c.sampling == "poisson", "sampling 'poisson'"),
+    "client_state_dtype": (lambda c: c.client_state_store in ("host", "disk"),
+                           "client_state_store 'host' or 'disk'"),
+    "client_state_dir": (lambda c: c.client_state_store == "disk", "client_state_store 'disk'"),
+    "feature_scaling": (lambda c: c.dataset in _tabular(),
+                        "a tabular dataset (see Datasets)"),
     "server_momentum": (lambda c: _server_optimizer(c) == "momentum",
-                        "server_optimizer 'momentum' (or algorithm 'fedavgm')"),
+                        "server_optimizer 'momentum' or algorithm 'fedavgm'"),
     **{k: (lambda c: _server_optimizer(c) == "adam",
-           "server_optimizer 'adam' (or algorithm 'fedadam')")
+           "server_optimizer 'adam' or algorithm 'fedadam'")
        for k in ("server_beta1", "server_beta2", "server_eps")},
 }
 
 
 def _check_client_state_store(cfg: Config) -> None:
-  """The store's own keys are read only by a store off the device, and what a host
-  table cannot do yet is refused rather than done wrong."""
+  """What a host table cannot do yet is refused rather than done wrong (its own keys,
+  read only off the device, are in _SETUP_KEYS_READ)."""
   store = cfg.client_state_store
-  for key, default, needs in (("client_state_dtype", "float32", ("host", "disk")),
-                              ("client_state_dir", None, ("disk",))):
-    if getattr(cfg, key) != default and store not in needs:
-      raise ConfigError(f"config key '{key}' = {getattr(cfg, key)!r} with client_state_store "
-                        f"{store!r}: it is read only with client_state_store "
-                        f"{' or '.join(repr(n) for n in needs)}")
   if store == "device":
     return
   from fedjax_dp.algorithms import parse_algorithm

@@ -1,8 +1,10 @@
-"""`fedjax-dp` command line: `run`, `datasets` and `account`.
+"""`fedjax-dp` command line: `run`, `config`, `datasets` and `account`.
 
 Every user error (bad config key or value, missing or corrupt data, an output
 folder that would be overwritten) prints one line `error: ...` to stderr and
 exits with status 2, without a traceback and without touching earlier results.
+A run that diverged (its model or test metrics not finite) stops there, keeps its
+outputs and exits with status 3 after one line; Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def _run(args) -> int:
     return 0   # process 0 reports
   final = summary["final"]
   out = os.path.abspath(args.out)
+  if summary.get("diverged"):
+    from fedjax_dp.experiment import divergence
+    print(f"error: {divergence.message(summary['diverged'], out)}", file=sys.stderr)
+    return divergence.DIVERGED
   if final:
     print(f"round {final['round']}: test accuracy {final['test_accuracy']:.4f}, "
           f"test loss {final['test_loss']:.4f}")
@@ -89,6 +95,31 @@ def _datasets(args) -> int:
   return 0
 
 
+def _config(args) -> int:
+  """Every config key with its default, allowed values and meaning; `--show KEY`
+  one key in full (and the setting that makes it read)."""
+  import json
+  from fedjax_dp.config import reference
+  from fedjax_dp.config.loading import unknown_key_message
+  from fedjax_dp.config.schema import ConfigError, _FIELDS
+  if args.markdown and args.show:
+    raise ConfigError("fedjax-dp config --markdown prints every key (the README's tables); "
+                      "it takes no --show")
+  for key in args.show:
+    if key not in _FIELDS:
+      raise ConfigError(unknown_key_message(key))
+  if args.json:
+    refs = [reference.reference(k) for k in args.show] or reference.all_references()
+    print(json.dumps([r.to_dict() for r in refs], indent=2))
+  elif args.markdown:
+    print(reference.markdown(), end="")
+  elif args.show:
+    print("\n".join(reference.detail(k) for k in args.show), end="")
+  else:
+    print(reference.listing(), end="")
+  return 0
+
+
 class OneLineParser(argparse.ArgumentParser):
   """argparse with its usage errors on one line (and exit status 2, as argparse's)."""
 
@@ -125,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
   many.add_argument("--coordinator", metavar="HOST:PORT",
                     help="address of process 0's coordinator service")
   r.set_defaults(func=_run)
+
+  c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
+  c.add_argument("--show", nargs="+", default=[], metavar="KEY",
+                 help="one or more keys in full, with the setting that makes each read")
+  form = c.add_mutually_exclusive_group()
+  form.add_argument("--json", action="store_true", help="as JSON (all keys, or --show's)")
+  form.add_argument("--markdown", action="store_true", help="as the README's tables")
+  c.set_defaults(func=_config)
 
   d = sub.add_parser("datasets", help="list datasets, or show a partition's label histogram")
   d.add_argument("--data-dir", help="folder to search for dataset files")
