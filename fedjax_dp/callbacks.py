@@ -13,8 +13,10 @@ chunk], on the device). The defaults, in this order, write what `fedjax-dp run`
 writes:
 
   budget_stop   ends the run when the privacy budget is spent (and says so)
+  finite_model  ends the run once the global model is not finite (-> ctx.diverged)
   evaluate      the task's test metrics at evaluation rounds -> ctx.test_metrics
   metrics       diagnostics since the last evaluation; a metrics.jsonl row -> ctx.row
+  divergence    ends the run at non-finite test metrics; warns once of a tenfold loss
   checkpoint    orbax checkpoints every checkpoint_every rounds and at the end
   progress      the progress bar
   summary       summary.json (with the privacy report) -> ctx.summary
@@ -23,7 +25,9 @@ writes:
 Your callbacks come after them, so they see this chunk's ctx.test_metrics and
 ctx.row (None where the chunk did not evaluate) and, at the end, ctx.summary.
 A run you stop early is evaluated and checkpointed at the round it stopped
-(checkpoint_every > 0), and summary.json does not call it a budget stop.
+(checkpoint_every > 0), and summary.json does not call it a budget stop. A run
+that diverged is evaluated where it stopped but not checkpointed there: its
+non-finite state would push out the good checkpoints before it.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.experiment import checkpoint as ckpt
+from fedjax_dp.experiment import divergence as div
 from fedjax_dp.experiment import interrupts
 from fedjax_dp.privacy import privacy_log
 from fedjax_dp.experiment import reporting
@@ -115,6 +122,8 @@ class RunContext:
   last_checkpoint: int = 0
   summary: dict | None = None
   ordered: Any = None        # this chunk's state in client order, once asked for
+  diverged: dict | None = None   # where the run stopped being finite (divergence.report)
+  warnings: list[str] = dataclasses.field(default_factory=list)   # also in summary.json
 
 
 def client_order(ctx: RunContext):
@@ -199,6 +208,63 @@ def budget_stop() -> Callback:
   return Callback(on_run_start=start, after_chunk=after)
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def finite_model() -> Callback:
+  """Ends the run after a chunk that left the global model non-finite (one device
+  reduction a chunk); the evaluation and row that follow show where. SOLO has no
+  global model: its test metrics tell (divergence)."""
+  def after(ctx: RunContext, stats) -> bool:
+    if "solo" in parse_algorithm(ctx.cfg.algorithm)[0] or bool(_all_finite(ctx.state.params)):
+      return False
+    bad = np.flatnonzero(~np.isfinite(np.asarray(stats.loss_sum)))
+    what = f"the global model is not finite after round {ctx.round}" + (
+        f" (the training loss was first not finite at round {ctx.prev_round + 1 + bad[0]})"
+        if bad.size else "")
+    ctx.diverged = div.report(ctx.round, what, ctx.rows)
+    return True
+  return Callback(after_chunk=after)
+
+
+def divergence() -> Callback:
+  """Ends the run at an evaluation whose test metrics are not finite; warns once
+  (ctx.log, summary.json's warnings) when the loss grows tenfold, and once when
+  the training loss is not finite while the model stays finite."""
+  warned, initial = set(), []
+
+  def start(ctx: RunContext) -> None:
+    # the untrained model's test loss: a loss absurd from the first evaluation is growth too
+    if ctx.start == 0 and "solo" not in parse_algorithm(ctx.cfg.algorithm)[0]:
+      initial.append(float(ctx.sim.evaluate(ctx.state.params, *ctx.sim.test_data)["loss"]))
+
+  def warn(ctx: RunContext, kind: str, text: str) -> None:
+    if kind not in warned:
+      warned.add(kind)
+      ctx.warnings.append(text)
+      ctx.log(f"warning: {text}")
+
+  def after(ctx: RunContext, stats) -> bool:
+    row = ctx.row
+    if row is None:
+      return False
+    if ctx.diverged is None and not div.row_is_finite(row):
+      keys = [k for k in row["nonfinite"] if k.startswith("test_")]
+      ctx.diverged = div.report(ctx.round, f"{', '.join(keys)} not finite", ctx.rows[:-1])
+      return True
+    if ctx.diverged is None and "train_loss" in row.get("nonfinite", ()):
+      warn(ctx, "train", f"the training loss was not finite before round {row['round']} while "
+           "the global model stayed finite: a client's local training diverged (under DP "
+           "or a robust rule its upload is dropped)")
+    growth = div.loss_growth(ctx.rows, initial[0] if initial else None)
+    if growth:
+      warn(ctx, "growth", growth)
+    return False
+  return Callback(on_run_start=start, after_chunk=after)
+
+
 def evaluate() -> Callback:
   """The task's test metrics at every evaluation round -> ctx.test_metrics. SOLO:
   the mean over clients of each client's own model on the reweighted test set."""
@@ -271,6 +337,7 @@ def write_row(ctx: RunContext) -> None:
          "bytes_up": participations * ctx.comm["bytes_per_client_up"],
          "bytes_down": participations * ctx.comm["bytes_per_client_down"],
          "wall_s": round(time.perf_counter() - ctx.wall0, 4)}
+  row = div.finite_row(row)   # JSON has no NaN: null, and the key listed under 'nonfinite'
   reporting.append_metrics(os.path.join(ctx.out, "metrics.jsonl"), row)
   mark_released(ctx.out, ctx.round)
   ctx.rows.append(row)
@@ -294,11 +361,12 @@ def checkpoint() -> Callback:
     ctx.last_checkpoint = ctx.round
 
   def after(ctx: RunContext, stats) -> None:
-    if checkpoint_due(ctx):
+    if checkpoint_due(ctx) and ctx.diverged is None:
       save(ctx)
 
   def end(ctx: RunContext) -> None:
-    if ctx.cfg.checkpoint_every and unfinished(ctx, ctx.last_checkpoint):
+    if ctx.cfg.checkpoint_every and unfinished(ctx, ctx.last_checkpoint) and \
+        ctx.diverged is None:
       save(ctx)
   return Callback(after_chunk=after, on_run_end=end)
 
@@ -330,7 +398,7 @@ def summary() -> Callback:
     # the run ended before `rounds`: a budget stopped it (the last round, or a skip),
     # unless one of your callbacks did
     stopped = (int(ctx.state.round) - skipped < ctx.cfg.rounds
-               and not (ctx.stop and not ctx.budget_stopped))
+               and not (ctx.stop and not ctx.budget_stopped))   # a divergence is no budget stop
     ctx.summary = run_summary(ctx, stopped)
     reporting.write_json_atomic(os.path.join(ctx.out, "summary.json"), ctx.summary)
   return Callback(on_run_end=end)
@@ -339,7 +407,10 @@ def summary() -> Callback:
 def plots() -> Callback:
   """PNG curves of metrics.jsonl; their paths go to ctx.summary['plots']."""
   def end(ctx: RunContext) -> None:
-    paths = reporting.plot_metrics(ctx.rows, ctx.out)
+    cfg = ctx.cfg
+    paths = reporting.plot_metrics(
+        ctx.rows, ctx.out, title=os.path.basename(os.path.abspath(ctx.out)),
+        target_epsilon=cfg.target_epsilon if cfg.dp != "none" else None)
     if ctx.summary is not None:
       ctx.summary["plots"] = paths
   return Callback(on_run_end=end)
@@ -347,4 +418,5 @@ def plots() -> Callback:
 
 def defaults() -> list[Callback]:
   """What `fedjax-dp run` writes, in order."""
-  return [budget_stop(), evaluate(), metrics(), checkpoint(), progress(), summary(), plots()]
+  return [budget_stop(), finite_model(), evaluate(), metrics(), divergence(), checkpoint(),
+          progress(), summary(), plots()]

@@ -16,6 +16,7 @@ METRIC_KEYS = ("round", "test_accuracy", "test_loss", "train_loss", "epsilon", "
 
 def write_json_atomic(path: str, obj: Any, mode: int | None = None) -> None:
   """Writes JSON through a temporary file and a rename: a reader never sees half a file.
+  A non-finite number is written as null (JSON has no NaN or Infinity).
   `mode`: the file's permission bits from its creation on (e.g. 0o600 for a secret).
   Like every writer here, a no-op outside process 0 of a run of many (processes.py)."""
   if not is_primary():
@@ -25,8 +26,9 @@ def write_json_atomic(path: str, obj: Any, mode: int | None = None) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)   # os.open's mode applies only to a file it creates
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+  from fedjax_dp.experiment.divergence import json_safe
   with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
+    json.dump(json_safe(obj), f, indent=2, sort_keys=True, allow_nan=False)
     f.write("\n")
     f.flush()
     os.fsync(f.fileno())
@@ -87,7 +89,7 @@ def rewrite_metrics(path: str, rows: list[dict]) -> None:
   tmp = f"{path}.tmp"
   with open(tmp, "w") as f:
     for row in rows:
-      f.write(json.dumps(row) + "\n")
+      f.write(json.dumps(row, allow_nan=False) + "\n")   # rows are divergence.finite_row's
   os.replace(tmp, path)
 
 
@@ -95,13 +97,16 @@ def append_metrics(path: str, row: dict) -> None:
   if not is_primary():
     return
   with open(path, "a") as f:
-    f.write(json.dumps(row) + "\n")
+    f.write(json.dumps(row, allow_nan=False) + "\n")   # rows are divergence.finite_row's
     f.flush()
 
 
-def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
+def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
+                 target_epsilon: float | None = None) -> list[str]:
   """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
-  bytes (and epsilon when accounted) against rounds; returns the PNG paths."""
+  bytes in MB (and epsilon when accounted, with `target_epsilon` drawn) against
+  rounds, titled `title` (the run's name); a round whose figure was not finite is
+  marked by a red dotted line. Returns the PNG paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -110,25 +115,40 @@ def plot_metrics(rows: list[dict], out_dir: str) -> list[str]:
     return []
   rounds = [r["round"] for r in rows]
   tests = [k[len("test_"):] for k in rows[0] if k.startswith("test_") and k != "test_loss"]
-  panels = [
-      *((f"{name}.png", f"test {name}", [("test", f"test_{name}")]) for name in tests),
-      ("loss.png", "loss", [("test", "test_loss"), ("train", "train_loss")]),
-      ("bytes.png", "cumulative bytes", [("up", "bytes_up"), ("down", "bytes_down")]),
+  mb = 1e-6
+  panels = [   # (file, y label, [(legend label, key, scale, style)])
+      *((f"{name}.png", f"test {name}", [(None, f"test_{name}", 1, {})]) for name in tests),
+      ("loss.png", "loss", [("test", "test_loss", 1, {}), ("train", "train_loss", 1, {})]),
+      # the down link dashed over the up link: equal curves stay both visible
+      ("bytes.png", "cumulative MB sent (all participants)",
+       [("up (clients to server)", "bytes_up", mb, {"linewidth": 3, "alpha": 0.6}),
+        ("down (server to clients)", "bytes_down", mb, {"linestyle": "--"})]),
   ]
   if any(r.get("epsilon") is not None for r in rows):
-    panels.append(("epsilon.png", "epsilon spent", [("epsilon", "epsilon")]))
+    panels.append(("epsilon.png", "epsilon spent", [("epsilon", "epsilon", 1, {})]))
   paths = []
   for filename, ylabel, series in panels:
-    fig, ax = plt.subplots(figsize=(5, 3.4), dpi=120)
-    for label, key in series:
-      pts = [(x, r[key]) for x, r in zip(rounds, rows) if r.get(key) is not None]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    for label, key, scale, style in series:
+      pts = [(x, r[key] * scale) for x, r in zip(rounds, rows) if r.get(key) is not None]
       if pts:
-        ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None, label=label)
+        ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None, label=label, **style)
+      gaps = [x for x, r in zip(rounds, rows) if key in r.get("nonfinite", ())]
+      for i, x in enumerate(gaps):
+        ax.axvline(x, color="red", linestyle=":", linewidth=1,
+                   label=f"{key}: not finite" if i == 0 else None)
+    if filename == "epsilon.png" and target_epsilon is not None:
+      ax.axhline(target_epsilon, color="black", linestyle="--", linewidth=1,
+                 label=f"target {target_epsilon:g}")
+    if filename == "bytes.png":
+      ax.ticklabel_format(axis="y", useOffset=False, style="plain")   # MB as they are
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
+    if title:
+      ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    if len(series) > 1:
-      ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, filename)
     save_figure_atomic(fig, path)

@@ -25,6 +25,8 @@ def run_summary(ctx, stopped: bool | None = None) -> dict:
       "final": final,
       **_test_summary(cfg, ctx.task, rows),
       "rounds": int(state.round),
+      "diverged": ctx.diverged,   # None, or where the model stopped being finite
+      "warnings": list(ctx.warnings),
       "privacy": privacy_report(cfg, sim, state, ctx.plog, assume=False,
                                 stopped_by_budget=stopped),
       "communication": {
@@ -68,7 +70,8 @@ def _test_summary(cfg: Config, task: losses.Task, rows: list[dict]) -> dict:
         f"the server model's {', '.join(task.metrics)} over the whole test set (test_loss: "
         f"the training loss {task.name!r})")}
   return {
-      "best_test_accuracy": max((r["test_accuracy"] for r in rows), default=None),
+      "best_test_accuracy": max((r["test_accuracy"] for r in rows
+                                 if r.get("test_accuracy") is not None), default=None),
       "test_accuracy_is": (
           "SOLO: the mean over clients of each client's own model's test accuracy, with the "
           "test set reweighted to the client's training label distribution"
