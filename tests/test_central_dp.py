@@ -93,7 +93,10 @@ def test_target_epsilon_alone_calibrates_the_noise(tmp_path):
   z = summary["privacy"]["noise_multiplier"]
   assert oracle_epsilon(0.1, z, 30, 1e-5) <= 2.0 < oracle_epsilon(0.1, 0.99 * z, 30, 1e-5)
   assert summary["privacy"]["rounds_accounted"] == 30
-  assert summary["privacy"]["pld_epsilon"] < rows[-1]["epsilon"]   # PLD is tighter
+  p = summary["privacy"]
+  assert p["pld_epsilon"] < p["rdp_epsilon"]   # PLD is tighter: the run's one epsilon
+  assert rows[-1]["epsilon"] == p["epsilon"] == p["pld_epsilon"]
+  assert rows[-1]["epsilon_accountant"] == p["epsilon_accountant"] == "pld"
 
 
 def test_fixed_size_cohorts_are_accounted_replace_one(tmp_path):

@@ -53,12 +53,23 @@ def _run(args) -> int:
     print(f"error: {divergence.message(summary['diverged'], out)}", file=sys.stderr)
     return divergence.DIVERGED
   if final:
-    print(f"round {final['round']}: test accuracy {final['test_accuracy']:.4f}, "
-          f"test loss {final['test_loss']:.4f}")
+    print(final_line(final, summary["privacy"]))
   print(f"results: {out}/metrics.jsonl, {out}/summary.json")
   if summary.get("plots"):
     print("plots:   " + ", ".join(os.path.abspath(p) for p in summary["plots"]))
   return 0
+
+
+def final_line(final: dict, privacy: dict) -> str:
+  """The last line of a run: its last evaluation and its one guarantee."""
+  shown = ", ".join(f"{k.replace('_', ' ')} {final[k]:.4f}" for k in final
+                    if k.startswith("test_") and final[k] is not None)
+  if privacy.get("epsilon") is not None:
+    shown += (f", epsilon {privacy['epsilon']:.4g} ({privacy['epsilon_accountant']}, delta "
+              f"{privacy['delta']:g})")
+  elif privacy.get("dp") != "none" or "kept_noise" in privacy:
+    shown += f", no epsilon: {privacy['epsilon_why_none']}"
+  return f"round {final['round']}: {shown}"
 
 
 def _datasets(args) -> int:

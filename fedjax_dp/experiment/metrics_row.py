@@ -11,7 +11,7 @@ import numpy as np
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.privacy.local_dp_report import clients_spent
-from fedjax_dp.privacy.privacy_report import finite_or_none, rounds_skipped
+from fedjax_dp.privacy.privacy_report import headline, privacy_report, rounds_skipped
 
 
 def published_participations(cfg: Config, state) -> int:
@@ -39,14 +39,15 @@ def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dic
   return out
 
 
-def spent_epsilon(sim: Simulation, state) -> dict:
-  """Epsilon spent so far by the in-round ledger, for metrics.jsonl: central DP
-  gives the run's epsilon; local DP the largest client's, and how many clients
-  can no longer take part."""
-  if sim.cfg.dp == "none":
+def spent_epsilon(sim: Simulation, state, plog: dict | None) -> dict:
+  """The run's guarantee so far, for metrics.jsonl: the privacy report's headline
+  (privacy_report.headline: the same code, so the last row and summary.json agree),
+  composed from the rounds' record `plog`; local DP gives the largest client's, and
+  how many clients can no longer take part. `state` in client order."""
+  cfg = sim.cfg
+  if cfg.dp == "none" and cfg.kept_noise == "none":
     return {"epsilon": None, "delta": None}
-  eps, _ = sim.epsilons(state)
-  row = {"epsilon": finite_or_none(np.max(eps)), "delta": sim.cfg.delta}
-  if sim.cfg.dp == "local":
+  row = headline(privacy_report(cfg, sim, state, plog, assume=False))
+  if cfg.dp == "local":
     row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
   return row

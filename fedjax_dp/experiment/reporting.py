@@ -124,8 +124,13 @@ def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
        [("up (clients to server)", "bytes_up", mb, {"linewidth": 3, "alpha": 0.6}),
         ("down (server to clients)", "bytes_down", mb, {"linestyle": "--"})]),
   ]
-  if any(r.get("epsilon") is not None for r in rows):
-    panels.append(("epsilon.png", "epsilon spent", [("epsilon", "epsilon", 1, {})]))
+  accounted = [r for r in rows if r.get("epsilon") is not None]
+  if accounted:
+    names = sorted({r.get("epsilon_accountant") or "rdp" for r in accounted})
+    panels.append((
+        "epsilon.png", f"epsilon spent ({' or '.join(names)}"
+                       f"{', the smaller' if len(names) > 1 else ''}, delta "
+                       f"{accounted[-1]['delta']:g})", [(None, "epsilon", 1, {})]))
   paths = []
   for filename, ylabel, series in panels:
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)

@@ -101,7 +101,39 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
                         "is reported under kept_noise")
   if cfg.dp != "none" or cfg.kept_noise != "none":
     report["assumes"] = assumptions(cfg)
+  _set_headline(cfg, report)
   return report
+
+
+def _set_headline(cfg: Config, report: dict) -> None:
+  """The run's one guarantee at the top of the report: epsilon (at delta) and the
+  accountant it came from, or epsilon_why_none in one line. dp none with kept noise
+  that has a complete guarantee: the kept-noise per-client figure."""
+  kept = report.get("kept_noise", {}).get("accountant", {})
+  if cfg.dp == "none" and kept.get("epsilon") is not None:
+    report.update(epsilon=finite_or_none(kept["epsilon"]), delta=kept["delta"],
+                  epsilon_accountant="rdp, kept noise per client")
+  elif cfg.dp != "none":
+    report.setdefault("epsilon_accountant", "rdp")
+  why = None
+  if report.get("epsilon") is None:
+    if cfg.dp == "none" and cfg.kept_noise == "none":
+      why = "dp none: no noise is added, so the run has no differential-privacy guarantee"
+    elif cfg.dp == "none":
+      reasons = "; ".join(report["kept_noise"]["not_accounted"]) or "no round ran"
+      why = f"the kept noise has no complete guarantee: {reasons}"
+    elif report.get("noise_multiplier") == 0:
+      why = "noise_multiplier 0: no noise, epsilon is infinite"
+    else:
+      why = "the accountant's epsilon is infinite at this delta"
+    report["epsilon_accountant"] = None
+  report["epsilon_why_none"] = why
+
+
+def headline(report: dict) -> dict:
+  """A privacy report's one guarantee, as metrics.jsonl rows carry it."""
+  return {"epsilon": report.get("epsilon"), "delta": report.get("delta"),
+          "epsilon_accountant": report.get("epsilon_accountant")}
 
 
 def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
@@ -141,9 +173,9 @@ def assumptions(cfg: Config) -> list[str]:
 
 
 def add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None:
-  """PLD's figure beside the RDP one, the smaller as epsilon; if PLD cannot be had
-  (too little noise for its discretisation) the RDP figure stands, and the report
-  says why."""
+  """PLD's figure beside the RDP one (kept as rdp_epsilon), the smaller as epsilon
+  (and epsilon_accountant); if PLD cannot be had (too little noise for its
+  discretisation) the RDP figure stands, and the report says why."""
   from fedjax_dp.privacy.planning import AccountError
   try:
     report["pld_epsilon"] = compute()
@@ -152,7 +184,9 @@ def add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None
     report["pld_note"] = f"no PLD figure: {e}; epsilon is the RDP accountant's"
     return
   report["accountant"] = accountant
-  report["epsilon"] = min(report["pld_epsilon"], report["epsilon"] or np.inf)
+  report["rdp_epsilon"] = report["epsilon"]
+  if report["epsilon"] is None or report["pld_epsilon"] < report["epsilon"]:
+    report["epsilon"], report["epsilon_accountant"] = report["pld_epsilon"], "pld"
 
 
 def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
