@@ -7,6 +7,7 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   run(recipe, model=, data=, loss=, rounds=, out=, callbacks=, **config)
                           a whole run with the CLI's outputs: metrics.jsonl, summary.json
                           with the privacy report, plots, checkpoints, resume
+  load_params(run_dir)    the trained parameters a run saved (model.msgpack)
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
   models                  from_flax(module, example_input, name=) and the built-in models
@@ -34,7 +35,7 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "runner": "experiment.runner"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
-          "start_processes": "placement.processes"}
+          "start_processes": "placement.processes", "load_params": "experiment.final_model"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

@@ -19,6 +19,7 @@ writes:
   divergence    ends the run at non-finite test metrics; warns once of a tenfold loss
   checkpoint    orbax checkpoints every checkpoint_every rounds and at the end
   progress      the progress bar
+  final_model   model.msgpack: the trained parameters (not after a divergence)
   summary       summary.json (with the privacy report) -> ctx.summary
   plots         PNG curves -> ctx.summary["plots"]
 
@@ -391,6 +392,19 @@ def progress() -> Callback:
   return Callback(on_run_start=start, after_chunk=after, on_run_end=end)
 
 
+def final_model() -> Callback:
+  """Saves the trained parameters to model.msgpack (experiment/final_model.py)."""
+  def end(ctx: RunContext) -> None:
+    if ctx.diverged is not None:
+      return   # non-finite parameters: the checkpoints before it are the last good ones
+    from fedjax_dp.experiment import final_model as fm
+    if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
+      fm.save(ctx.out, ctx.state.client_state["model"], key="client_models")
+    else:
+      fm.save(ctx.out, ctx.state.params)
+  return Callback(on_run_end=end)
+
+
 def summary() -> Callback:
   """Writes summary.json (final metrics, privacy report, communication, timing)."""
   def end(ctx: RunContext) -> None:
@@ -419,4 +433,4 @@ def plots() -> Callback:
 def defaults() -> list[Callback]:
   """What `fedjax-dp run` writes, in order."""
   return [budget_stop(), finite_model(), evaluate(), metrics(), divergence(), checkpoint(),
-          progress(), summary(), plots()]
+          progress(), final_model(), summary(), plots()]

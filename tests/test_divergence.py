@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from fedjax_dp.experiment import checkpoint
 from fedjax_dp.experiment import divergence as div

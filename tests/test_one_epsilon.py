@@ -93,3 +93,19 @@ def test_local_dp_rows_carry_the_largest_clients_figure(tmp_path):
   assert p["epsilon_accountant"] == "rdp" and p["epsilon_is"] == "the largest client's"
   assert rows[-1]["epsilon"] == p["epsilon"] == max(e for e in p["client_epsilons"] if e)
   assert np.all(np.diff([r["epsilon"] for r in rows]) >= 0)
+
+
+@pytest.mark.parametrize("q, events, delta", [
+    (0.1, [(1.0, 10)], 1e-5), (0.1, [(1.0, 100), (0.8, 20)], 1e-5), (1.0, [(4.0, 25)], 1e-5),
+    (1.0, [(2.0, 5), (3.0, 7)], 1e-6), (0.01, [(np.float32(1.1), 300)], 1e-5)])
+def test_the_cached_pld_is_dp_accountings_accountant_to_the_float(q, events, delta):
+  """planning composes each event's one-step PLD built once (rows compose prefixes of
+  the same events); the figure equals PLDAccountant's, float for float."""
+  import dp_accounting
+  from dp_accounting.pld import pld_privacy_accountant
+  from fedjax_dp.privacy import planning
+  acc = pld_privacy_accountant.PLDAccountant()
+  for z, steps in events:
+    event = dp_accounting.GaussianDpEvent(z)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, event) if q < 1 else event, steps)
+  assert planning.pld_epsilon_composed(q, events, delta) == acc.get_epsilon(delta)

@@ -147,8 +147,10 @@ def format_histogram(hist: np.ndarray, max_rows: int = 20) -> str:
   return "\n".join(lines)
 
 
-def plot_histogram(hist: np.ndarray, path: str) -> None:
-  """Stacked bars: one bar per client, one colour per class."""
+def plot_histogram(hist: np.ndarray, path: str, class_names=None, title: str | None = None
+                   ) -> list[str]:
+  """Stacked bars: one bar per client, one colour per class, the legend in
+  `class_names` where given (else class numbers); returns the legend's labels."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -158,12 +160,17 @@ def plot_histogram(hist: np.ndarray, path: str) -> None:
   cmap = plt.get_cmap("tab10" if hist.shape[1] <= 10 else "tab20")
   for c in range(hist.shape[1]):
     ax.bar(np.arange(len(hist)), hist[:, c], bottom=bottom, width=0.9, color=cmap(c % cmap.N),
-           label=str(c))
+           label=class_names[c] if class_names is not None else str(c))
     bottom += hist[:, c]
   ax.set_xlabel("client")
   ax.set_ylabel("examples")
+  if title:
+    ax.set_title(title, fontsize=9)
+  labels = []
   if hist.shape[1] <= 20:
-    ax.legend(title="class", fontsize=6, ncol=2, loc="upper right")
+    legend = ax.legend(title="class", fontsize=6, ncol=2, loc="upper right")
+    labels = [t.get_text() for t in legend.get_texts()]
   fig.tight_layout()
   fig.savefig(path)
   plt.close(fig)
+  return labels

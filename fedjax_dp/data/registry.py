@@ -19,6 +19,14 @@ from fedjax_dp.data.tabular import load_breast_cancer, load_healthcare, load_syn
 
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
             "breast_cancer")
+# the classes' names where the dataset has them (digits and MNIST: the digit itself)
+CLASS_NAMES = {
+    "fmnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+               "Sneaker", "Bag", "Ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                "truck"),
+    "breast_cancer": ("malignant", "benign"),   # scikit-learn's target_names
+}
 # the datasets whose features are standardised (images are scaled to [0, 1] by a fixed rule)
 TABULAR = ("csv", "synthetic", "healthcare", "breast_cancer")
 

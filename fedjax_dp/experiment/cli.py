@@ -41,8 +41,11 @@ def _run(args) -> int:
   if args.print_config:   # resolved and checked as a run would be; nothing runs or is written
     print(cfg.to_json())
     return 0
+  # for the line after a Ctrl-C (kept while the interrupt unwinds to run_guarded)
+  _INTERRUPTED_RUN[:] = [(args.out, cfg.checkpoint_every)]
   summary = run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
                            progress=not args.no_progress)
+  _INTERRUPTED_RUN.clear()
   from fedjax_dp.placement.processes import is_primary
   if not is_primary():
     return 0   # process 0 reports
@@ -55,9 +58,28 @@ def _run(args) -> int:
   if final:
     print(final_line(final, summary["privacy"]))
   print(f"results: {out}/metrics.jsonl, {out}/summary.json")
+  print(f"model:   {out}/model.msgpack (fedjax_dp.load_params)")
   if summary.get("plots"):
     print("plots:   " + ", ".join(os.path.abspath(p) for p in summary["plots"]))
   return 0
+
+
+_INTERRUPTED_RUN: list[tuple[str, int]] = []   # (out, checkpoint_every) of the run under way
+
+
+def interrupted_line() -> str:
+  """'interrupted', and for a run, the command that continues it and from where."""
+  if not _INTERRUPTED_RUN:
+    return "interrupted"
+  import shlex
+  from fedjax_dp.experiment.checkpoint import steps
+  out, every = _INTERRUPTED_RUN[0]
+  done = steps(os.path.join(out, "checkpoints")) if os.path.isdir(out) else []
+  command = f"fedjax-dp run --resume --out {shlex.quote(out)}"
+  if done:
+    return f"interrupted; `{command}` continues from the checkpoint at round {max(done)}"
+  why = "checkpoint_every 0" if not every else "before the first checkpoint"
+  return f"interrupted ({why}, no checkpoint): `{command}` starts over from round 0"
 
 
 def final_line(final: dict, privacy: dict) -> str:
@@ -101,7 +123,11 @@ def _datasets(args) -> int:
         f"partition {cfg.partition}" + (f" (alpha {cfg.alpha})" if cfg.partition == "dirichlet" else ""))
   print(part_lib.format_histogram(hist))
   if args.plot:
-    part_lib.plot_histogram(hist, args.plot)
+    from fedjax_dp.data.registry import CLASS_NAMES
+    names = CLASS_NAMES.get(cfg.dataset)
+    part_lib.plot_histogram(
+        hist, args.plot, class_names=names if names and len(names) == ds.num_classes else None,
+        title=f"{cfg.dataset}: {cfg.num_clients} clients, partition {cfg.partition}")
     print(f"plot: {os.path.abspath(args.plot)}")
   return 0
 
@@ -211,7 +237,7 @@ def run_guarded(fn) -> int:
     if not _raised_by_an_interrupt(e):
       raise
     _free_quietly(e)
-    print("interrupted", file=sys.stderr)
+    print(interrupted_line(), file=sys.stderr)
     return INTERRUPTED
 
 
@@ -244,6 +270,7 @@ def _free_quietly(interrupt: BaseException) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+  _INTERRUPTED_RUN.clear()
   args = build_parser().parse_args(argv)
   from fedjax_dp.placement import processes
   from fedjax_dp.placement.host import use_cpu_devices

@@ -76,7 +76,8 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
     state = _restore_secret_key(out, sim, state)
   _check_rerun(out, cfg, restored, calibrating)
   log(f"resuming {out} from the checkpoint at round {restored}" if restored
-      else f"no checkpoint in {out}: starting from round 0")
+      else f"no checkpoint in {out} (checkpoint_every {cfg.checkpoint_every}, or stopped before "
+           "the first): --resume starts over from round 0")
   plog = meta.get("privacy_log") if privacy_log.is_valid(meta.get("privacy_log")) else None
   if plog is None and restored == 0:
     plog = privacy_log.empty()   # else a checkpoint from before the log: no PLD figure
