@@ -15,9 +15,12 @@ Protocols:
 Every DP figure we print as epsilon is the accountant's (RDP, Poisson-subsampled
 Gaussian, add/remove-one client, delta 1e-5); the paper's own per-round formula is
 reported beside it and labelled. Every run is a normal `fedjax-dp run` folder
-under --out: a finished run with the same settings is reused, an unfinished one
-resumed; a run folder holding other settings is an error unless --overwrite,
-which reruns that run. KIND.csv, KIND.md and KIND.png are each replaced whole.
+under --out/PROTOCOL (default runs/dynamic_dp; the committed results are under
+experiments/dynamic_dp/results): a finished run with the same settings is reused,
+an unfinished one resumed; a run folder holding other settings is an error unless
+--overwrite, which reruns that run. The whole request is checked before the first
+run (every run's config, every run folder already there); a tree made for another
+protocol is refused (experiment.json). KIND.csv, KIND.md and KIND.png are each replaced whole.
 Bad input is a one-line error, exit 2.
 """
 
@@ -42,7 +45,7 @@ from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # no
 import yaml  # noqa: E402
 
 from fedjax_dp.config import Config, make_config  # noqa: E402
-from fedjax_dp.experiment.run_folder import make_out_folder  # noqa: E402
+from fedjax_dp.experiment.batch import check_request, claim_tree  # noqa: E402
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
@@ -79,18 +82,34 @@ def load_protocol(overrides: dict) -> Config:
   return make_config(values)
 
 
-def run_one(args, name: str, sets: dict) -> dict:
-  out = os.path.join(args.out, args.protocol, name)
+def cell_config(args, sets: dict) -> Config:
+  """One run's config: base.yaml, the protocol's and the run's keys, --rounds."""
   overrides = dict(PROTOCOLS[args.protocol], **sets)
   overrides.setdefault("rounds", args.rounds)
   if args.analyzer_steps and overrides.get("dp", "none") != "none" and \
       overrides.get("tier_source") == "analyzer":   # only the analyzer reads it
     overrides["analyzer_steps"] = args.analyzer_steps
   cfg = load_protocol(overrides)
-  cfg = make_config({"eval_every": max(1, min(cfg.eval_every, cfg.rounds // 9 or 1))}, cfg)
-  if not os.path.exists(os.path.join(out, "summary.json")):
-    print(f"[run] {args.protocol}/{name}", flush=True)
-  return run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
+  return make_config({"eval_every": max(1, min(cfg.eval_every, cfg.rounds // 9 or 1))}, cfg)
+
+
+def run_kind(args) -> list[dict]:
+  """Every run of the kind, checked as a whole before the first (configs, the run
+  folders already there), then run or reused in order: the table's rows."""
+  root = os.path.join(args.out, args.protocol)
+  cells = [(os.path.join(root, name), name, cell_config(args, sets), label, extra)
+           for name, sets, label, extra in KINDS[args.kind](args)]
+  check_request([(out, cfg) for out, _, cfg, _, _ in cells], args.overwrite)
+  rows = []
+  for out, name, cfg, label, extra in cells:
+    if not os.path.exists(os.path.join(out, "summary.json")):
+      print(f"[run] {args.protocol}/{name}", flush=True)
+    s = run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
+    rows.append(_row(label, s, **extra))
+  if args.kind == "budget":
+    for r in rows:
+      r["epsilon_per_round"] = (r["epsilon_accountant"] or 0) / max(r["rounds"], 1)
+  return rows
 
 
 def _row(name: str, s: dict, **extra) -> dict:
@@ -110,8 +129,7 @@ def _row(name: str, s: dict, **extra) -> dict:
           "tier_accuracy": (analyzer.get("tier_accuracy") or {}).get("run_tiers")}
 
 
-def table4(args) -> list[dict]:
-  rows = []
+def table4(args):
   arms = [
       ("no_privacy", {}),
       ("static_dp_eps2.0_800r", {"dp": "central", "target_epsilon": 2.0,
@@ -124,13 +142,10 @@ def table4(args) -> list[dict]:
   ]
   for name, sets in arms:
     for seed in args.seeds:
-      s = run_one(args, f"table4/{name}/seed{seed}", dict(sets, seed=seed))
-      rows.append(_row(name, s, seed=seed))
-  return rows
+      yield f"table4/{name}/seed{seed}", dict(sets, seed=seed), name, {"seed": seed}
 
 
-def ablations(args) -> list[dict]:
-  rows = []
+def ablations(args):
   arms = [
       ("full", dict(DYNAMIC)),
       ("no_semantic", dict(DYNAMIC, analyzer_rule="statistical")),
@@ -143,40 +158,35 @@ def ablations(args) -> list[dict]:
   ]
   for name, sets in arms:
     for seed in args.seeds:
-      s = run_one(args, f"ablations/{name}/seed{seed}",
-                  dict(sets, dp="central", target_epsilon=1.9, seed=seed))
-      rows.append(_row(name, s, seed=seed))
-  return rows
+      yield (f"ablations/{name}/seed{seed}", dict(sets, dp="central", target_epsilon=1.9,
+                                                  seed=seed), name, {"seed": seed})
 
 
-def alpha(args) -> list[dict]:
-  rows = []
+def alpha(args):
   for a in (1.0, 0.5, 0.1, 0.05, 0.01):
     for name, sets in (("no_privacy", {}),
                        ("dynamic_dp_eps1.9", dict(DYNAMIC, dp="central", target_epsilon=1.9))):
       for seed in args.seeds:
-        s = run_one(args, f"alpha/{a}/{name}/seed{seed}", dict(sets, alpha=a, seed=seed))
-        rows.append(_row(name, s, alpha=a, seed=seed))
-  return rows
+        yield (f"alpha/{a}/{name}/seed{seed}", dict(sets, alpha=a, seed=seed), name,
+               {"alpha": a, "seed": seed})
 
 
-def budget(args) -> list[dict]:
+def budget(args):
   """Budget per round and rounds to exhaustion: one base noise multiplier (the one
   that makes static DP spend epsilon 2.0 in 800 rounds, the paper's static row),
   a budget of 2.0, and up to 2,000 rounds."""
   from fedjax_dp.privacy.setup import noise_multiplier_for
   z = noise_multiplier_for(load_protocol({**PROTOCOLS[args.protocol], "dp": "central",
                                           "target_epsilon": 2.0, "rounds": 800}))
-  rows = []
   for name, sets in (("static_dp", {}), ("dynamic_dp", DYNAMIC)):
     for seed in args.seeds:
-      s = run_one(args, f"budget/{name}/seed{seed}",
-                  dict(sets, dp="central", noise_multiplier=z, target_epsilon=2.0,
-                       rounds=max(args.rounds, 2000), seed=seed))
-      r = _row(name, s, seed=seed)
-      r["epsilon_per_round"] = (r["epsilon_accountant"] or 0) / max(r["rounds"], 1)
-      rows.append(r)
-  return rows
+      yield (f"budget/{name}/seed{seed}",
+             dict(sets, dp="central", noise_multiplier=z, target_epsilon=2.0,
+                  rounds=max(args.rounds, 2000), seed=seed), name, {"seed": seed})
+
+
+# each kind: its runs as (name under --out/PROTOCOL, config keys, row label, row columns)
+KINDS = {"table4": table4, "ablations": ablations, "alpha": alpha, "budget": budget}
 
 
 def majority_share(args) -> float:
@@ -291,7 +301,7 @@ def plot(kind: str, rows: list[dict], args) -> None:
   plt.close(fig)
 
 
-def main(argv=None):
+def build_parser() -> OneLineParser:
   ap = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("kind", choices=["table4", "ablations", "alpha", "budget"])
   ap.add_argument("--protocol", default="paper", choices=list(PROTOCOLS))
@@ -299,18 +309,24 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=1350)
   ap.add_argument("--analyzer-steps", type=int, default=0,
                   help="training steps of the analyzer's networks (0: the config's)")
-  ap.add_argument("--out", default=os.path.join(HERE, "results"))
+  ap.add_argument("--out", default=os.path.join("runs", "dynamic_dp"),
+                  help="the results tree, one folder per protocol below it (default "
+                       "runs/dynamic_dp; the committed results are experiments/dynamic_dp/results)")
   ap.add_argument("--overwrite", action="store_true",
                   help="rerun the runs under --out whose settings differ (else an error)")
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
   args = ap.parse_args(argv)
   if len(set(args.seeds)) < len(args.seeds):
     ap.error(f"--seeds {' '.join(map(str, args.seeds))}: each value at most once")
 
   def go():
-    make_out_folder(os.path.join(args.out, args.protocol))
-    rows = {"table4": table4, "ablations": ablations, "alpha": alpha, "budget": budget}[
-        args.kind](args)
-    write_outputs(args.kind, rows, args)
+    claim_tree(os.path.join(args.out, args.protocol),
+               {"experiment": "dynamic_dp", "protocol": args.protocol})
+    write_outputs(args.kind, run_kind(args), args)
     return 0
   return run_guarded(go)
 

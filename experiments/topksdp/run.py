@@ -7,10 +7,13 @@
   python experiments/topksdp/run.py mu --seeds 0                # Tables 3-4: the mu grid
   options: --dataset fmnist|mnist|cifar10 --data-dir DIR --rounds N --out DIR --overwrite
 
-Every run is a normal `fedjax-dp run` output folder under --out: a finished run
-with the same settings is reused, an unfinished one resumed; a run folder
-holding other settings (rounds, dataset, ...) is an error unless --overwrite,
-which reruns that run. The script then writes KIND.csv, KIND.md (our numbers
+Every run is a normal `fedjax-dp run` output folder under --out (default
+runs/topksdp/DATASET, one tree per dataset; the committed results are under
+experiments/topksdp/results/DATASET): a finished run with the same settings is
+reused, an unfinished one resumed; a run folder holding other settings (rounds,
+...) is an error unless --overwrite, which reruns that run. The whole request is
+checked before the first run: every run's config, every run folder already
+there, the data. A tree made for another dataset is refused (experiment.json). The script then writes KIND.csv, KIND.md (our numbers
 beside the paper's where its text gives them, labelled) and KIND.png (table2:
 table2_LEVEL.png), each replaced whole. Bad input is a one-line error, exit 2.
 """
@@ -32,9 +35,9 @@ use_cpu_devices()
 
 from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
-from fedjax_dp.config import load_config  # noqa: E402
+from fedjax_dp.config import Config, load_config  # noqa: E402
 from fedjax_dp.compression.pipeline import communication  # noqa: E402
-from fedjax_dp.experiment.run_folder import make_out_folder  # noqa: E402
+from fedjax_dp.experiment.batch import check_request, claim_tree  # noqa: E402
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
@@ -72,16 +75,19 @@ PAPER_REDUCTION_PCT = {"mnist": 93, "cifar10": 92}
 PAPER_MU_BEST = {"mnist": 96.61, "fmnist": 84.83, "cifar10": 63.04}   # Table 4's best cell
 
 
-def run_one(out_root: str, name: str, sets: dict, args) -> dict:
-  out = os.path.join(out_root, name)
+def cell_config(sets: dict, args) -> Config:
+  """The config of one run: base.yaml with the run's keys, --dataset and --rounds."""
   overrides = dict(sets, dataset=args.dataset, rounds=args.rounds)
   if args.data_dir:
     overrides["data_dir"] = args.data_dir
   if args.dataset == "cifar10":
     overrides.setdefault("model", "cnn")
     overrides.setdefault("hidden", [512])
-  cfg = load_config(os.path.join(HERE, "base.yaml"),
-                    [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+  return load_config(os.path.join(HERE, "base.yaml"),
+                     [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+
+
+def run_cell(out: str, name: str, cfg: Config, args) -> dict:
   if not os.path.exists(os.path.join(out, "summary.json")):
     print(f"[run] {name}", flush=True)
   s = run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
@@ -95,63 +101,82 @@ def run_one(out_root: str, name: str, sets: dict, args) -> dict:
   return s
 
 
-def table2(args) -> list[dict]:
-  rows = []
+# Each kind: its runs, as (name under --out, config keys, the row's identifying
+# columns), and the row's measured columns from a run's summary.
+
+def table2(args):
   for level in args.levels:
     for alg in args.algorithms:
       for seed in args.seeds:
         sets = dict(PAPER_OVERRIDES.get(alg, {}), algorithm=alg, alpha=LEVELS[level], seed=seed)
-        s = run_one(args.out, f"table2/{level}/{alg}/seed{seed}", sets, args)
-        rows.append({"level": level, "alpha": LEVELS[level], "algorithm": alg, "seed": seed,
-                     "final_accuracy": s["final"]["test_accuracy"],
-                     "best_accuracy": s["best_test_accuracy"],
-                     "bytes_up": s["communication"]["bytes_up"],
-                     "bytes_down": s["communication"]["bytes_down"],
-                     "wall_s": s["timing"]["wall_s"]})
-  return rows
+        yield (f"table2/{level}/{alg}/seed{seed}", sets,
+               {"level": level, "alpha": LEVELS[level], "algorithm": alg, "seed": seed})
 
 
-def sparsity(args) -> list[dict]:
-  rows = []
+def table2_row(s: dict) -> dict:
+  return {"final_accuracy": s["final"]["test_accuracy"], "best_accuracy": s["best_test_accuracy"],
+          "bytes_up": s["communication"]["bytes_up"],
+          "bytes_down": s["communication"]["bytes_down"], "wall_s": s["timing"]["wall_s"]}
+
+
+def sparsity(args):
   for s_global in [0.0, 0.5, 0.7, 0.9, 0.95, 0.99]:
     for seed in args.seeds:
-      sets = dict(algorithm="topksdp", s_global=s_global, seed=seed)
-      s = run_one(args.out, f"sparsity/sg{s_global}/seed{seed}", sets, args)
-      rows.append({"s_global": s_global, "seed": seed,
-                   "final_accuracy": s["final"]["test_accuracy"],
-                   "mb_per_round_trip": (s["communication"]["bytes_per_client_up"] +
-                                         s["communication"]["bytes_per_client_down"]) / 1e6,
-                   "dense_mb_per_round_trip": 2 * 4 * s["communication"]["num_params"] / 1e6})
-  return rows
+      yield (f"sparsity/sg{s_global}/seed{seed}",
+             dict(algorithm="topksdp", s_global=s_global, seed=seed),
+             {"s_global": s_global, "seed": seed})
 
 
-def privacy(args) -> list[dict]:
-  rows = []
+def sparsity_row(s: dict) -> dict:
+  c = s["communication"]
+  return {"final_accuracy": s["final"]["test_accuracy"],
+          "mb_per_round_trip": (c["bytes_per_client_up"] + c["bytes_per_client_down"]) / 1e6,
+          "dense_mb_per_round_trip": 2 * 4 * c["num_params"] / 1e6}
+
+
+def privacy(args):
   for eps in [1.0, 3.0, 50.0]:
     for s_local in [0.5, 0.9, 0.99]:
       for seed in args.seeds:
-        sets = dict(algorithm="topksdp", s_local=s_local, kept_noise="paper", ldp_epsilon=eps,
-                    coordinate_clip=0.05, seed=seed)
-        s = run_one(args.out, f"privacy/eps{eps}/sl{s_local}/seed{seed}", sets, args)
-        kn = s["privacy"]["kept_noise"]
-        rows.append({"ldp_epsilon": eps, "s_local": s_local, "seed": seed,
-                     "final_accuracy": s["final"]["test_accuracy"],
-                     "papers_chain_epsilon": kn.get("papers_chain", {}).get("epsilon"),
-                     "accountant_epsilon": kn["accountant"]["epsilon"]})
-  return rows
+        yield (f"privacy/eps{eps}/sl{s_local}/seed{seed}",
+               dict(algorithm="topksdp", s_local=s_local, kept_noise="paper", ldp_epsilon=eps,
+                    coordinate_clip=0.05, seed=seed),
+               {"ldp_epsilon": eps, "s_local": s_local, "seed": seed})
 
 
-def mu(args) -> list[dict]:
-  rows = []
+def privacy_row(s: dict) -> dict:
+  kn = s["privacy"]["kept_noise"]
+  return {"final_accuracy": s["final"]["test_accuracy"],
+          "papers_chain_epsilon": kn.get("papers_chain", {}).get("epsilon"),
+          "accountant_epsilon": kn["accountant"]["epsilon"]}
+
+
+def mu(args):
   grid = [0.001, 0.005, 0.01]
   for mu1 in grid:
     for mu2 in grid:
       for seed in args.seeds:
-        sets = dict(algorithm="topksdp", contrastive_mu1=mu1, contrastive_mu2=mu2, seed=seed)
-        s = run_one(args.out, f"mu/mu1_{mu1}/mu2_{mu2}/seed{seed}", sets, args)
-        rows.append({"mu1": mu1, "mu2": mu2, "seed": seed,
-                     "final_accuracy": s["final"]["test_accuracy"]})
-  return rows
+        yield (f"mu/mu1_{mu1}/mu2_{mu2}/seed{seed}",
+               dict(algorithm="topksdp", contrastive_mu1=mu1, contrastive_mu2=mu2, seed=seed),
+               {"mu1": mu1, "mu2": mu2, "seed": seed})
+
+
+def mu_row(s: dict) -> dict:
+  return {"final_accuracy": s["final"]["test_accuracy"]}
+
+
+KINDS = {"table2": (table2, table2_row), "sparsity": (sparsity, sparsity_row),
+         "privacy": (privacy, privacy_row), "mu": (mu, mu_row)}
+
+
+def run_kind(args) -> list[dict]:
+  """Every run of the kind, checked as a whole before the first (configs, the run
+  folders already there, the data), then run or reused in order: the table's rows."""
+  cells_of, row_of = KINDS[args.kind]
+  cells = [(os.path.join(args.out, name), name, cell_config(sets, args), keys)
+           for name, sets, keys in cells_of(args)]
+  check_request([(out, cfg) for out, _, cfg, _ in cells], args.overwrite)
+  return [{**keys, **row_of(run_cell(out, name, cfg, args))} for out, name, cfg, keys in cells]
 
 
 def write_outputs(kind: str, rows: list[dict], args) -> None:
@@ -358,7 +383,9 @@ def main(argv=None):
   ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "mnist", "cifar10"])
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--rounds", type=int, default=200)
-  ap.add_argument("--out", default=os.path.join(HERE, "results", "fmnist"))
+  ap.add_argument("--out", default=None,
+                  help="the results tree (default runs/topksdp/DATASET; the committed results "
+                       "are experiments/topksdp/results/DATASET)")
   ap.add_argument("--overwrite", action="store_true",
                   help="rerun the runs under --out whose settings differ (else an error)")
   args = ap.parse_args(argv)
@@ -367,10 +394,12 @@ def main(argv=None):
     if len(set(values)) < len(values):
       ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
 
+  args.out = args.out or os.path.join("runs", "topksdp", args.dataset)
+
   def go():
-    make_out_folder(args.out)
-    rows = {"table2": table2, "sparsity": sparsity, "privacy": privacy, "mu": mu}[args.kind](args)
-    write_outputs(args.kind, rows, args)
+    # one tree per dataset: --dataset mnist never writes into a Fashion-MNIST tree
+    claim_tree(args.out, {"experiment": "topksdp", "dataset": args.dataset})
+    write_outputs(args.kind, run_kind(args), args)
     return 0
   return run_guarded(go)
 

@@ -41,7 +41,7 @@ from fedjax_dp.models import Model, num_params
 from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting, privacy_log
 
-__all__ = ["RunError", "chunk_ends", "run_experiment", "run_or_reuse"]
+__all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
 
 
 def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
@@ -64,15 +64,12 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
   cfg_path = os.path.join(out, "config.json")
   if not os.path.exists(cfg_path):
     return run_experiment(cfg, out, overwrite=overwrite, **kwargs)
+  problem = reuse_conflict(cfg, out, overwrite)
+  if problem:
+    raise RunError(problem)
   saved = saved_config(cfg_path)
   finished = os.path.exists(os.path.join(out, "summary.json"))
-  diff = config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES)
-  if diff and not overwrite:
-    shown = "; ".join(f"{k} {shown_setting(saved, k)} there, {shown_setting(cfg, k)} asked"
-                      for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
-    raise RunError(f"{out} holds a run with other settings ({shown}): pass --overwrite to "
-                   "rerun it, or choose another --out")
-  if diff:
+  if config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES):
     return run_experiment(cfg, out, overwrite=True, **kwargs)
   if finished:
     # the same config with other data, model or loss is another run (inputs.json)
@@ -87,6 +84,23 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
     with open(os.path.join(out, "summary.json")) as f:
       return json.load(f)
   return run_experiment(cfg, out, resume=True, **kwargs)
+
+
+def reuse_conflict(cfg: Config, out: str, overwrite: bool) -> str | None:
+  """Why run_or_reuse would refuse `out` for `cfg` (a run there with other settings,
+  without `overwrite`), else None; reads only config.json and summary.json."""
+  cfg_path = os.path.join(out, "config.json")
+  if overwrite or not os.path.exists(cfg_path):
+    return None
+  saved = saved_config(cfg_path)
+  finished = os.path.exists(os.path.join(out, "summary.json"))
+  diff = config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES)
+  if not diff:
+    return None
+  shown = "; ".join(f"{k} {shown_setting(saved, k)} there, {shown_setting(cfg, k)} asked"
+                    for k in diff[:3]) + ("; ..." if len(diff) > 3 else "")
+  return (f"{out} holds a run with other settings ({shown}): pass --overwrite to rerun it, "
+          "or choose another --out")
 
 
 def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bool = False,
