@@ -13,7 +13,9 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   models                  from_flax(module, example_input, name=) and the built-in models
   data                    from_arrays(x, y, ...), from_clients([(x_i, y_i), ...]), Dataset
   losses                  Task, classification(), regression('mse' | 'mae'), from_loss(fn)
-  callbacks               Callback(on_run_start, after_chunk, on_run_end), RunContext
+  callbacks               Callback(on_run_start, after_chunk, on_run_end), RunContext,
+                          log_metrics(*writers)
+  writers                 live metrics writers: csv(out), tensorboard(out), MetricsWriter
   Config, make_config     the flat run configuration (README: Config keys)
   ConfigError, DataError, RunError
                           the one-line errors of bad input
@@ -32,7 +34,7 @@ __version__ = "0.1.0"
 # public module name -> where it lives (the layout: README, Architecture)
 _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data": "data",
                "losses": "losses", "models": "models", "recipes": "recipes",
-               "runner": "experiment.runner"}
+               "runner": "experiment.runner", "writers": "experiment.writers"}
 _NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model"}

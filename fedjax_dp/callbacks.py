@@ -430,6 +430,31 @@ def plots() -> Callback:
   return Callback(on_run_end=end)
 
 
+def log_metrics(*writers) -> Callback:
+  """Hands every metrics.jsonl row to each writer (experiment/writers.py: csv,
+  tensorboard, or your own MetricsWriter) as it is written; a resumed run's kept
+  rows first. Put it in `callbacks=` (the CLI: `fedjax-dp run --log csv tensorboard`)."""
+  seen = [0]
+
+  def start(ctx: RunContext) -> None:
+    for w in writers:
+      w.start(list(ctx.rows))
+    seen[0] = len(ctx.rows)
+
+  def flush(ctx: RunContext) -> None:
+    for row in ctx.rows[seen[0]:]:
+      for w in writers:
+        w.write(row)
+    seen[0] = len(ctx.rows)
+
+  def end(ctx: RunContext) -> None:
+    flush(ctx)   # a row the run's end wrote (a run stopped between evaluations)
+    for w in writers:
+      w.close()
+  return Callback(on_run_start=start, after_chunk=lambda ctx, stats: flush(ctx),
+                  on_run_end=end)
+
+
 def defaults() -> list[Callback]:
   """What `fedjax-dp run` writes, in order."""
   return [budget_stop(), finite_model(), evaluate(), metrics(), divergence(), checkpoint(),

@@ -39,12 +39,18 @@ def _run(args) -> int:
   else:
     cfg = load_config(args.config, args.set)
   if args.print_config:   # resolved and checked as a run would be; nothing runs or is written
+    if args.log:
+      raise RunError(f"--log {' '.join(args.log)} with --print-config: nothing runs, so "
+                     "nothing would be logged")
     print(cfg.to_json())
     return 0
+  from fedjax_dp.callbacks import log_metrics
+  from fedjax_dp.experiment.writers import writers_for
+  live = [log_metrics(*writers_for(args.log, args.out))] if args.log else []
   # for the line after a Ctrl-C (kept while the interrupt unwinds to run_guarded)
   _INTERRUPTED_RUN[:] = [(args.out, cfg.checkpoint_every)]
   summary = run_experiment(cfg, args.out, resume=args.resume, overwrite=args.overwrite,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, callbacks=live)
   _INTERRUPTED_RUN.clear()
   from fedjax_dp.placement.processes import is_primary
   if not is_primary():
@@ -182,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="continue the run in --out from its newest readable checkpoint")
   r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
   r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  r.add_argument("--log", nargs="+", action="extend", default=[], choices=("csv", "tensorboard"),
+                 metavar="KIND", help="also write the metrics live as csv (metrics.csv) and/or "
+                 "tensorboard (tensorboard/ event files); metrics.jsonl is always written")
   r.add_argument("--print-config", action="store_true",
                  help="print the resolved config (config.json's form) and exit without running")
   many = r.add_argument_group(
