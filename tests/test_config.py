@@ -222,3 +222,26 @@ def test_the_command_line_refuses_noise_without_dp_and_writes_nothing(tmp_path):
       "error: config key 'noise_multiplier' = 1.0 is read by nothing in this run: it is read "
       "with dp 'central' or 'local' (without dp the run has no privacy)\n"), done.stderr
   assert not out.exists()
+
+
+def test_data_seed_separates_the_data_from_the_run_key():
+  # a sweep's seeds share one data split and partition (data_seed) and differ only in
+  # the run key; null keeps the old meaning (the data follows seed)
+  import numpy as np
+  from fedjax_dp.core.state import init_state
+  from fedjax_dp.experiment.setup import client_partition, load_data
+  from fedjax_dp.models import make_model
+  base = make_config({"num_clients": 6, "clients_per_round": 3, "partition": "dirichlet",
+                     "alpha": 0.5})
+  ds = load_data(base)
+  parts = lambda **kw: client_partition(make_config(kw, base=base), load_data(
+      make_config(kw, base=base)))
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(a, b))
+  assert same(parts(seed=3, data_seed=0), parts(seed=0))
+  assert same(parts(seed=3), parts(seed=3, data_seed=3))
+  assert not same(parts(seed=3), parts(seed=0))
+  model = make_model(base.model, ds.input_shape, ds.output_size, base.hidden)
+  w = lambda **kw: np.asarray(init_state(make_config(kw, base=base), model).params["Dense_0"]
+                              ["kernel"])
+  assert np.array_equal(w(seed=3, data_seed=0), w(seed=3))   # the model follows seed
+  assert not np.array_equal(w(seed=3, data_seed=0), w(seed=0, data_seed=0))

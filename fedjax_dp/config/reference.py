@@ -44,7 +44,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "tier_source", "analyzer_rule", "analyzer_steps", "noise_schedule",
         "convergence_measure", "convergence_lambda", "convergence_window", "convergence_beta",
         "noise_ema", "client_budgets"),
-    "run": ("rounds", "eval_every", "seed", "noise_seed", "checkpoint_every",
+    "run": ("rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every",
             "keep_checkpoints", "eval_batch_size"),
     "devices and memory": ("devices", "client_parallelism", "client_batch",
                            "client_state_store", "client_state_dtype", "client_state_dir"),
@@ -174,7 +174,10 @@ MEANINGS: dict[str, str] = {
     # run
     "rounds": "federated rounds",
     "eval_every": "evaluation (and metrics line) period in rounds",
-    "seed": "one seed for data split, partition, initialisation, sampling and training",
+    "seed": "the run key: model initialisation, cohorts, local training, noise (and the data's, "
+            "unless data_seed)",
+    "data_seed": "the data's split, the partition, the Byzantine clients, the analyzer; null: "
+                 "seed (a sweep's seeds share it, so they differ only in the run key)",
     "noise_seed": "secret: the run key comes from the operating system, never from seed",
     "checkpoint_every": "checkpoint period in rounds; 0: none",
     "keep_checkpoints": "checkpoints kept",

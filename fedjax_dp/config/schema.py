@@ -15,6 +15,13 @@ MIN_NOISE_MULTIPLIER = 1e-6   # 1e-300 overflowed the RDP arithmetic
 FLOAT32_MAX = 3.4028234663852886e38
 
 
+def data_seed(cfg: "Config") -> int:
+  """The seed of the data: its split or generation, the partition over clients, which
+  clients are Byzantine and the analyzer's networks (data_seed; null: seed). The run
+  key (model initialisation, cohorts, local training, noise) is always seed's."""
+  return cfg.seed if cfg.data_seed is None else cfg.data_seed
+
+
 class ConfigError(ValueError):
   """A bad config key or value; the message is one line meant for the user."""
 
@@ -127,6 +134,7 @@ class Config:
   rounds: int = 50
   eval_every: int = 5
   seed: int = 0
+  data_seed: int | None = None
   noise_seed: str = "config"
   checkpoint_every: int = 0
   keep_checkpoints: int = 3
@@ -250,6 +258,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "noise_ema": (0, 1, True, False),
     "eval_every": (1, None, True, True),
     "seed": (0, 2**31 - 1, True, True),
+    "data_seed": (0, 2**31 - 1, True, True),
     "checkpoint_every": (0, None, True, True),
     "keep_checkpoints": (1, None, True, True),
     "devices": (0, None, True, True),
@@ -259,7 +268,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 
 # the keys make_config accepts, and those that may be null (with their type when set)
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_OPTIONAL = {"data_dir": str, "client_state_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
+_OPTIONAL = {"data_seed": int, "data_dir": str, "client_state_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
              "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
              "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float}
 

@@ -32,6 +32,7 @@ from fedjax_dp import losses
 from fedjax_dp import recipes
 from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
@@ -299,7 +300,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                               LOCAL_NOISE)
   recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
   aggregator = recipe.rule
-  byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, cfg.seed,
+  byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
                                      cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   per_client_state = bool(jax.tree.leaves(

@@ -16,6 +16,7 @@ import numpy as np
 from fedjax_dp import losses
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core.evaluate import batch_for_eval
 from fedjax_dp.core.simulation import build_simulation
 from fedjax_dp.data.dataset import DataError, Dataset, check_targets
@@ -43,14 +44,14 @@ def load_data(cfg: Config) -> Dataset:
   elif cfg.dataset == "healthcare":
     options = dict(num_examples=cfg.healthcare_examples)
   mode = resolved_feature_scaling(cfg)
-  return load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed,
+  return load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
                       feature_scaling="none" if mode == "per_client" else mode, **options)
 
 
 def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
   return partition(ds.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                    classes_per_client=cfg.classes_per_client,
-                   quantity_alpha=cfg.quantity_alpha, seed=cfg.seed)
+                   quantity_alpha=cfg.quantity_alpha, seed=data_seed(cfg))
 
 
 def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None,
@@ -157,7 +158,7 @@ def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
   client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
   if cfg.tier_source == "analyzer":
     from fedjax_dp.privacy.analyzer import analyze_clients, thresholds
-    out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=cfg.seed,
+    out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=data_seed(cfg),
                           semantic_steps=cfg.analyzer_steps, rule=cfg.analyzer_rule)
     tiers, analysis = out["tiers"], out["report"]
     # a client's own tier: its mean fused score over the scored features

@@ -45,7 +45,7 @@ SETUP_KEYS = frozenset({
     # Byzantine clients: which clients of the population are malicious, and how
     "byzantine_fraction", "byzantine_attack", "byzantine_scale",
     # the run and its execution
-    "rounds", "eval_every", "seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
+    "rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
     "devices", "client_parallelism", "client_batch", "eval_batch_size",
     "client_state_store", "client_state_dtype", "client_state_dir",
 })
