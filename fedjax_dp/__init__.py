@@ -7,6 +7,10 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   run(recipe, model=, data=, loss=, rounds=, out=, callbacks=, **config)
                           a whole run with the CLI's outputs: metrics.jsonl, summary.json
                           with the privacy report, plots, checkpoints, resume
+  sweep(spec, out=, model=, data=, loss=)
+                          a sweep file's (or dict's) cells as replicas of as few compiled
+                          programs as can be: each cell's run folder, the tidy table
+                          (CSV, Parquet), means over seeds and their plots
   load_params(run_dir)    the trained parameters a run saved (model.msgpack)
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
@@ -34,8 +38,9 @@ __version__ = "0.1.0"
 # public module name -> where it lives (the layout: README, Architecture)
 _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data": "data",
                "losses": "losses", "models": "models", "recipes": "recipes",
-               "runner": "experiment.runner", "writers": "experiment.writers"}
-_NAMES = {"run": "api", "simulate": "api", "Config": "config", "make_config": "config",
+               "runner": "experiment.runner", "sweeps": "sweeps",
+               "writers": "experiment.writers"}
+_NAMES = {"run": "api", "simulate": "api", "sweep": "api", "Config": "config", "make_config": "config",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))

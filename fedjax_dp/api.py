@@ -126,3 +126,43 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
   _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
   return sim
+
+
+def sweep(spec: Any, *, out: str, model: Model | None = None, data: Dataset | None = None,
+          loss=None, callbacks: Sequence = (), overwrite: bool = False, progress: bool = True,
+          replica_batch: int | str | None = None, log=None) -> dict:
+  """Runs a sweep into `out`, as `fedjax-dp sweep` does: `spec` is a sweep file's
+  path, its contents as a dict ({'base': ..., 'config': {...}, 'seeds': 4,
+  'grid': {'lr': [...]}, 'variants': [...]}; sweeps/spec.py) or a SweepSpec.
+
+  Writes each cell's run folder (out/cells/<name>/), the tidy table
+  (results.csv, results.parquet: one row per cell x evaluation), final.csv (mean
+  and sd over seeds per setting) and plots of mean +- sd over seeds. Run again
+  into the same `out`, it keeps finished cells and continues the others.
+  Your `model`, `data` and `loss` are every cell's (config keys model and dataset
+  'custom', num_clients your data's, clients_per_round min(10, clients) unless
+  given). `replica_batch` overrides the spec's. Returns sweep.json's contents.
+  """
+  import dataclasses as _dc
+  from fedjax_dp.sweeps import SweepSpec, load_sweep, run_sweep
+  from fedjax_dp.sweeps.spec import replica_batch_value
+  spec = spec if isinstance(spec, SweepSpec) else load_sweep(spec)
+  base = dict(spec.base)
+  if model is not None:
+    _own(base, None, "model", model.name)
+  if data is not None:
+    _own(base, None, "dataset", data.name)
+    if data.client_parts is None:
+      raise ConfigError(f"data {data.name!r} carries no client partition: build it with "
+                        "data.from_arrays or data.from_clients")
+    clients = len(data.client_parts)
+    if base.get("num_clients", clients) != clients:
+      raise ConfigError(f"config key 'num_clients' = {base['num_clients']!r}: your data has "
+                        f"{clients} clients")
+    base["num_clients"] = clients
+    base.setdefault("clients_per_round", min(DEFAULT_COHORT, clients))
+  spec = _dc.replace(spec, base=base, replica_batch=spec.replica_batch if replica_batch is None
+                     else replica_batch_value(replica_batch))
+  return run_sweep(spec, out, overwrite=overwrite, progress=progress, log=log, model=model,
+                   data=data, task=losses.get(loss), callbacks=callbacks)
+

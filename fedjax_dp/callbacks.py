@@ -152,29 +152,47 @@ def unfinished(ctx: RunContext, done: int) -> bool:
 def run_loop(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
   """Runs ctx's rounds from ctx.start to ctx.last in chunks, calling the callbacks;
   returns ctx.summary."""
+  start_run(ctx, callbacks)
+  for end in chunk_ends(ctx.start, ctx.cfg, ctx.last):
+    t = time.perf_counter()
+    state, stats = ctx.sim.run_working(ctx.state, end - ctx.round)
+    stats.loss_sum.block_until_ready()
+    if after_chunk(ctx, callbacks, state, stats, end, time.perf_counter() - t):
+      break
+  return end_run(ctx, callbacks)
+
+
+def start_run(ctx: RunContext, callbacks: list[Callback]) -> None:
+  """The loop's start: on_run_start, then the state in the rounds' working layout
+  (the per-client state is put in client order only where it is read: client_order)."""
   ctx.round = ctx.prev_round = ctx.last_checkpoint = ctx.start
   ctx.wall0 = time.perf_counter() - ctx.meta["wall_s"]
   for cb in callbacks:
     if cb.on_run_start is not None:
       cb.on_run_start(ctx)
-  # the rounds keep the per-client state in their own layout from chunk to
-  # chunk; it is put in client order only where it is read (client_order)
   ctx.state = ctx.sim.to_working(ctx.state)
-  for end in chunk_ends(ctx.start, ctx.cfg, ctx.last):
-    t = time.perf_counter()
-    ctx.state, stats = ctx.sim.run_working(ctx.state, end - ctx.round)
-    if ctx.plog is not None:
-      ctx.plog = privacy_log.append(ctx.plog, stats, ctx.sim.privacy.event_multipliers)
-    stats.loss_sum.block_until_ready()
-    ctx.chunk_times.append((end - ctx.round, time.perf_counter() - t))
-    ctx.prev_round, ctx.round = ctx.round, end
-    ctx.ordered = ctx.test_metrics = ctx.row = None
-    for cb in callbacks:
-      if cb.after_chunk is not None and cb.after_chunk(ctx, stats):
-        ctx.stop = True   # the callbacks after it see it (evaluate, checkpoint)
-    interrupts.check()   # a Ctrl-C some library swallowed ends the run here
-    if ctx.stop:
-      break
+
+
+def after_chunk(ctx: RunContext, callbacks: list[Callback], state, stats, end: int,
+                seconds: float) -> bool:
+  """The loop after a chunk that took the run to round `end` (state in the working
+  layout, its RoundStats, the chunk's seconds): the privacy log, then after_chunk
+  of every callback. True: the run ends here (a callback stopped it)."""
+  ctx.state = state
+  if ctx.plog is not None:
+    ctx.plog = privacy_log.append(ctx.plog, stats, ctx.sim.privacy.event_multipliers)
+  ctx.chunk_times.append((end - ctx.round, seconds))
+  ctx.prev_round, ctx.round = ctx.round, end
+  ctx.ordered = ctx.test_metrics = ctx.row = None
+  for cb in callbacks:
+    if cb.after_chunk is not None and cb.after_chunk(ctx, stats):
+      ctx.stop = True   # the callbacks after it see it (evaluate, checkpoint)
+  interrupts.check()   # a Ctrl-C some library swallowed ends the run here
+  return ctx.stop
+
+
+def end_run(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
+  """The loop's end: the state in client order, on_run_end; returns ctx.summary."""
   ctx.state = ctx.ordered = ctx.sim.to_client_order(ctx.state)
   for cb in callbacks:
     if cb.on_run_end is not None:

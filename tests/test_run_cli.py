@@ -268,8 +268,9 @@ def test_version_is_the_packages():
 def test_an_unknown_key_suggests_the_nearest_ones(capsys):
   assert main(["run", "--out", "x", "--set", "round=5"]) == 2
   err = capsys.readouterr().err
+  from fedjax_dp.config.schema import _FIELDS
   assert err == ("error: unknown config key 'round' (did you mean 'rounds'? `fedjax-dp config` "
-                 "lists all 107, with their defaults and allowed values)\n")
+                 f"lists all {len(_FIELDS)}, with their defaults and allowed values)\n")
   assert main(["run", "--out", "x", "--set", "zzz=1"]) == 2
   assert "(`fedjax-dp config` lists all" in capsys.readouterr().err
 

@@ -45,6 +45,14 @@ import math
 
 import numpy as np
 
+from fedjax_dp.config.schema import ConfigError
+
+
+class StructureChange(ConfigError):
+  """A change the compiled round cannot take as data: a new simulation is needed
+  (a sweep runs such a cell as a program of its own)."""
+
+
 # Config keys whose values are data: changing one of them (hparams_for) reuses
 # the compiled round. Everything else in the config is structure.
 NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "clip_norm",
@@ -148,9 +156,8 @@ def _pipeline_hparams(cfg) -> tuple:
 
 
 def check_same_structure(cfg, new) -> None:
-  """Raises ConfigError where changing numeric keys from `cfg` to `new` would
+  """Raises StructureChange where changing numeric keys from `cfg` to `new` would
   change the compiled round's structure (a new simulation is needed)."""
-  from fedjax_dp.config import ConfigError
   from fedjax_dp.algorithms import parse_algorithm
   changes = {
       "momentum": (cfg.momentum > 0) != (new.momentum > 0)
@@ -163,7 +170,7 @@ def check_same_structure(cfg, new) -> None:
   }
   bad = [k for k, changed in changes.items() if changed]
   if bad:
-    raise ConfigError(f"with_hparams: {bad[0]} {getattr(cfg, bad[0])!r} -> "
+    raise StructureChange(f"with_hparams: {bad[0]} {getattr(cfg, bad[0])!r} -> "
                       f"{getattr(new, bad[0])!r} changes the compiled round's structure "
                       "(momentum on or off, SCAFFOLD's step count, a noise multiplier, "
                       "target or upload clip set or unset); build a new simulation")
@@ -186,13 +193,12 @@ def same(a: dict, b: dict) -> bool:
 
 
 def check_overridable(cfg, overrides: dict, calibrated, client_budgets: bool) -> None:
-  """Raises ConfigError for overrides the host could not account as the round
+  """Raises StructureChange for overrides the host could not account as the round
   applies them: a new target or delta against per-client budgets (they were
   allocated for the old target), against a resumed run's calibration (which
   counted the rounds already spent), and a new learning rate under kept_noise
   'paper' (its noise follows the lr, and a report of a run mixing two lrs needs
   the run's privacy log)."""
-  from fedjax_dp.config import ConfigError
   keys = set(overrides)
   problems = []
   if client_budgets and keys & RECALIBRATING:
@@ -203,5 +209,5 @@ def check_overridable(cfg, overrides: dict, calibrated, client_budgets: bool) ->
   if cfg.kept_noise == "paper" and keys & {"lr", "lr_min"}:
     problems.append("kept_noise 'paper' calibrates its noise to the learning rate")
   if problems:
-    raise ConfigError(f"with_hparams: {', '.join(sorted(keys))} cannot change here: "
+    raise StructureChange(f"with_hparams: {', '.join(sorted(keys))} cannot change here: "
                       f"{problems[0]}; build a new simulation")

@@ -97,6 +97,8 @@ class Simulation:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
   paging: paged_state.Paging | None = None   # client_state_store host/disk (paged_state.py)
+  # run_chunk vmapped over stacked replicas: ([R] states, store, [R] hparams, length)
+  run_replica_chunk: Callable | None = None
 
   @property
   def noise_multiplier(self) -> float:
@@ -133,6 +135,29 @@ class Simulation:
     return dataclasses.replace(self, cfg=cfg, privacy=privacy, hparams=self.replicate(
         jax.tree.map(jnp.asarray, hp)))
 
+  def with_seed(self, seed: int) -> "Simulation":
+    """This simulation with another run key (config key `seed`: the model's
+    initialisation, cohorts, local training, noise) on the same data: `data_seed`
+    is pinned to the data this simulation was built from. The same compiled round."""
+    from fedjax_dp.config import make_config
+    cfg = make_config({"seed": seed, "data_seed": data_seed(self.cfg)}, base=self.cfg)
+    return dataclasses.replace(self, cfg=cfg)
+
+  def run_replicas(self, states: SimState, hparams: dict, num_rounds: int):
+    """num_rounds rounds of a batch of replicas in one compiled program: `states`
+    and `hparams` stacked on a leading [replicas] axis (states in the working
+    layout, donated; hparams as this simulation's or its with_hparams' `hparams`,
+    stacked), each replica a run of its own (its own run key and numbers, no
+    value shared). Returns (states, RoundStats [replicas, num_rounds]). The
+    replicas ride along the cohort's sharding over "clients"; batched matmuls
+    round apart from a single run's (about 1e-7 relative)."""
+    if self.paging is not None:
+      raise ConfigError("replicas of a run with client_state_store "
+                        f"{self.cfg.client_state_store!r} cannot be batched: its host table is "
+                        "paged round by round for one run; run them one at a time "
+                        "(replica_batch 1)")
+    return self.run_replica_chunk(states, self.store, hparams, num_rounds)
+
   def hparams_for(self, **overrides) -> dict:
     """`with_hparams(**overrides).hparams` as host arrays, for stacking replicas
     (`jax.vmap` over run_chunk) or run_rounds(hparams=...). A run's reports and
@@ -167,7 +192,7 @@ class Simulation:
                                                           is None),
                            p.stop_in_round, len(p.event_multipliers))
     if structure(privacy) != structure(self.privacy):
-      raise ConfigError(f"with_hparams: {overrides} change the privacy set-up's structure; "
+      raise hparams_lib.StructureChange(f"with_hparams: {overrides} change the privacy set-up's structure; "
                         "build a new simulation")
     for key in overrides:   # a key this round never reads would give N identical replicas
       if getattr(cfg, key) != getattr(self.cfg, key) and hparams_lib.same(
@@ -349,12 +374,18 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
     return jax.lax.scan(lambda s, _: round_fn(s, store, hp), state, None, length=length)
 
+  @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
+  def run_replica_chunk(states: SimState, store: FederatedStore, hps: dict, length: int):
+    return jax.vmap(lambda s, hp: jax.lax.scan(lambda c, _: round_fn(c, store, hp), s, None,
+                                               length=length))(states, hps)
+
   store = jax.device_put(store, NamedSharding(mesh, P()))
   host_hp = hparams_lib.round_hparams(cfg, privacy)
   hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), NamedSharding(mesh, P()))
   layouts = cohort_lib.resident_layout(mesh, home) if home is not None else {}
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
+                    run_replica_chunk=run_replica_chunk,
                     evaluate=make_evaluate(model, task), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
                     issued={hparams_lib.digest(host_hp)}, paging=paging, **layouts)

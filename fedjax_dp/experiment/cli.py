@@ -1,4 +1,4 @@
-"""`fedjax-dp` command line: `run`, `config`, `datasets` and `account`.
+"""`fedjax-dp` command line: `run`, `sweep`, `config`, `datasets` and `account`.
 
 Every user error (bad config key or value, missing or corrupt data, an output
 folder that would be overwritten) prints one line `error: ...` to stderr and
@@ -70,7 +70,8 @@ def _run(args) -> int:
   return 0
 
 
-_INTERRUPTED_RUN: list[tuple[str, int]] = []   # (out, checkpoint_every) of the run under way
+# (out, checkpoint_every) of the run under way, or ('sweep', file, out)
+_INTERRUPTED_RUN: list[tuple] = []
 
 
 def interrupted_line() -> str:
@@ -79,6 +80,10 @@ def interrupted_line() -> str:
     return "interrupted"
   import shlex
   from fedjax_dp.experiment.checkpoint import steps
+  if _INTERRUPTED_RUN[0][0] == "sweep":
+    _, file, out = _INTERRUPTED_RUN[0]
+    return (f"interrupted; `fedjax-dp sweep {shlex.quote(file)} --out {shlex.quote(out)}` "
+            "keeps the finished cells and continues the others")
   out, every = _INTERRUPTED_RUN[0]
   done = steps(os.path.join(out, "checkpoints")) if os.path.isdir(out) else []
   command = f"fedjax-dp run --resume --out {shlex.quote(out)}"
@@ -98,6 +103,36 @@ def final_line(final: dict, privacy: dict) -> str:
   elif privacy.get("dp") != "none" or "kept_noise" in privacy:
     shown += f", no epsilon: {privacy['epsilon_why_none']}"
   return f"round {final['round']}: {shown}"
+
+
+def _sweep(args) -> int:
+  """A sweep file's cells into --out (sweeps/run.py); prints each setting's final figures."""
+  import dataclasses
+  from fedjax_dp.sweeps import load_sweep, run_sweep
+  from fedjax_dp.sweeps.spec import replica_batch_value
+  spec = load_sweep(args.file, args.set)
+  if args.replica_batch is not None:
+    spec = dataclasses.replace(spec, replica_batch=replica_batch_value(args.replica_batch,
+                                                                       "--replica-batch"))
+  if args.print_cells:   # every cell's config checked; nothing runs or is written
+    for cell in spec.cells():
+      print(cell.name)
+    return 0
+  from fedjax_dp.experiment.errors import RunError
+  if args.out is None:
+    raise RunError("fedjax-dp sweep: --out is required (the sweep's folder)")
+  _INTERRUPTED_RUN[:] = [("sweep", args.file, args.out)]
+  record = run_sweep(spec, args.out, overwrite=args.overwrite, progress=not args.no_progress)
+  _INTERRUPTED_RUN.clear()
+  out = os.path.abspath(args.out)
+  if record.get("final"):
+    from fedjax_dp.sweeps.table import final_lines
+    print("\n".join(final_lines(record["final"])))
+  print(f"results: {out}/results.csv, {out}/results.parquet, {out}/final.csv")
+  print(f"cells:   {out}/cells/<cell>/ (ordinary run folders)")
+  if record.get("plots"):
+    print("plots:   " + ", ".join(os.path.abspath(p) for p in record["plots"]))
+  return 0
 
 
 def _datasets(args) -> int:
@@ -202,6 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
   many.add_argument("--coordinator", metavar="HOST:PORT",
                     help="address of process 0's coordinator service")
   r.set_defaults(func=_run)
+
+  w = sub.add_parser("sweep", help="run a sweep file's cells (grid, variants, seeds) as "
+                     "replicas of as few compiled programs as can be")
+  w.add_argument("file", help="sweep YAML file: base, config, seeds, grid, variants, "
+                 "replica_batch (README: Sweeps)")
+  w.add_argument("--out", help="the sweep's folder (new or empty, or this sweep's: continued)")
+  w.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys of the base config: one or more KEY=VALUE")
+  w.add_argument("--replica-batch", metavar="N", help="replicas vmapped together: auto (1 on "
+                 "CPU) or N >= 1; overrides the file's replica_batch")
+  w.add_argument("--overwrite", action="store_true",
+                 help="rerun cells whose folders hold runs with other settings")
+  w.add_argument("--no-progress", action="store_true", help="no progress bar")
+  w.add_argument("--print-cells", action="store_true",
+                 help="print the cells' names (every config checked) and exit without running")
+  w.set_defaults(func=_sweep)
 
   c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
   c.add_argument("--show", nargs="+", default=[], metavar="KEY",

@@ -133,8 +133,7 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
               task):
   """Checks everything, then prepares `out`: the run's RunContext, or the summary of
   a finished run that a resume finds."""
-  from fedjax_dp.callbacks import RunContext
-  last = budget_rounds(cfg)  # fails before anything is written
+  budget_rounds(cfg)   # fails before anything is written
   prepare_out(out, cfg, resume, overwrite, check_only=True)
   inputs = own_inputs(model, data, task)
   if resume:
@@ -142,7 +141,23 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
   t_setup = time.perf_counter()
   # data and config errors surface here, before anything is written or replaced
   ds, parts, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
-  setup_s = time.perf_counter() - t_setup
+  rebuild = lambda calibration: setup(cfg, data, mesh=mesh, calibrated=calibration,
+                                      model=model, task=task)[2]
+  return open_context(cfg, out, sim, ds, parts, task, resume=resume, overwrite=overwrite,
+                      log=log, inputs=inputs, setup_s=time.perf_counter() - t_setup,
+                      rebuild=rebuild)
+
+
+def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Task, *,
+                 resume: bool, overwrite: bool, log, inputs, setup_s: float,
+                 rebuild: Callable):
+  """The RunContext of `cfg` in `out` on a built simulation (setup's, or a sweep's
+  with_hparams / with_seed of one), or the summary of a finished run a resume finds.
+  Restores a resume's checkpoint; `rebuild(calibration) -> Simulation` builds the
+  simulation again where a resume's calibrated noise differs from `sim`'s. Writes
+  config.json and this segment's row."""
+  from fedjax_dp.callbacks import RunContext
+  last = budget_rounds(cfg)
   if cfg.dp == "local" and cfg.target_epsilon is not None:
     first = accounting.epsilon_np(sim.next_event_rdp(sim.init_state()), cfg.delta)[0]
     if first > np.max(sim.client_budgets()):
@@ -159,7 +174,7 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
     # everything is checked before a file is touched: a refused resume leaves the run as it was
     state, meta, plog, calibration = restore(out, cfg, sim, state, log, calibrating)
     if calibration != from_zero:   # ds is scaled: reload
-      _, _, sim = setup(cfg, data, mesh=mesh, calibrated=calibration, model=model, task=task)
+      sim = rebuild(calibration)
     if cfg.dp == "central":
       last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
                            calibration)

@@ -1,0 +1,229 @@
+"""A sweep file: a base config, a grid and/or a list of variants, and seeds -> cells.
+
+    # sweep.yaml
+    base: demo.yaml          # a config file (relative to this file), optional
+    config:                  # config keys on top of it, optional
+      rounds: 30
+    seeds: 4                 # n (seeds 0..n-1) or a list [0, 7, 9]; default: the base's seed
+    grid:                    # every combination of these values
+      lr: [0.02, 0.05]
+    variants:                # and/or a list of settings, each crossed with the grid
+      - {algorithm: fedavg}
+      - {algorithm: fedprox, prox_mu: 0.01}
+    replica_batch: auto      # replicas vmapped together (sweeps/run.py); auto, or n >= 1
+
+A cell is base + config + one variant + one grid point + one seed. A sweep's
+seeds share one data split and partition: each cell's `data_seed` is the base's
+(its `data_seed`, else its `seed`), unless a variant or the grid sets it, so
+seeds differ in the run key alone (model initialisation, cohorts, local
+training, noise). A cell's name is the keys that differ between cells,
+`key=value` joined by ',' (e.g. `lr=0.05,seed=1`); it names its run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import os
+from typing import Any
+
+import yaml
+
+from fedjax_dp.config import Config, ConfigError, make_config
+from fedjax_dp.config.loading import load_config
+from fedjax_dp.config.schema import data_seed
+
+SWEEP_KEYS = ("base", "config", "seeds", "grid", "variants", "replica_batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of a sweep: its name (its folder under cells/), the keys it sets on
+  the base ({key: value}, seed included) and its checked config."""
+  name: str
+  values: dict
+  cfg: Config
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+  """A sweep, as its file says (see the module docstring); `base` is the base
+  config's values (file, then config:, then --set), checked."""
+  base: dict
+  seeds: tuple[int, ...] | None = None
+  grid: dict = dataclasses.field(default_factory=dict)
+  variants: tuple[dict, ...] = ()
+  replica_batch: int | str = "auto"
+
+  def to_dict(self) -> dict:
+    return {"base": self.base, "seeds": list(self.seeds) if self.seeds else None,
+            "grid": self.grid, "variants": list(self.variants),
+            "replica_batch": self.replica_batch}
+
+  def cells(self) -> list[Cell]:
+    """Every cell in order: variants, then grid points, then seeds, outermost first.
+    ConfigError (one line, naming the cell) for a cell whose config is refused,
+    and for two cells that are the same run."""
+    base_cfg = make_config(self.base)
+    seeds = self.seeds or (base_cfg.seed,)
+    grid_points = [dict(zip(self.grid, values))
+                   for values in itertools.product(*self.grid.values())]
+    assigned = [{**variant, **point, "seed": seed}
+                for variant in (self.variants or ({},)) for point in grid_points
+                for seed in seeds]
+    varied = _varied_keys(assigned, self.base, self.variants, self.grid)
+    cells, seen = [], {}
+    for values in assigned:
+      name = ",".join(f"{k}={_shown(values[k])}" for k in varied if k in values) or "base"
+      pinned = {"data_seed": data_seed(base_cfg)} if "data_seed" not in values else {}
+      try:
+        cfg = make_config({**self.base, **pinned, **values})
+      except ConfigError as e:
+        raise ConfigError(f"sweep cell {name!r}: {e}") from None
+      if cfg in seen:
+        raise ConfigError(f"sweep cells {seen[cfg]!r} and {name!r} are the same run (a key of "
+                          "theirs changes nothing): drop one")
+      if name in seen.values():
+        raise ConfigError(f"sweep cells share the name {name!r}: give their values distinct "
+                          "spellings")
+      seen[cfg] = name
+      cells.append(Cell(name=name, values=values, cfg=cfg))
+    return cells
+
+  def varied_keys(self) -> list[str]:
+    """The keys that differ between cells (their names' keys, seed included)."""
+    seeds = self.seeds or (make_config(self.base).seed,)
+    points = [dict(zip(self.grid, v)) for v in itertools.product(*self.grid.values())]
+    return _varied_keys([{**v, **p, "seed": s} for v in (self.variants or ({},))
+                         for p in points for s in seeds], self.base, self.variants, self.grid)
+
+
+def _varied_keys(assigned: list[dict], base: dict, variants, grid) -> list[str]:
+  """Keys whose value is not the same in every cell: the variants' (in order of
+  first appearance), the grid's, then seed."""
+  order = list(dict.fromkeys([k for v in variants for k in v] + list(grid) + ["seed"]))
+  missing = object()
+  return [k for k in order
+          if len({repr(v.get(k, base.get(k, missing))) for v in assigned}) > 1]
+
+
+def _shown(value: Any) -> str:
+  """A value as a folder name can hold it: lists joined by '-', no '/' or spaces."""
+  if isinstance(value, (list, tuple)):
+    text = "-".join(_shown(v) for v in value)
+  elif isinstance(value, float):
+    text = repr(value)
+  else:
+    text = "null" if value is None else str(value)
+  return text.replace("/", "_").replace(" ", "_")
+
+
+def load_sweep(path_or_dict, sets: list[str] | None = None) -> SweepSpec:
+  """The SweepSpec of a sweep file (path) or of its contents (dict); `sets`
+  (--set KEY=VALUE) apply to the base config. ConfigError (one line) for a bad
+  file, key or value."""
+  where = "sweep"
+  folder = os.getcwd()
+  if isinstance(path_or_dict, dict):
+    raw = dict(path_or_dict)
+  else:
+    where = f"sweep file {str(path_or_dict)!r}"
+    raw = _read_yaml(path_or_dict, where)
+    folder = os.path.dirname(os.path.abspath(path_or_dict))
+  for key in raw:
+    if key not in SWEEP_KEYS:
+      near = difflib.get_close_matches(str(key), SWEEP_KEYS, n=1)
+      hint = f"did you mean {near[0]!r}? " if near else ""
+      raise ConfigError(f"{where}: unknown key {key!r} ({hint}allowed are "
+                        f"{', '.join(SWEEP_KEYS)}; config keys go under config:)")
+  base = {}
+  if raw.get("base") is not None:
+    if not isinstance(raw["base"], str):
+      raise ConfigError(f"{where}: base = {raw['base']!r}: expected the path of a config file")
+    base = _given(os.path.join(folder, raw["base"]))   # an absolute path stays as it is
+  config = raw.get("config") or {}
+  if not isinstance(config, dict):
+    raise ConfigError(f"{where}: config = {config!r}: expected a mapping of config keys")
+  base.update(config)
+  from fedjax_dp.config import parse_set
+  base.update(parse_set(sets or []))
+  grid = raw.get("grid") or {}
+  if not isinstance(grid, dict):
+    raise ConfigError(f"{where}: grid = {grid!r}: expected a mapping of config key: [values]")
+  for key, values in grid.items():
+    if not isinstance(values, list) or not values:
+      raise ConfigError(f"{where}: grid key {key!r} = {values!r}: expected a non-empty list of "
+                        "values")
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+      raise ConfigError(f"{where}: grid key {key!r} lists {twice[0]!r} twice")
+  variants = raw.get("variants") or []
+  if not isinstance(variants, list) or not all(isinstance(v, dict) and v for v in variants):
+    raise ConfigError(f"{where}: variants = {variants!r}: expected a list of non-empty "
+                      "mappings of config keys")
+  for key in list(grid) + [k for v in variants for k in v]:
+    if key == "seed":
+      raise ConfigError(f"{where}: 'seed' in grid or variants: list seeds under seeds:")
+    if key in grid and any(key in v for v in variants):
+      raise ConfigError(f"{where}: config key {key!r} is in both grid and variants: keep it in "
+                        "one")
+  spec = SweepSpec(base=base, seeds=_seeds(raw.get("seeds"), where),
+                   grid={k: list(v) for k, v in grid.items()},
+                   variants=tuple(dict(v) for v in variants),
+                   replica_batch=replica_batch_value(raw.get("replica_batch", "auto"), where))
+  make_config(spec.base)   # the base alone must be a valid config
+  return spec
+
+
+def _given(path: str) -> dict:
+  """The keys a config file sets (not the defaults it leaves): the base of a sweep."""
+  raw = _read_yaml(path, f"config file {path!r}")
+  load_config(path)   # checked as a run would check it
+  return dict(raw)
+
+
+def _read_yaml(path, where: str) -> dict:
+  try:
+    with open(path) as f:
+      loaded = yaml.safe_load(f)
+  except FileNotFoundError:
+    raise ConfigError(f"{where} does not exist") from None
+  except IsADirectoryError:
+    raise ConfigError(f"{where} is a folder: name a YAML file") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise ConfigError(f"{where} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+  except yaml.YAMLError as e:
+    line = getattr(getattr(e, "problem_mark", None), "line", None)
+    raise ConfigError(f"{where} is not valid YAML"
+                      + (f" (line {line + 1})" if line is not None else "")) from None
+  if loaded is None:
+    return {}
+  if not isinstance(loaded, dict):
+    raise ConfigError(f"{where}: expected a mapping of key: value")
+  return loaded
+
+
+def _seeds(value, where: str) -> tuple[int, ...] | None:
+  """seeds: n (0..n-1) or a list of distinct seeds; None: the base's seed."""
+  if value is None:
+    return None
+  ok_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
+  if ok_int(value) and value >= 1:
+    return tuple(range(value))
+  if isinstance(value, list) and value and all(ok_int(v) and 0 <= v < 2**31 for v in value) \
+      and len(set(value)) == len(value):
+    return tuple(value)
+  raise ConfigError(f"{where}: seeds = {value!r}: expected a count n >= 1 (seeds 0..n-1) or a "
+                    "list of distinct seeds in 0..2147483647")
+
+
+def replica_batch_value(value, where: str = "sweep") -> int | str:
+  """replica_batch: 'auto' or an integer >= 1."""
+  if value == "auto":
+    return value
+  if isinstance(value, str) and value.isdigit():
+    value = int(value)
+  if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    return value
+  raise ConfigError(f"{where}: replica_batch = {value!r}: expected auto or an integer >= 1")
