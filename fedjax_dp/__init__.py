@@ -40,7 +40,8 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "losses": "losses", "models": "models", "recipes": "recipes",
                "runner": "experiment.runner", "sweeps": "sweeps",
                "writers": "experiment.writers"}
-_NAMES = {"run": "api", "simulate": "api", "sweep": "api", "Config": "config", "make_config": "config",
+_NAMES = {"run": "api", "simulate": "api", "sweep": "api", "Config": "config",
+          "make_config": "config",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))

@@ -157,6 +157,18 @@ def test_vmapped_replicas_on_eight_devices_equal_one_device(tmp_path):
     assert float(a["test_loss"]) == pytest.approx(float(b["test_loss"]), rel=1e-4)
 
 
+def test_a_host_table_of_client_state_runs_its_cells_one_at_a_time(tmp_path):
+  # a paged table is one run's: replica_batch 4 is run as 1, each cell its standalone run
+  spec = {"config": {**BASE, "algorithm": "scaffold", "client_state_store": "host"},
+          "seeds": 2}
+  record = fedjax_dp.sweep(spec, out=str(tmp_path / "s"), replica_batch=4, progress=False,
+                           log=lambda m: None)
+  assert record["programs"][0]["replica_batch"] == 1
+  cell = load_sweep(spec).cells()[1]
+  assert without_wall(read_jsonl(tmp_path / "s" / "cells" / cell.name / "metrics.jsonl")) == \
+      without_wall(run_alone(cell.cfg, tmp_path / "alone"))
+
+
 def test_structural_changes_make_programs_of_their_own(tmp_path):
   spec = {"config": BASE, "variants": [{"momentum": 0.0}, {"momentum": 0.5},
                                        {"momentum": 0.9}, {"algorithm": "fedprox"}]}

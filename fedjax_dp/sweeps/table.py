@@ -1,7 +1,8 @@
 """A sweep's results: the tidy table, the per-setting means and their plots.
 
 results.csv / results.parquet: one row per cell x evaluation, with columns
-  cell, <each varied key> (seed included), round, <every metrics.jsonl key>
+  cell, setting (the name but the seed), <each varied key> (seed included, null
+  where the cell's run reads no such key), round, <every metrics.jsonl key>
 (a list value, such as `nonfinite`, joined by ';'). final.csv: one row per
 setting (the cells but their seeds) with the number of seeds and, for each
 numeric column of the cells' last rows, its mean and sample sd over the seeds.
@@ -25,34 +26,41 @@ RESULTS_CSV, RESULTS_PARQUET, FINAL_CSV = "results.csv", "results.parquet", "fin
 
 
 def tidy_rows(out: str, cells, varied: list[str]) -> list[dict]:
-  """Every cell's metrics.jsonl rows, each with the cell's name and varied keys."""
+  """Every cell's metrics.jsonl rows, each with the cell's name, its setting (the
+  name but the seed) and its varied keys."""
   from fedjax_dp.sweeps.run import cell_dir
   rows = []
   for cell in cells:
-    keys = {k: _cell_value(cell.cfg, k) for k in varied}
+    keys = {k: _cell_value(cell, k) for k in varied}
     for row in reporting.read_metrics(os.path.join(cell_dir(out, cell), "metrics.jsonl")):
-      rows.append({"cell": cell.name, **keys,
+      rows.append({"cell": cell.name, "setting": setting_name(cell, varied), **keys,
                    **{k: ";".join(map(str, v)) if isinstance(v, list) else v
                       for k, v in row.items()}})
   return _same_columns(rows)
 
 
-def _cell_value(cfg, key: str):
-  value = getattr(cfg, key)
+def _cell_value(cell, key: str):
+  """A varied key's value in a cell's config; None where nothing in the cell's run
+  reads it (prox_mu of a FedAvg cell)."""
+  from fedjax_dp.config import unread_keys
+  if key not in cell.values and key in unread_keys(cell.cfg):
+    return None
+  value = getattr(cell.cfg, key)
   return "-".join(map(str, value)) if isinstance(value, tuple) else value
+
+
+def setting_name(cell, varied: list[str]) -> str:
+  """A cell's setting: its name's keys but the seed ('all' when only seeds vary)."""
+  from fedjax_dp.sweeps.spec import _shown
+  parts = [f"{k}={_shown(cell.values[k])}" for k in varied
+           if k != "seed" and k in cell.values]
+  return ",".join(parts) or "all"
 
 
 def _same_columns(rows: list[dict]) -> list[dict]:
   """Every row with every column (in order of first appearance; None where absent)."""
   columns = list(dict.fromkeys(k for row in rows for k in row))
   return [{k: row.get(k) for k in columns} for row in rows]
-
-
-def setting_name(row: dict, varied: list[str]) -> str:
-  """A row's setting: its varied keys but the seed, as its cell name spells them."""
-  from fedjax_dp.sweeps.spec import _shown
-  parts = [f"{k}={_shown(row[k])}" for k in varied if k != "seed"]
-  return ",".join(parts) or "all"
 
 
 def final_rows(rows: list[dict], varied: list[str]) -> list[dict]:
@@ -63,9 +71,9 @@ def final_rows(rows: list[dict], varied: list[str]) -> list[dict]:
     last[row["cell"]] = row   # rows are in round order within a cell
   by_setting: dict[str, list[dict]] = {}
   for row in last.values():
-    by_setting.setdefault(setting_name(row, varied), []).append(row)
+    by_setting.setdefault(row["setting"], []).append(row)
   out = []
-  skip = {"cell", "seed", *varied}
+  skip = {"cell", "setting", "seed", *varied}
   for setting, group in by_setting.items():
     entry = {"setting": setting, **{k: group[0][k] for k in varied if k != "seed"},
              "seeds": len(group), "round": max(r["round"] for r in group)}
@@ -122,7 +130,7 @@ def mean_sd_curves(rows: list[dict], varied: list[str], metric: str) -> dict[str
   per: dict[str, dict[str, dict[int, float]]] = {}
   for row in rows:
     if _is_number(row.get(metric)):
-      per.setdefault(setting_name(row, varied), {}).setdefault(row["cell"], {})[
+      per.setdefault(row["setting"], {}).setdefault(row["cell"], {})[
           row["round"]] = row[metric]
   curves = {}
   for setting, cells in per.items():
