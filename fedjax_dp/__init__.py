@@ -11,6 +11,8 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
                           a sweep file's (or dict's) cells as replicas of as few compiled
                           programs as can be: each cell's run folder, the tidy table
                           (CSV, Parquet), means over seeds and their plots
+  compare(*paths)         runs and sweeps side by side: a row a run with final and best
+                          metrics, epsilon, bytes, time and the config keys that differ
   load_params(run_dir)    the trained parameters a run saved (model.msgpack)
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
@@ -41,7 +43,7 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "runner": "experiment.runner", "sweeps": "sweeps",
                "writers": "experiment.writers"}
 _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "Config": "config",
-          "make_config": "config",
+          "make_config": "config", "compare": "experiment.compare",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))

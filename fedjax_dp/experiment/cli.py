@@ -1,4 +1,4 @@
-"""`fedjax-dp` command line: `run`, `sweep`, `config`, `datasets` and `account`.
+"""`fedjax-dp` command line: `run`, `sweep`, `compare`, `config`, `datasets` and `account`.
 
 Every user error (bad config key or value, missing or corrupt data, an output
 folder that would be overwritten) prints one line `error: ...` to stderr and
@@ -135,6 +135,30 @@ def _sweep(args) -> int:
   return 0
 
 
+def _compare(args) -> int:
+  """Runs and sweeps side by side (experiment/compare.py)."""
+  from fedjax_dp.experiment import compare, reporting
+  from fedjax_dp.experiment.errors import RunError
+  for flag, path, ext in (("--plot", args.plot, ".png"), ("--csv", args.csv, ".csv")):
+    if path is None:
+      continue
+    if not path.lower().endswith(ext):
+      raise RunError(f"{flag} {path}: expected a {ext} file name")
+    if os.path.exists(path):
+      raise RunError(f"{flag} {path}: the file exists; name a new one")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+      raise RunError(f"{flag} {path}: its folder does not exist")
+  runs = compare.load_runs(args.paths)
+  rows = compare.sort_rows(compare.compare_rows(runs), args.sort)
+  print(compare.format_table(rows))
+  if args.csv:
+    reporting.write_text_atomic(args.csv, reporting.csv_text(rows))
+    print(f"table: {os.path.abspath(args.csv)}")
+  if args.plot:
+    print(f"plot:  {os.path.abspath(compare.plot_runs(runs, args.plot))}")
+  return 0
+
+
 def _datasets(args) -> int:
   from fedjax_dp.config import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
@@ -253,6 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
   w.add_argument("--print-cells", action="store_true",
                  help="print the cells' names (every config checked) and exit without running")
   w.set_defaults(func=_sweep)
+
+  m = sub.add_parser("compare", help="runs and sweeps side by side: final and best metrics, "
+                     "epsilon, bytes, time, and the config keys that differ")
+  m.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP",
+                 help="run folders, and sweep folders (each of their cells)")
+  m.add_argument("--sort", metavar="COLUMN", help="sort by a column; =-COLUMN: descending "
+                 "(e.g. --sort=-test_accuracy)")
+  m.add_argument("--csv", metavar="CSV", help="also write the table here (a new file)")
+  m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
+                 "rounds, one line per run (a new file)")
+  m.set_defaults(func=_compare)
 
   c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
   c.add_argument("--show", nargs="+", default=[], metavar="KEY",

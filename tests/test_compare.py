@@ -1,0 +1,103 @@
+"""fedjax-dp compare: the table's figures read back from the runs' own files."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import fedjax_dp
+from fedjax_dp.config import make_config
+from fedjax_dp.experiment.runner import run_experiment
+
+BASE = {"dataset": "digits", "num_clients": 8, "clients_per_round": 4, "hidden": [16],
+        "batch_size": 16, "local_epochs": 1, "lr": 0.05, "rounds": 4, "eval_every": 2,
+        "devices": 1}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Two runs (one with central DP and another lr) and a sweep of two seeds."""
+  root = tmp_path_factory.mktemp("compare")
+  run_experiment(make_config(BASE), str(root / "plain"), progress=False, log=lambda m: None)
+  run_experiment(make_config({**BASE, "lr": 0.1, "dp": "central", "noise_multiplier": 1.0,
+                              "delta": 1e-3}), str(root / "private"), progress=False,
+                 log=lambda m: None)
+  fedjax_dp.sweep({"config": BASE, "seeds": 2}, out=str(root / "sw"), progress=False,
+                  log=lambda m: None)
+  return root
+
+
+def jsonl(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_rows_hold_each_runs_final_and_best_figures_and_the_keys_that_differ(runs):
+  rows = fedjax_dp.compare(str(runs / "plain"), str(runs / "private"))
+  assert [r["run"] for r in rows] == ["plain", "private"]
+  # the keys that differ, and only those (clip_norm and delta are read by the DP run only)
+  assert [k for k in rows[0] if k not in ("run", "status")][:4] == ["lr", "dp", "noise_multiplier",
+                                                                     "delta"]
+  for row, name in zip(rows, ("plain", "private")):
+    metrics = jsonl(runs / name / "metrics.jsonl")
+    with open(runs / name / "summary.json") as f:
+      summary = json.load(f)
+    assert row["status"] == "finished" and row["round"] == metrics[-1]["round"] == 4
+    assert row["test_accuracy"] == metrics[-1]["test_accuracy"]
+    assert row["best_accuracy"] == max(m["test_accuracy"] for m in metrics)
+    assert row["best_loss"] == min(m["test_loss"] for m in metrics)
+    assert row["epsilon"] == summary["privacy"]["epsilon"]
+    assert row["mb_up"] == metrics[-1]["bytes_up"] / 1e6
+    assert row["s_per_round"] == summary["timing"]["seconds_per_round_median"]
+  assert rows[0]["epsilon"] is None and rows[1]["epsilon"] > 0
+  assert rows[0]["noise_multiplier"] is None and rows[1]["noise_multiplier"] == 1.0
+
+
+def test_a_sweep_stands_for_its_cells_and_an_unfinished_run_says_so(runs, tmp_path):
+  half = tmp_path / "half"
+  shutil.copytree(runs / "plain", half)
+  os.remove(half / "summary.json")
+  rows = fedjax_dp.compare(str(runs / "sw"), str(half))
+  assert [r["run"] for r in rows] == ["sw/seed=0", "sw/seed=1", "half"]
+  assert [r["status"] for r in rows] == ["finished", "finished", "unfinished"]
+  assert [r["seed"] for r in rows] == [0, 1, 0]
+  assert rows[2]["s_per_round"] is None
+
+
+def cli(*args, cwd=None):
+  exe = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
+  return subprocess.run([exe, "compare", *args], capture_output=True, text=True, timeout=300,
+                        cwd=cwd)
+
+
+def test_cli_prints_sorts_and_writes_the_table_and_the_plot(runs, tmp_path):
+  done = cli(str(runs / "plain"), str(runs / "private"), "--sort=-lr", "--csv",
+             str(tmp_path / "t.csv"), "--plot", str(tmp_path / "p.png"))
+  assert done.returncode == 0, done.stderr
+  lines = done.stdout.splitlines()
+  assert lines[0].split()[:3] == ["run", "lr", "dp"]
+  assert lines[2].startswith("private") and lines[3].startswith("plain")
+  with open(tmp_path / "t.csv", newline="") as f:
+    table = list(csv.DictReader(f))
+  assert [r["run"] for r in table] == ["private", "plain"]
+  assert os.path.getsize(tmp_path / "p.png") > 0
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["missing"], "missing: no such folder"),
+    (["notarun"], "notarun: not a run folder (no readable config.json) and not a sweep"),
+    (["RUN", "--sort", "speed"], "--sort speed: no column 'speed'"),
+    (["RUN", "--plot", "p.txt"], "--plot p.txt: expected a .png file name"),
+    (["RUN", "--csv", "taken.csv"], "--csv taken.csv: the file exists"),
+])
+def test_cli_errors_are_one_line_with_exit_status_2(runs, tmp_path, args, fragment):
+  (tmp_path / "notarun").mkdir()
+  (tmp_path / "taken.csv").write_text("x")
+  args = [str(runs / "plain") if a == "RUN" else a for a in args]
+  done = cli(*args, cwd=tmp_path)
+  assert done.returncode == 2, done
+  assert done.stderr.count("\n") == 1 and fragment in done.stderr, done.stderr
