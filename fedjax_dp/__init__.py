@@ -11,6 +11,8 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
                           a sweep file's (or dict's) cells as replicas of as few compiled
                           programs as can be: each cell's run folder, the tidy table
                           (CSV, Parquet), means over seeds and their plots
+  profile(recipe, out=, rounds=, **config)
+                          a jax.profiler trace of compiled rounds and their top operations
   compare(*paths)         runs and sweeps side by side: a row a run with final and best
                           metrics, epsilon, bytes, time and the config keys that differ
   load_params(run_dir)    the trained parameters a run saved (model.msgpack)
@@ -42,7 +44,7 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "losses": "losses", "models": "models", "recipes": "recipes",
                "runner": "experiment.runner", "sweeps": "sweeps",
                "writers": "experiment.writers"}
-_NAMES = {"run": "api", "simulate": "api", "sweep": "api", "Config": "config",
+_NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Config": "config",
           "make_config": "config", "compare": "experiment.compare",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model"}

@@ -166,3 +166,17 @@ def sweep(spec: Any, *, out: str, model: Model | None = None, data: Dataset | No
   return run_sweep(spec, out, overwrite=overwrite, progress=progress, log=log, model=model,
                    data=data, task=losses.get(loss), callbacks=callbacks)
 
+
+def profile(recipe: Any = "fedavg", *, out: str, rounds: int = 5, model: Model | None = None,
+            data: Dataset | None = None, loss=None, **config_overrides) -> dict:
+  """`fedjax-dp profile` from Python: traces a compiled chunk of `rounds` rounds of the
+  run `recipe` and the keywords say (as fedjax_dp.run takes them) with jax.profiler
+  into `out` (a new or empty folder; Perfetto, TensorBoard), and writes ops.csv and
+  profile.json. Returns profile.json's contents plus 'rows': every compiled
+  operation, most self time first (op, count, self_ms, total_ms, share, source)."""
+  from fedjax_dp.experiment.profile import profile_rounds
+  if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+    raise ConfigError(f"rounds = {rounds!r}: allowed are whole numbers >= 1")
+  cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
+  return profile_rounds(cfg, rounds, out, model=model, data=data, task=losses.get(loss))
+

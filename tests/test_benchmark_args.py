@@ -33,7 +33,8 @@ WHOLE = "allowed are whole numbers >= 1"
 
 
 @pytest.mark.parametrize("script", ["fedavg_round.py", "topksdp_round.py", "compare_trees.py",
-                                    "accountant_share.py", "cross_device.py", "scaling.py"])
+                                    "accountant_share.py", "cross_device.py", "scaling.py",
+                                    "sweep.py", "kernels.py"])
 def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_path):
   old = tmp_path / "old.json"
   old.write_text("{}")
@@ -51,6 +52,10 @@ def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_p
     ("topksdp_round.py", ["--chunks", "-1"], WHOLE),
     ("cross_device.py", ["--rounds", "0"], WHOLE),
     ("scaling.py", ["--rounds", "0"], WHOLE),
+    ("sweep.py", ["--seeds", "0"], WHOLE),
+    ("kernels.py", ["--repeats", "0"], WHOLE),
+    ("kernels.py", ["--sizes", "huge"], "--sizes 'huge': allowed are small, medium, large "
+                                        "(comma-separated)"),
     ("scaling.py", ["--max-table-gb", "-1"], "allowed are finite numbers > 0")])
 def test_scripts_refuse_a_bad_count_with_exit_2(script, args, allowed):
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
@@ -126,3 +131,20 @@ def test_a_built_peer_times_rounds_of_the_scaling_protocol(name, kind, tmp_path)
   assert res["library"] == name and res["clients"] == 20 and res["cohort"] == 10, res
   assert res["kind"] == kind and res.get("algorithm", "fedavg") == scaling.PEER_ALGORITHM[kind]
   assert len(res["round_s"]) == 2 and res["median_round_s"] > 0
+
+
+@pytest.mark.slow   # about a minute of compiling; the kernels' own tests check each one
+def test_kernel_benchmark_agrees_with_its_references_at_the_small_size(tmp_path):
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernels.py"),
+                        "--sizes", "small", "--repeats", "1", "--json",
+                        str(tmp_path / "k.json")], capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-2000:]
+  import json
+  with open(tmp_path / "k.json") as f:
+    rows = json.load(f)["rows"]
+  kernels = {r["kernel"] for r in rows}
+  assert {"l2_clip", "per_part_clip", "topk_mask (k = d/10)", "gaussian_noise",
+          "contrastive (bounded)", "weighted_mean"} <= kernels
+  assert sum(k.startswith("robust: ") for k in kernels) == 8
+  assert all(r["agrees"] and r["seconds"] > 0 for r in rows)
+

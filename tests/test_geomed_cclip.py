@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_dp.kernels import reference
 from fedjax_dp.robust import get_aggregator
 from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
 
@@ -22,14 +23,7 @@ def cohort(m=9, d=13, seed=0, absent=(2, 7)):
   return u, mask, w
 
 
-def np_weiszfeld(u, w, iters, eps):
-  """float64 smoothed Weiszfeld over the participants: start at the weighted mean."""
-  u, w = u.astype(np.float64), w.astype(np.float64)
-  z = (w[:, None] * u).sum(0) / w.sum()
-  for _ in range(iters):
-    beta = w / np.maximum(eps, np.linalg.norm(u - z, axis=1))
-    z = (beta[:, None] * u).sum(0) / beta.sum()
-  return z
+np_weiszfeld = reference.weiszfeld   # float64, from the weighted mean
 
 
 @pytest.mark.parametrize("iters", [0, 1, 4, 30])
@@ -51,16 +45,7 @@ def test_geometric_median_against_numpy_weiszfeld(iters, absent):
     assert np.sum(wp * dist) < np.sum(wp * np.linalg.norm(p - mean, axis=1))
 
 
-def np_centered_clip(u, center, tau, iters):
-  """float64 centred clipping, uniform over the participants u."""
-  v = center.astype(np.float64)
-  u = u.astype(np.float64)
-  for _ in range(iters):
-    diff = u - v
-    norm = np.linalg.norm(diff, axis=1)
-    clipped = int(np.sum(norm > tau))
-    v = v + (diff * np.minimum(1.0, tau / np.maximum(norm, 1e-30))[:, None]).mean(0)
-  return v, clipped
+np_centered_clip = reference.centered_clip   # float64, uniform over the participants
 
 
 @pytest.mark.parametrize("tau,iters", [(0.5, 1), (2.0, 3), (100.0, 2)])

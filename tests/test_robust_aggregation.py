@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.kernels import reference
 from fedjax_dp.kernels import robust_aggregation as ra
 from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
 
@@ -287,3 +288,33 @@ def test_krum_and_byzantine_config_bounds():
     make_config({"byzantine_fraction": 0.05, "num_clients": 10})
   with pytest.raises(ConfigError, match="'byzantine_scale' = 1e\\+39: above float32"):
     make_config({"byzantine_scale": 1e39})
+
+
+def test_the_kernel_references_agree_with_these_loops_and_the_kernels():
+  # kernels/reference.py is the benchmarks' yardstick: vectorized numpy, checked
+  # here against the loops above and against the JAX kernels
+  rng = np.random.default_rng(5)
+  centers = rng.normal(size=(3, 40))
+  u = (centers[rng.integers(0, 3, 12)] + 0.3 * rng.normal(size=(12, 40))).astype(np.float32)
+  u[4] *= 30.0                                     # an outlier
+  mask, w = np.ones(12, bool), rng.uniform(1, 3, 12).astype(np.float32)
+  for f in (0, 2, 5):
+    np.testing.assert_allclose(reference.krum_scores(u, f), np_krum_scores(
+        u.astype(np.float64), f), rtol=1e-9)
+    np.testing.assert_allclose(reference.krum(u, f, 3), ra.krum(u, mask, f=f, m_keep=3),
+                               rtol=1e-5, atol=1e-5)
+  for t in (0.1, 0.5, 0.9):
+    np.testing.assert_array_equal(reference.components(u, t), np_components(u, t))
+    agg, k = reference.clustered_mean(u, w, t)
+    got, got_k = ra.clustered_mean(u, mask, w, t)
+    assert int(got_k) == k
+    np.testing.assert_allclose(got, agg, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(reference.outlier_flags(u, 3.5), ra.outlier_flags(u, mask, 3.5))
+  agg, flagged = ra.median_if_outliers(u, mask, w, 3.5)
+  assert int(flagged) == 1
+  np.testing.assert_allclose(agg, reference.median_if_outliers(u, w, 3.5), rtol=1e-6)
+  np.testing.assert_allclose(ra.trimmed_mean(u, mask, beta=0.25),
+                             reference.trimmed_mean(u, 0.25), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(ra.coordinate_median(u, mask), reference.coordinate_median(u),
+                             rtol=1e-6)
+

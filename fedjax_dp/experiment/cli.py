@@ -1,4 +1,5 @@
-"""`fedjax-dp` command line: `run`, `sweep`, `compare`, `config`, `datasets` and `account`.
+"""`fedjax-dp` command line: `run`, `sweep`, `compare`, `profile`, `config`, `datasets`,
+`account`.
 
 Every user error (bad config key or value, missing or corrupt data, an output
 folder that would be overwritten) prints one line `error: ...` to stderr and
@@ -159,6 +160,31 @@ def _compare(args) -> int:
   return 0
 
 
+def _profile(args) -> int:
+  """A profiler trace of --rounds compiled rounds and their top operations (profile.py)."""
+  from fedjax_dp.config import load_config
+  from fedjax_dp.experiment import profile
+  from fedjax_dp.experiment.errors import RunError
+  if args.out is None:
+    raise RunError("fedjax-dp profile: --out is required (the trace's folder)")
+  profile.check_out(args.out)
+  cfg = load_config(args.config, args.set)
+  result = profile.profile_rounds(cfg, args.rounds, args.out)
+  out = os.path.abspath(args.out)
+  print(f"{args.rounds} rounds in {result['traced_chunk_s']:.3f} s traced "
+        f"({result['seconds_per_round']:.4f} s a round; the untraced first chunk, compiling, "
+        f"{result['first_chunk_s']:.2f} s) on {result['devices']} {result['platform']} "
+        f"device(s); the top {min(args.top, len(result['rows']))} of {len(result['rows'])} "
+        "operations:")
+  print(profile.format_top(result["rows"], args.top))
+  trace = next((p for p in result["trace_files"] if p.endswith(".trace.json.gz")), None)
+  print(f"ops:     {out}/ops.csv (every operation), {out}/profile.json")
+  if trace:
+    print(f"trace:   {os.path.abspath(trace)} (Perfetto: ui.perfetto.dev, Open trace file)")
+  print(f"tensorboard --logdir {out}   (with tensorboard-plugin-profile installed)")
+  return 0
+
+
 def _datasets(args) -> int:
   from fedjax_dp.config import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
@@ -220,6 +246,17 @@ def _config(args) -> int:
   else:
     print(reference.listing(), end="")
   return 0
+
+
+def _positive_int(text: str) -> int:
+  """argparse type: a whole number >= 1 (a bad value is argparse's one-line error)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 1")
+  return value
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -288,6 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
   m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
                  "rounds, one line per run (a new file)")
   m.set_defaults(func=_compare)
+
+  f = sub.add_parser("profile", help="trace N compiled rounds with jax.profiler and print "
+                     "the operations that took the most time")
+  f.add_argument("--config", help="YAML file of config keys (see README)")
+  f.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys: one or more KEY=VALUE")
+  f.add_argument("--rounds", type=_positive_int, default=5,
+                 help="rounds in the traced chunk (default 5)")
+  f.add_argument("--top", type=_positive_int, default=20, help="operations printed (default 20)")
+  f.add_argument("--out", help="the trace's folder (new or empty)")
+  f.set_defaults(func=_profile)
 
   c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
   c.add_argument("--show", nargs="+", default=[], metavar="KEY",
