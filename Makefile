@@ -37,6 +37,7 @@ fmnist-data:
 # The main job on the embedded default dataset (scikit-learn digits); never overwrites an earlier demo.
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/fedjax-dp run --config experiments/demo.yaml --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+	@echo "fedjax-dp is installed in $(VENV): run 'source $(VENV)/bin/activate' to put it on PATH (README, Quick start)"
 
 test: $(VENV)/.installed-dev fmnist-data
 	$(PY) -m pytest -q -n 2

@@ -54,6 +54,30 @@ def test_resume_with_more_rounds_calibrates_only_the_rounds_to_come(tmp_path):
   assert second["epsilon"] <= 8.0 and not second["stopped_by_budget"]
 
 
+def test_extending_a_spent_calibrated_run_warns_that_the_rounds_to_come_are_noise(tmp_path):
+  run(tmp_path / "r", rounds=4, target_epsilon=8.0)
+  said = []
+  run_experiment(make_config({**BASE, "rounds": 8, "target_epsilon": 8.0}), str(tmp_path / "r"),
+                 resume=True, progress=False, log=said.append)
+  warning = [m for m in said if m.startswith("warning: the rounds to come get ")]
+  assert len(warning) == 1 and "x the noise of the rounds run" in warning[0]
+  # a run stopped at round 4 of 10 (Ctrl-C) has budget left: 12 rounds spread it, no warning
+  from fedjax_dp.callbacks import Callback
+
+  def stop_at_4(ctx, stats):
+    if ctx.round == 4:
+      raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    run_experiment(make_config({**BASE, "rounds": 10, "target_epsilon": 8.0}),
+                   str(tmp_path / "s"), progress=False, log=lambda m: None,
+                   callbacks=[Callback(after_chunk=stop_at_4)])
+  said.clear()
+  run_experiment(make_config({**BASE, "rounds": 12, "target_epsilon": 8.0}), str(tmp_path / "s"),
+                 resume=True, progress=False, log=said.append)
+  assert any("calibrated to what is left" in m for m in said)
+  assert not any(m.startswith("warning") for m in said)
+
+
 # ~9 s (three runs): `make test-slow` (CI runs it); the fallback itself is test_checkpoint's
 @pytest.mark.slow
 def test_a_resumed_extension_repeats_bit_for_bit_after_a_checkpoint_fallback(tmp_path):

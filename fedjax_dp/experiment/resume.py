@@ -29,6 +29,7 @@ SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rou
 FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0
 SECRET_KEY = "run_key.secret"   # noise_seed 'secret': the run key, for a restart from round 0
 RELEASED = "released.json"      # the last round any output (metrics, checkpoint) came from
+NOISIER = 3.0   # an extension whose recalibrated noise passes this multiple of the old is warned of
 
 
 def save_secret_key(out: str, key) -> None:
@@ -97,6 +98,11 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
       f"epsilon {accounting.epsilon_np(spent, cfg.delta)[0]:.4g} (RDP) of target_epsilon "
       f"{cfg.target_epsilon:g}; the rounds to come are calibrated to what is left: accounted "
       f"noise multiplier {calibration:.6g}")
+  before = saved.get("noise_multiplier")
+  if before and calibration > NOISIER * before:
+    log(f"warning: the rounds to come get {calibration / before:.3g}x the noise of the rounds "
+        f"run (multiplier {before:.4g}): a calibrated run spends its target by its last round, "
+        "so little is left to extend it with, and these updates will be mostly noise")
   return state, meta, plog, calibration
 
 
