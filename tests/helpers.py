@@ -70,3 +70,13 @@ def make_test_runs(values, keep):
   return [v if v in keep else
           pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
           for v in values]
+
+
+def is_sweep_file(path: str) -> bool:
+  """A sweep file (fedjax-dp sweep: base, grid, variants, seeds), not a config."""
+  import yaml
+  from fedjax_dp.sweeps.spec import SWEEP_KEYS
+  with open(path) as f:
+    loaded = yaml.safe_load(f) or {}
+  return bool(set(loaded) & set(SWEEP_KEYS) - {"config"})
+

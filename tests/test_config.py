@@ -108,8 +108,15 @@ def test_experiment_configs_still_validate():
   import glob
   import os
   root = os.path.join(os.path.dirname(__file__), "..", "experiments")
+  from fedjax_dp.sweeps import load_sweep
+  from tests.helpers import is_sweep_file
+  sweeps = 0
   for path in glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True):
-    load_config(path, PROTOCOL_SETS.get(os.path.relpath(path, root), []))
+    if is_sweep_file(path):   # every cell of a sweep file
+      sweeps += bool(load_sweep(path).cells())
+    else:
+      load_config(path, PROTOCOL_SETS.get(os.path.relpath(path, root), []))
+  assert sweeps >= 2
 
 
 # experiment YAMLs that are protocols whose arms choose the DP mechanism: alone, their

@@ -130,15 +130,25 @@ def _readme_commands():
       continue
     words = shlex.split(line.split("#")[0])
     path = next((words[i + 1] for i, w in enumerate(words) if w == "--config"), None)
-    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    sets, taking = [], False   # one --set takes every KEY=VALUE up to the next flag
+    for w in words:
+      taking = w == "--set" or (taking and not w.startswith("--"))
+      if taking and w != "--set":
+        sets.append(w)
     yield (os.path.join(ROOT, path) if path else None), sets
 
 
 def _shipped_configs():
   for name, overrides in GOLDEN_CONFIGS.items():
     yield f"golden:{name}", make_config(dict(SETUP, **overrides))
+  from fedjax_dp.sweeps import load_sweep
+  from tests.helpers import is_sweep_file
   for path in sorted(glob.glob(os.path.join(ROOT, "experiments", "**", "*.yaml"),
                                recursive=True)):
+    if is_sweep_file(path):
+      for cell in load_sweep(path).cells():
+        yield f"{os.path.relpath(path, ROOT)}: {cell.name}", cell.cfg
+      continue
     yield os.path.relpath(path, ROOT), load_config(
         path, PROTOCOL_SETS.get(os.path.relpath(path, os.path.join(ROOT, "experiments")), []))
   for i, (path, sets) in enumerate(_readme_commands()):
