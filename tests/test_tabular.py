@@ -77,3 +77,26 @@ def test_bad_tier_maps_are_one_line_errors(tmp_path, text, name, message):
   assert "\n" not in str(e.value)
   with pytest.raises(DataError, match="no such tier map"):
     load_dataset("csv", path=str(data), tier_map=str(tmp_path / "missing.csv"))
+
+
+def test_breast_cancer_takes_a_tier_map_by_its_feature_names(tmp_path):
+  import os
+  shipped = os.path.join(os.path.dirname(__file__), "..", "experiments", "breast_cancer_tiers.csv")
+  bc = load_dataset("breast_cancer", tier_map=shipped)
+  want = [tabular.HIGH if n.startswith("worst ") else tabular.LOW if n.endswith(" error")
+          else tabular.MEDIUM for n in bc.feature_names]
+  np.testing.assert_array_equal(bc.feature_tiers, want)
+  assert sorted(np.bincount(bc.feature_tiers)[[tabular.HIGH, tabular.MEDIUM, tabular.LOW]]) == \
+      [10, 10, 10]
+  bad = tmp_path / "t.csv"
+  bad.write_text("mean radius,high\n")
+  with pytest.raises(DataError, match="feature 'mean texture' has no tier") as e:
+    load_dataset("breast_cancer", tier_map=str(bad))
+  assert "\n" not in str(e.value)
+
+
+def test_tier_map_path_is_read_with_csv_and_breast_cancer_only():
+  from fedjax_dp.config import ConfigError, make_config
+  make_config({"dataset": "breast_cancer", "tier_map_path": "t.csv"})
+  with pytest.raises(ConfigError, match="read with dataset 'csv' or 'breast_cancer'"):
+    make_config({"dataset": "digits", "tier_map_path": "t.csv"})

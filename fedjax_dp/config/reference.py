@@ -56,7 +56,7 @@ MEANINGS: dict[str, str] = {
     "dataset": "the data (see Datasets); custom: your own, given to fedjax_dp.run",
     "data_dir": "folder searched first for dataset files; null: the usual places",
     "csv_path": "the CSV file",
-    "tier_map_path": "JSON map of column -> sensitivity tier",
+    "tier_map_path": "a feature,tier CSV or a JSON object: each column's sensitivity tier",
     "label_column": "the label's column",
     "synthetic_examples": "examples drawn",
     "synthetic_features": "features per example",

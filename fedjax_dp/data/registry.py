@@ -67,14 +67,15 @@ def _load_raw(name: str, data_dir: str | None, seed: int, options: dict) -> Data
   if name == "healthcare":
     return load_healthcare(seed=seed, **options)
   if name == "breast_cancer":
-    return load_breast_cancer(seed)
+    return load_breast_cancer(seed, **options)
   raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
 
 
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,
                  feature_scaling: str | None = None, **options) -> Dataset:
   """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
-  synthetic (num_examples, num_features, num_classes), healthcare (num_examples).
+  synthetic (num_examples, num_features, num_classes), healthcare (num_examples),
+  breast_cancer (tier_map).
 
   feature_scaling (tabular datasets): 'pooled' (None: the default) or 'none', applied
   by `scale_features`; 'per_client' needs the partition: load with 'none', then

@@ -92,7 +92,7 @@ def breast_cancer_data():
   """(x float32 [569, 30], y int32 [569], feature names): scikit-learn, shipped."""
   from sklearn.datasets import load_breast_cancer
   d = load_breast_cancer()
-  return d.data.astype(np.float32), d.target.astype(np.int32), list(d.feature_names)
+  return d.data.astype(np.float32), d.target.astype(np.int32), [str(n) for n in d.feature_names]
 
 
 def read_tier_map(path: str, features: list[str]) -> np.ndarray:
@@ -150,11 +150,19 @@ def load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
                  feature_names=tuple(names), feature_tiers=tiers, sensitive=sensitive)
 
 
-def load_breast_cancer(seed: int = 0) -> Dataset:
+def load_breast_cancer(seed: int = 0, tier_map: str | None = None) -> Dataset:
+  """scikit-learn's breast cancer set; `tier_map` (a feature,tier CSV or a JSON object
+  over its 30 feature names, e.g. 'mean radius') gives its columns sensitivity tiers."""
   x, y, names = breast_cancer_data()
+  tiers = None
+  if tier_map:
+    try:
+      tiers = read_tier_map(tier_map, names)
+    except TierMapError as e:
+      raise DataError(str(e)) from None
   tr, te = train_test_split(len(y), 0.2, seed)
   return Dataset("breast_cancer", x[tr], y[tr], x[te], y[te], 2, "scikit-learn load_breast_cancer",
-                 feature_names=tuple(names))
+                 feature_names=tuple(names), feature_tiers=tiers)
 
 
 def load_synthetic(num_examples: int = 10000, num_features: int = 32, num_classes: int = 10,

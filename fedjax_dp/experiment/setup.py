@@ -43,6 +43,8 @@ def load_data(cfg: Config) -> Dataset:
                    num_classes=cfg.synthetic_classes)
   elif cfg.dataset == "healthcare":
     options = dict(num_examples=cfg.healthcare_examples)
+  elif cfg.dataset == "breast_cancer" and cfg.tier_map_path:
+    options = dict(tier_map=cfg.tier_map_path)
   mode = resolved_feature_scaling(cfg)
   return load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
                       feature_scaling="none" if mode == "per_client" else mode, **options)
@@ -76,8 +78,8 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   if cfg.clip_parts == "tiers" and cfg.dp != "none" and ds.feature_tiers is None \
       and cfg.tier_source == "given":
     raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
-                      "data has no sensitivity tiers (use dataset healthcare, or csv with "
-                      "tier_map_path)")
+                      "data has no sensitivity tiers (use dataset healthcare, or csv or "
+                      "breast_cancer with tier_map_path)")
   # labels only: the same under every scaling
   parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
   ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))

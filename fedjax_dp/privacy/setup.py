@@ -82,7 +82,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     from fedjax_dp.data.tabular import TIERS
     if feature_tiers is None:
       raise ValueError("clip_parts 'tiers' needs data with sensitivity tiers (dataset "
-                       "healthcare, or csv with tier_map_path)")
+                       "healthcare, or csv or breast_cancer with tier_map_path)")
     layout = mechanisms.tier_layout(shapes, feature_tiers, TIERS.index(cfg.rest_tier),
                                     cfg.tier_noise_multipliers)
   else:

@@ -152,7 +152,7 @@ def dynamic_dp(noise_multiplier: float | None = None, target_epsilon: float | No
   tiers from the semantic/statistical analyzer), and whose noise follows the
   convergence of the released updates: tier p's multiplier z m_p (1 - beta c_t),
   c_t in [0, 1] the convergence score (noise_control.py). Needs data with tiers
-  (dataset healthcare, or csv with tier_map_path)."""
+  (dataset healthcare, or csv or breast_cancer with tier_map_path)."""
   return compose(
       "dynamic_dp", st.sgd(server_lr),
       st.central_dp(noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
