@@ -19,7 +19,8 @@ D = 199210
 
 def test_papers_chain_by_hand():
   cfg = make_config({"algorithm": "topksdp", "kept_noise": "paper", "ldp_epsilon": 3.0,
-                     "coordinate_clip": 0.05, "num_clients": 1000, "clients_per_round": 100})
+                     "coordinate_clip": 0.05, "num_clients": 1000, "clients_per_round": 100,
+                     "lr": 0.01})
   r = topksdp_report(cfg, D, 200, [60] * 1000)
   k = pl.keep_count(D, 0.9)
   chain = r["papers_chain"]["steps"]
