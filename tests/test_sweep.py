@@ -289,3 +289,22 @@ def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, content, args, fra
   assert done.returncode == 2, done
   assert done.stderr.count("\n") == 1 and fragment in done.stderr, done.stderr
   assert not (tmp_path / "x").exists()
+
+
+def test_a_ctrl_c_names_the_command_that_continues_the_sweep(tmp_path, capsys, monkeypatch):
+  # the whole command, --set included: the same cells must be asked for again
+  import fedjax_dp.sweeps
+  from fedjax_dp.experiment import cli
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(fedjax_dp.sweeps, "run_sweep", interrupted)
+  path = tmp_path / "my sweep.yaml"
+  path.write_text("seeds: 2\n")
+  code = cli.main(["sweep", str(path), "--out", str(tmp_path / "s"), "--set", "rounds=3",
+                   "lr=0.1", "--replica-batch", "2"])
+  assert code == cli.INTERRUPTED
+  err = capsys.readouterr().err
+  assert err == (f"interrupted; `fedjax-dp sweep '{path}' --out {tmp_path / 's'} --set rounds=3 "
+                 "lr=0.1 --replica-batch 2` keeps the finished cells and continues the others\n")
+

@@ -71,7 +71,7 @@ def _run(args) -> int:
   return 0
 
 
-# (out, checkpoint_every) of the run under way, or ('sweep', file, out)
+# (out, checkpoint_every) of the run under way, or ('sweep', the command that continues it)
 _INTERRUPTED_RUN: list[tuple] = []
 
 
@@ -82,9 +82,8 @@ def interrupted_line() -> str:
   import shlex
   from fedjax_dp.experiment.checkpoint import steps
   if _INTERRUPTED_RUN[0][0] == "sweep":
-    _, file, out = _INTERRUPTED_RUN[0]
-    return (f"interrupted; `fedjax-dp sweep {shlex.quote(file)} --out {shlex.quote(out)}` "
-            "keeps the finished cells and continues the others")
+    return (f"interrupted; `{_INTERRUPTED_RUN[0][1]}` keeps the finished cells and continues "
+            "the others")
   out, every = _INTERRUPTED_RUN[0]
   done = steps(os.path.join(out, "checkpoints")) if os.path.isdir(out) else []
   command = f"fedjax-dp run --resume --out {shlex.quote(out)}"
@@ -122,7 +121,11 @@ def _sweep(args) -> int:
   from fedjax_dp.experiment.errors import RunError
   if args.out is None:
     raise RunError("fedjax-dp sweep: --out is required (the sweep's folder)")
-  _INTERRUPTED_RUN[:] = [("sweep", args.file, args.out)]
+  import shlex
+  again = ["fedjax-dp", "sweep", args.file, "--out", args.out]
+  again += ["--set", *args.set] if args.set else []
+  again += ["--replica-batch", args.replica_batch] if args.replica_batch is not None else []
+  _INTERRUPTED_RUN[:] = [("sweep", shlex.join(again))]
   record = run_sweep(spec, args.out, overwrite=args.overwrite, progress=not args.no_progress)
   _INTERRUPTED_RUN.clear()
   out = os.path.abspath(args.out)
