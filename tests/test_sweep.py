@@ -55,7 +55,7 @@ def test_cells_cross_variants_grid_and_seeds_and_share_the_data():
   for c in cells:   # the base's seed (0) seeds every cell's data
     assert c.cfg.data_seed == 0 and c.cfg.seed == c.values["seed"]
     assert c.cfg == make_config({**BASE, **c.values, "data_seed": 0})
-  assert spec.varied_keys() == ["algorithm", "prox_mu", "lr", "seed"]
+  assert spec.named_keys() == ["algorithm", "prox_mu", "lr", "seed"]
 
 
 def test_a_base_file_is_read_relative_to_the_sweep_file(tmp_path):
@@ -75,12 +75,12 @@ def test_a_base_file_is_read_relative_to_the_sweep_file(tmp_path):
     ({"seeds": [1, 1]}, "seeds = [1, 1]"),
     ({"replica_batch": 0}, "replica_batch = 0: expected auto or an integer >= 1"),
     ({"variants": [{}]}, "variants = [{}]: expected a list of non-empty mappings"),
-    ({"grid": {"lr": [0.1, -1.0]}}, "sweep cell 'lr=-1.0': config key 'lr' = -1.0"),
-    ({"grid": {"prox_mu": [0.0, 0.1]}}, "sweep cell 'prox_mu=0.0': config key 'prox_mu' = 0.0 "
+    ({"grid": {"lr": [0.1, -1.0]}}, "sweep cell 'lr=-1.0,seed=0': config key 'lr' = -1.0"),
+    ({"grid": {"prox_mu": [0.0, 0.1]}}, "sweep cell 'prox_mu=0.0,seed=0': config key 'prox_mu' = 0.0 "
                                           "is read by nothing"),
     ({"grid": {"lr": [0.1, 0.10]}}, "grid key 'lr' lists 0.1 twice"),
-    ({"grid": {"hidden": [[16], "16"]}}, "sweep cells 'hidden=16' and 'hidden=16' are the "
-                                         "same run"),
+    ({"grid": {"hidden": [[16], "16"]}}, "sweep cells 'hidden=16,seed=0' and "
+                                         "'hidden=16,seed=0' are the same run"),
     ({"base": "missing.yaml"}, "does not exist"),
 ])
 def test_a_bad_sweep_is_one_line_naming_the_problem(raw, fragment):
@@ -176,7 +176,8 @@ def test_structural_changes_make_programs_of_their_own(tmp_path):
   programs = [p["cells"] for p in record["programs"]]
   # momentum on or off is structure, 0.5 -> 0.9 is data; fedprox is another objective
   assert sorted(map(sorted, programs)) == sorted(
-      [["momentum=0.0"], ["momentum=0.5", "momentum=0.9"], ["algorithm=fedprox"]])
+      [["momentum=0.0,seed=0"], ["momentum=0.5,seed=0", "momentum=0.9,seed=0"],
+       ["algorithm=fedprox,seed=0"]])
 
 
 # ------------------------------------------------------------------------ table and resuming
@@ -307,4 +308,83 @@ def test_a_ctrl_c_names_the_command_that_continues_the_sweep(tmp_path, capsys, m
   err = capsys.readouterr().err
   assert err == (f"interrupted; `fedjax-dp sweep '{path}' --out {tmp_path / 's'} --set rounds=3 "
                  "lr=0.1 --replica-batch 2` keeps the finished cells and continues the others\n")
+
+
+def test_more_seeds_later_keep_the_cells_already_run(tmp_path):
+  # a cell is named by every key it sets (seed included), varied or not
+  out = tmp_path / "s"
+  fedjax_dp.sweep({"config": BASE, "grid": {"lr": [0.05]}}, out=str(out), progress=False,
+                  log=lambda m: None)
+  assert os.listdir(out / "cells") == ["lr=0.05,seed=0"]
+  said = []
+  fedjax_dp.sweep({"config": BASE, "grid": {"lr": [0.05, 0.1]}, "seeds": 2}, out=str(out),
+                  progress=False, log=said.append)
+  assert any("1 of 4 cells finished (kept)" in m for m in said)
+  assert sorted(os.listdir(out / "cells")) == ["lr=0.05,seed=0", "lr=0.05,seed=1",
+                                               "lr=0.1,seed=0", "lr=0.1,seed=1"]
+
+
+def test_your_own_data_model_and_loss_in_every_cell(tmp_path):
+  from sklearn.datasets import load_digits
+  from fedjax_dp.callbacks import Callback
+  d = load_digits()
+  x, y = d.data.astype(np.float32) / 16, d.target.astype(np.int32)
+  data = fedjax_dp.data.from_arrays(x, y, client_ids=np.arange(len(y)) % 8, test_fraction=0.2)
+  config = {k: v for k, v in BASE.items() if k not in ("dataset", "num_clients")}
+  spec = {"config": {**config, "checkpoint_every": 2}, "seeds": 2}
+  out = tmp_path / "s"
+
+  def stop_in_the_second_cell(ctx, stats):
+    if ctx.out.endswith("seed=1") and ctx.round == 2:
+      raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    fedjax_dp.sweep(spec, out=str(out), data=data, progress=False, log=lambda m: None,
+                    callbacks=[Callback(after_chunk=stop_in_the_second_cell)])
+  with open(out / "cells" / "seed=0" / "inputs.json") as f:
+    assert json.load(f)["data"]["name"] == data.name
+  other = fedjax_dp.data.from_arrays(x[::-1].copy(), y[::-1].copy(),
+                                     client_ids=np.arange(len(y)) % 8, test_fraction=0.2)
+  # seed=0 finished and seed=1 stopped at round 2: neither goes on with other data
+  with pytest.raises(RunError, match="holds a run with other inputs"):
+    fedjax_dp.sweep(spec, out=str(out), data=other, progress=False, log=lambda m: None)
+  record = fedjax_dp.sweep(spec, out=str(out), data=data, progress=False, log=lambda m: None)
+  assert [len(p["cells"]) for p in record["programs"]] == [1]   # seed=1 resumed, seed=0 kept
+
+
+def test_vmapped_replicas_resumed_at_their_last_round_write_their_summaries(tmp_path):
+  spec = {"config": {**BASE, "checkpoint_every": 2}, "seeds": 2}
+  out = tmp_path / "s"
+  fedjax_dp.sweep(spec, out=str(out), replica_batch=2, progress=False, log=lambda m: None)
+  summaries = {c: (out / "cells" / c / "summary.json").read_text() for c in ("seed=0", "seed=1")}
+  for c in summaries:   # killed after the last checkpoint, before the summaries
+    os.remove(out / "cells" / c / "summary.json")
+  fedjax_dp.sweep(spec, out=str(out), replica_batch=2, progress=False, log=lambda m: None)
+  for c, before in summaries.items():
+    after = json.loads((out / "cells" / c / "summary.json").read_text())
+    assert after["final"] == json.loads(before)["final"]
+
+
+def test_a_target_no_round_can_meet_is_refused_before_any_cell_runs(tmp_path):
+  spec = {"config": BASE, "variants": [{"lr": 0.1}, {**DP, "target_epsilon": 0.5}]}
+  with pytest.raises(RunError, match="sweep cell .*target_epsilon 0.5 is below one round's"):
+    fedjax_dp.sweep(spec, out=str(tmp_path / "s"), progress=False, log=lambda m: None)
+  assert not (tmp_path / "s" / "cells").exists()
+
+
+def test_final_rows_average_the_seeds_with_a_finite_figure():
+  from fedjax_dp.sweeps.table import final_lines, final_rows
+  from fedjax_dp.experiment import reporting
+  rows = [{"cell": f"seed={s}", "setting": "all", "seed": s, "round": r,
+           "test_accuracy": acc, "epsilon": None}
+          for s, r, acc in ((0, 4, 0.5), (1, 4, None), (2, 3, 0.7))]
+  (final,) = final_rows(rows, ["seed"])
+  assert final["seeds"] == 3 and final["round"] == 4 and final["round_min"] == 3
+  assert final["test_accuracy_mean"] == pytest.approx(0.6)
+  assert final["test_accuracy_sd"] == pytest.approx(np.std([0.5, 0.7], ddof=1))
+  assert final["test_accuracy_seeds"] == 2 and "epsilon_mean" not in final
+  import tempfile
+  with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+    f.write(reporting.csv_text([final]))
+  assert final_lines(f.name) == ["all (3 seeds, rounds 3-4): test accuracy 0.6000 +- 0.1414 "
+                                 "(2 seeds finite)"]
 

@@ -52,7 +52,8 @@ def check_request(cells: list[tuple[str, Config]], overwrite: bool) -> None:
     problem = reuse_conflict(cfg, out, overwrite)
     if problem:
       raise RunError(f"{problem} (found before any run: nothing was run)")
-  for dataset, data_dir in sorted({(c.dataset, c.data_dir) for _, c in cells},
+  for dataset, data_dir in sorted({(c.dataset, c.data_dir) for _, c in cells
+                                   if c.dataset != "custom"},   # your own data: passed in
                                   key=lambda d: (d[0], d[1] or "")):
     found, where = find_dataset(dataset, data_dir)
     if not found:

@@ -8,8 +8,8 @@ or a sweep folder (sweep.json), which stands for each of its cells. A row holds
   status         finished, unfinished (no summary.json yet) or diverged
   round          the last evaluated round
   test_<metric>  each test metric at the last evaluation
-  best_<metric>  its best over the evaluations (highest accuracy, lowest loss or
-                 error)
+  best_<metric>  its best over the evaluations (lowest for a loss or an error:
+                 LOWER_IS_BETTER; highest for accuracy and any other metric)
   epsilon, epsilon_accountant
                  the run's reported guarantee (summary.json's privacy report; an
                  unfinished run's last row), null without one
@@ -28,6 +28,11 @@ import os
 
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
+
+
+# test metrics whose best value is the lowest (losses and errors); any other (accuracy,
+# a metric of your own task such as f1 or auc) is best at its highest
+LOWER_IS_BETTER = ("loss", "mse", "mae", "error")
 
 
 @dataclasses.dataclass
@@ -113,7 +118,7 @@ def _best(metric: str, values: list[float]) -> float | None:
   finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
   if not finite:
     return None
-  return max(finite) if "accuracy" in metric else min(finite)
+  return min(finite) if any(w in metric for w in LOWER_IS_BETTER) else max(finite)
 
 
 def compare_rows(runs: list[RunRecord]) -> list[dict]:

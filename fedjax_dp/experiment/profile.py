@@ -59,7 +59,10 @@ def op_times(xplane_path: str) -> dict[str, dict]:
   per_plane = {}
   for plane in data.planes:
     ops: dict[str, dict] = {}
-    for line in plane.lines:
+    lines = list(plane.lines)
+    if any(line.name == "XLA Ops" for line in lines):   # a GPU's: its streams repeat them
+      lines = [line for line in lines if line.name == "XLA Ops"]
+    for line in lines:
       stack: list[list] = []   # [end_ns, name] of the enclosing ops on this thread
       for event in sorted(line.events, key=lambda e: (e.start_ns, -e.duration_ns)):
         stats = dict(event.stats)

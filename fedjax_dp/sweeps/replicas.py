@@ -86,7 +86,8 @@ def run_replicas(ctxs: list[RunContext], callbacks: list[list[Callback]]) -> Non
     t = time.perf_counter()
     states, stats = sim.run_replicas(states, hparams, end - at)
     stats.loss_sum.block_until_ready()
-    seconds, at = time.perf_counter() - t, end
+    # each replica's share of the batch's time (summary.json's seconds per round)
+    seconds, at = (time.perf_counter() - t) / len(ctxs), end
     for i in list(active):
       mine = _take(stats, i)
       if pending[i] is not None:
@@ -106,3 +107,5 @@ def run_replicas(ctxs: list[RunContext], callbacks: list[list[Callback]]) -> Non
     interrupts.check()
     if not active:
       break
+  for i in active:   # a run resumed at its last round has no chunk to run: it ends here
+    end_run(ctxs[i], callbacks[i])

@@ -70,7 +70,13 @@ class _Plan:
 def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Plan]:
   """Each cell's action, from its folder; RunError (nothing run) for a folder that
   holds another run (unless overwrite) and for a missing dataset."""
+  from fedjax_dp.experiment.target_epsilon import budget_rounds
   batch.check_request([(cell_dir(out, c), c.cfg) for c in cells], overwrite)
+  for cell in cells:   # a target no round can meet fails here, not after other programs
+    try:
+      budget_rounds(cell.cfg)
+    except RunError as e:
+      raise RunError(f"sweep cell {cell.name!r}: {e}") from None
   plans = []
   for cell in cells:
     where = cell_dir(out, cell)
@@ -82,18 +88,16 @@ def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Pl
     finished = os.path.exists(os.path.join(where, "summary.json"))
     if config_diff(cell.cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES):
       plans.append(_Plan(cell, "overwrite"))   # reuse_conflict allowed it: overwrite
-    elif finished:
-      try:
-        check_inputs(where, inputs)
-      except RunError as e:
-        if not overwrite:
-          raise RunError(f"{where} holds a finished run with other inputs ({e}): pass "
-                         "--overwrite to rerun it, or choose another --out") from None
-        plans.append(_Plan(cell, "overwrite"))
-        continue
-      plans.append(_Plan(cell, "kept"))
-    else:
-      plans.append(_Plan(cell, "resume"))
+      continue
+    try:   # the same config with other data, model or loss is another run (inputs.json)
+      check_inputs(where, inputs)
+    except RunError as e:
+      if not overwrite:
+        raise RunError(f"{where} holds a run with other inputs ({e}): pass --overwrite to "
+                       "rerun it, or choose another --out") from None
+      plans.append(_Plan(cell, "overwrite"))
+      continue
+    plans.append(_Plan(cell, "kept" if finished else "resume"))
   return plans
 
 
@@ -120,14 +124,14 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   kept = sum(p.action == "kept" for p in plans)
   if kept:
     log(f"continuing the sweep in {out}: {kept} of {len(cells)} cells finished (kept)")
-  record = {"spec": spec.to_dict(), "varied": spec.varied_keys(),
+  record = {"spec": spec.to_dict(), "named_by": spec.named_keys(),
             "cells": [{"name": c.name, "values": c.values} for c in cells]}
   reporting.write_json_atomic(os.path.join(out, SWEEP_JSON), record)
   t0 = time.perf_counter()
   todo = [p for p in plans if p.action != "kept"]
   programs = _run_programs(todo, out, spec, log, progress, model, data, task, inputs, callbacks)
   record.update(programs=programs, wall_s=round(time.perf_counter() - t0, 3),
-                **table.write_results(out, cells, spec.varied_keys(), task))
+                **table.write_results(out, cells, spec.named_keys(), task))
   reporting.write_json_atomic(os.path.join(out, SWEEP_JSON), record)
   return record
 
@@ -146,6 +150,8 @@ def _run_programs(todo: list[_Plan], out, spec, log, progress, model, data, task
       plans = queue.pop(0)
       entry, leftover = _run_program(plans, out, spec, log, bar, model, data, task, inputs,
                                      callbacks, len(done) + 1)
+      if leftover and leftover[0] is plans[0]:   # (with_seed of its own seed cannot refuse)
+        raise RuntimeError(f"sweep: cell {plans[0].cell.name!r} could not join its own program")
       done.append(entry)
       if leftover:
         queue.insert(0, leftover)

@@ -16,8 +16,10 @@ A cell is base + config + one variant + one grid point + one seed. A sweep's
 seeds share one data split and partition: each cell's `data_seed` is the base's
 (its `data_seed`, else its `seed`), unless a variant or the grid sets it, so
 seeds differ in the run key alone (model initialisation, cohorts, local
-training, noise). A cell's name is the keys that differ between cells,
-`key=value` joined by ',' (e.g. `lr=0.05,seed=1`); it names its run folder.
+training, noise). A cell's name is the keys it sets (its variant's, its grid
+point's, its seed), `key=value` joined by ',' (e.g. `lr=0.05,seed=1`); it names
+its run folder, so a sweep extended with more seeds or values finds the cells it
+already ran under their old names.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import yaml
 
 from fedjax_dp.config import Config, ConfigError, make_config
 from fedjax_dp.config.loading import load_config
-from fedjax_dp.config.schema import data_seed
 
 SWEEP_KEYS = ("base", "config", "seeds", "grid", "variants", "replica_batch")
 
@@ -65,18 +66,17 @@ class SweepSpec:
     """Every cell in order: variants, then grid points, then seeds, outermost first.
     ConfigError (one line, naming the cell) for a cell whose config is refused,
     and for two cells that are the same run."""
-    base_cfg = make_config(self.base)
-    seeds = self.seeds or (base_cfg.seed,)
+    seeds = self.seeds or (self._base_seeds()[0],)
     grid_points = [dict(zip(self.grid, values))
                    for values in itertools.product(*self.grid.values())]
     assigned = [{**variant, **point, "seed": seed}
                 for variant in (self.variants or ({},)) for point in grid_points
                 for seed in seeds]
-    varied = _varied_keys(assigned, self.base, self.variants, self.grid)
+    named = self.named_keys()
     cells, seen = [], {}
     for values in assigned:
-      name = ",".join(f"{k}={_shown(values[k])}" for k in varied if k in values) or "base"
-      pinned = {"data_seed": data_seed(base_cfg)} if "data_seed" not in values else {}
+      name = ",".join(f"{k}={_shown(values[k])}" for k in named if k in values)
+      pinned = {"data_seed": self._base_seeds()[1]} if "data_seed" not in values else {}
       try:
         cfg = make_config({**self.base, **pinned, **values})
       except ConfigError as e:
@@ -91,21 +91,24 @@ class SweepSpec:
       cells.append(Cell(name=name, values=values, cfg=cfg))
     return cells
 
-  def varied_keys(self) -> list[str]:
-    """The keys that differ between cells (their names' keys, seed included)."""
-    seeds = self.seeds or (make_config(self.base).seed,)
-    points = [dict(zip(self.grid, v)) for v in itertools.product(*self.grid.values())]
-    return _varied_keys([{**v, **p, "seed": s} for v in (self.variants or ({},))
-                         for p in points for s in seeds], self.base, self.variants, self.grid)
+  def named_keys(self) -> list[str]:
+    """The keys that name the cells (and are the tidy table's columns): every
+    variant's (in order of first appearance), the grid's, then seed. A cell is
+    named by all of them it sets, varied or not, so that adding seeds or values
+    later names the cells already run as before (they are kept, not run again)."""
+    return list(dict.fromkeys([k for v in self.variants for k in v] + list(self.grid)
+                              + ["seed"]))
 
-
-def _varied_keys(assigned: list[dict], base: dict, variants, grid) -> list[str]:
-  """Keys whose value is not the same in every cell: the variants' (in order of
-  first appearance), the grid's, then seed."""
-  order = list(dict.fromkeys([k for v in variants for k in v] + list(grid) + ["seed"]))
-  missing = object()
-  return [k for k in order
-          if len({repr(v.get(k, base.get(k, missing))) for v in assigned}) > 1]
+  def _base_seeds(self) -> tuple[int, int]:
+    """(the base's seed, the seed of its data: data_seed, else seed), as make_config
+    would read them (the base alone need not be a whole run's config)."""
+    seed = self.base.get("seed", Config().seed)
+    data = self.base.get("data_seed")
+    try:
+      return int(seed), int(seed if data is None else data)
+    except (TypeError, ValueError):
+      raise ConfigError(f"sweep base: seed {seed!r} / data_seed {data!r}: expected integers") \
+          from None
 
 
 def _shown(value: Any) -> str:
@@ -163,17 +166,17 @@ def load_sweep(path_or_dict, sets: list[str] | None = None) -> SweepSpec:
     raise ConfigError(f"{where}: variants = {variants!r}: expected a list of non-empty "
                       "mappings of config keys")
   for key in list(grid) + [k for v in variants for k in v]:
+    if not isinstance(key, str):
+      raise ConfigError(f"{where}: {key!r} in grid or variants: expected a config key name")
     if key == "seed":
       raise ConfigError(f"{where}: 'seed' in grid or variants: list seeds under seeds:")
     if key in grid and any(key in v for v in variants):
       raise ConfigError(f"{where}: config key {key!r} is in both grid and variants: keep it in "
                         "one")
-  spec = SweepSpec(base=base, seeds=_seeds(raw.get("seeds"), where),
+  return SweepSpec(base=base, seeds=_seeds(raw.get("seeds"), where),
                    grid={k: list(v) for k, v in grid.items()},
                    variants=tuple(dict(v) for v in variants),
                    replica_batch=replica_batch_value(raw.get("replica_batch", "auto"), where))
-  make_config(spec.base)   # the base alone must be a valid config
-  return spec
 
 
 def _given(path: str) -> dict:

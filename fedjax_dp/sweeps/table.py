@@ -1,11 +1,14 @@
 """A sweep's results: the tidy table, the per-setting means and their plots.
 
 results.csv / results.parquet: one row per cell x evaluation, with columns
-  cell, setting (the name but the seed), <each varied key> (seed included, null
-  where the cell's run reads no such key), round, <every metrics.jsonl key>
+  cell, setting (the name but the seed), <each key that names cells> (seed
+  included; null where the cell's run reads no such key), round, <every
+  metrics.jsonl key>
 (a list value, such as `nonfinite`, joined by ';'). final.csv: one row per
-setting (the cells but their seeds) with the number of seeds and, for each
-numeric column of the cells' last rows, its mean and sample sd over the seeds.
+setting (the cells but their seeds) with the number of seeds, the last round
+(and round_min where budgets stopped seeds at different rounds) and, for each
+numeric column of the cells' last rows, its mean and sample sd over the seeds
+whose value is a finite number (<column>_seeds says how many, where not all).
 <metric>.png: the mean over seeds against rounds, one line per setting, with a
 band of +- one sd (rounds every seed of a setting evaluated).
 
@@ -25,22 +28,22 @@ from fedjax_dp.experiment import reporting
 RESULTS_CSV, RESULTS_PARQUET, FINAL_CSV = "results.csv", "results.parquet", "final.csv"
 
 
-def tidy_rows(out: str, cells, varied: list[str]) -> list[dict]:
+def tidy_rows(out: str, cells, named: list[str]) -> list[dict]:
   """Every cell's metrics.jsonl rows, each with the cell's name, its setting (the
-  name but the seed) and its varied keys."""
+  name but the seed) and its named keys."""
   from fedjax_dp.sweeps.run import cell_dir
   rows = []
   for cell in cells:
-    keys = {k: _cell_value(cell, k) for k in varied}
+    keys = {k: _cell_value(cell, k) for k in named}
     for row in reporting.read_metrics(os.path.join(cell_dir(out, cell), "metrics.jsonl")):
-      rows.append({"cell": cell.name, "setting": setting_name(cell, varied), **keys,
+      rows.append({"cell": cell.name, "setting": setting_name(cell, named), **keys,
                    **{k: ";".join(map(str, v)) if isinstance(v, list) else v
                       for k, v in row.items()}})
   return _same_columns(rows)
 
 
 def _cell_value(cell, key: str):
-  """A varied key's value in a cell's config; None where nothing in the cell's run
+  """A named key's value in a cell's config; None where nothing in the cell's run
   reads it (prox_mu of a FedAvg cell)."""
   from fedjax_dp.config import unread_keys
   if key not in cell.values and key in unread_keys(cell.cfg):
@@ -49,10 +52,10 @@ def _cell_value(cell, key: str):
   return "-".join(map(str, value)) if isinstance(value, tuple) else value
 
 
-def setting_name(cell, varied: list[str]) -> str:
-  """A cell's setting: its name's keys but the seed ('all' when only seeds vary)."""
+def setting_name(cell, named: list[str]) -> str:
+  """A cell's setting: its name's keys but the seed ('all' in a sweep of seeds alone)."""
   from fedjax_dp.sweeps.spec import _shown
-  parts = [f"{k}={_shown(cell.values[k])}" for k in varied
+  parts = [f"{k}={_shown(cell.values[k])}" for k in named
            if k != "seed" and k in cell.values]
   return ",".join(parts) or "all"
 
@@ -63,9 +66,10 @@ def _same_columns(rows: list[dict]) -> list[dict]:
   return [{k: row.get(k) for k in columns} for row in rows]
 
 
-def final_rows(rows: list[dict], varied: list[str]) -> list[dict]:
+def final_rows(rows: list[dict], named: list[str]) -> list[dict]:
   """Per setting: seeds, the last round, and mean / sd over seeds of each numeric
-  column of each cell's last row (sd: sample sd; None with one seed)."""
+  column of each cell's last row (sd: sample sd, None with one value), over the
+  seeds where it is a finite number."""
   last: dict[str, dict] = {}
   for row in rows:
     last[row["cell"]] = row   # rows are in round order within a cell
@@ -73,16 +77,20 @@ def final_rows(rows: list[dict], varied: list[str]) -> list[dict]:
   for row in last.values():
     by_setting.setdefault(row["setting"], []).append(row)
   out = []
-  skip = {"cell", "setting", "seed", *varied}
+  skip = {"cell", "setting", "seed", "round", *named}
   for setting, group in by_setting.items():
-    entry = {"setting": setting, **{k: group[0][k] for k in varied if k != "seed"},
-             "seeds": len(group), "round": max(r["round"] for r in group)}
+    rounds = [r["round"] for r in group]
+    entry = {"setting": setting, **{k: group[0][k] for k in named if k != "seed"},
+             "seeds": len(group), "round": max(rounds),
+             **({"round_min": min(rounds)} if min(rounds) != max(rounds) else {})}
     for key in group[0]:
-      values = [r[key] for r in group]
-      if key in skip or key == "round" or not all(_is_number(v) for v in values):
+      values = [r[key] for r in group if _is_number(r.get(key))]
+      if key in skip or not values:
         continue
       entry[f"{key}_mean"] = statistics.fmean(values)
       entry[f"{key}_sd"] = statistics.stdev(values) if len(values) > 1 else None
+      if len(values) < len(group):
+        entry[f"{key}_seeds"] = len(values)
     out.append(entry)
   return _same_columns(out)
 
@@ -91,9 +99,9 @@ def _is_number(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def write_results(out: str, cells, varied: list[str], task: losses.Task) -> dict:
+def write_results(out: str, cells, named: list[str], task: losses.Task) -> dict:
   """Writes the tidy table (CSV, Parquet), final.csv and the plots; returns their paths."""
-  rows = tidy_rows(out, cells, varied)
+  rows = tidy_rows(out, cells, named)
   paths = {"table": [], "final": None, "plots": []}
   if not rows:
     return paths
@@ -102,9 +110,9 @@ def write_results(out: str, cells, varied: list[str], task: losses.Task) -> dict
   parquet_path = os.path.join(out, RESULTS_PARQUET)
   write_parquet(rows, parquet_path)
   final_path = os.path.join(out, FINAL_CSV)
-  reporting.write_text_atomic(final_path, reporting.csv_text(final_rows(rows, varied)))
+  reporting.write_text_atomic(final_path, reporting.csv_text(final_rows(rows, named)))
   metrics = [f"test_{m}" for m in task.metrics] + ["train_loss", "epsilon"]
-  plots = plot_over_seeds(rows, varied, [m for m in metrics if any(r.get(m) is not None
+  plots = plot_over_seeds(rows, named, [m for m in metrics if any(r.get(m) is not None
                                                                    for r in rows)],
                           out, title=os.path.basename(os.path.abspath(out)))
   return {"table": [csv_path, parquet_path], "final": final_path, "plots": plots}
@@ -124,7 +132,7 @@ def write_parquet(rows: list[dict], path: str) -> None:
   os.replace(tmp, path)
 
 
-def mean_sd_curves(rows: list[dict], varied: list[str], metric: str) -> dict[str, list]:
+def mean_sd_curves(rows: list[dict], named: list[str], metric: str) -> dict[str, list]:
   """{setting: [(round, mean, sd, seeds)]} over the rounds every seed of the setting
   has a finite `metric` at."""
   per: dict[str, dict[str, dict[int, float]]] = {}
@@ -142,7 +150,7 @@ def mean_sd_curves(rows: list[dict], varied: list[str], metric: str) -> dict[str
   return curves
 
 
-def plot_over_seeds(rows: list[dict], varied: list[str], metrics: list[str], out: str,
+def plot_over_seeds(rows: list[dict], named: list[str], metrics: list[str], out: str,
                     title: str) -> list[str]:
   """<metric>.png for each metric: mean +- sd over seeds against rounds."""
   import matplotlib
@@ -150,7 +158,7 @@ def plot_over_seeds(rows: list[dict], varied: list[str], metrics: list[str], out
   import matplotlib.pyplot as plt
   paths = []
   for metric in metrics:
-    curves = mean_sd_curves(rows, varied, metric)
+    curves = mean_sd_curves(rows, named, metric)
     if not curves:
       continue
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
@@ -183,11 +191,15 @@ def final_lines(final_csv: str) -> list[str]:
   for row in rows:
     shown = []
     for key in row:
-      if key.endswith("_mean") and (key.startswith("test_") or key == "epsilon_mean"):
+      if key.endswith("_mean") and row[key] not in (None, "") and (
+          key.startswith("test_") or key == "epsilon_mean"):
         name = key[:-len("_mean")]
-        sd = row.get(f"{name}_sd")
+        sd, n = row.get(f"{name}_sd"), row.get(f"{name}_seeds")
         shown.append(f"{name.replace('_', ' ')} {float(row[key]):.4f}"
-                     + (f" +- {float(sd):.4f}" if sd not in (None, "") else ""))
+                     + (f" +- {float(sd):.4f}" if sd not in (None, "") else "")
+                     + (f" ({n} seeds finite)" if n not in (None, "") else ""))
+    rounds = (f"rounds {row['round_min']}-{row['round']}" if row.get("round_min") not in
+              (None, "") else f"round {row['round']}")
     lines.append(f"{row['setting']} ({row['seeds']} seed{'s' if row['seeds'] != '1' else ''}, "
-                 f"round {row['round']}): " + ", ".join(shown))
+                 f"{rounds}): " + (", ".join(shown) or "no finite test metric"))
   return lines
