@@ -40,15 +40,20 @@ sys.path.insert(0, ROOT)
 from cli_args import new_file, positive_int, write_results  # noqa: E402
 
 DEMO = os.path.join(ROOT, "experiments", "demo.yaml")
-CLI = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
+# the console script beside this Python, else the same entry point by module (a
+# machine where the project is on PYTHONPATH, not installed)
+_SCRIPT = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
+CLI = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "fedjax_dp"]
+ARMS = ("sweep", "sweep_vmap", "cli_runs", "in_process")
 
 
 def cli_runs(seeds: int, tmp: str) -> float:
   t = time.perf_counter()
   for s in range(seeds):
-    subprocess.run([CLI, "run", "--config", DEMO, "--set", f"seed={s}", "data_seed=0",
+    subprocess.run([*CLI, "run", "--config", DEMO, "--set", f"seed={s}", "data_seed=0",
                     "--out", os.path.join(tmp, f"run{s}"), "--no-progress"], check=True,
                    capture_output=True)
+    print(f"  cli run {s}: {time.perf_counter() - t:.1f} s so far", file=sys.stderr)
   return time.perf_counter() - t
 
 
@@ -75,12 +80,12 @@ def sweep(seeds: int, tmp: str, name: str, replica_batch: str) -> float:
   with open(path, "w") as f:
     f.write(f"base: {DEMO}\nseeds: {seeds}\nreplica_batch: {replica_batch}\n")
   t = time.perf_counter()
-  subprocess.run([CLI, "sweep", path, "--out", os.path.join(tmp, name), "--no-progress"],
+  subprocess.run([*CLI, "sweep", path, "--out", os.path.join(tmp, name), "--no-progress"],
                  check=True, capture_output=True)
   return time.perf_counter() - t
 
 
-def demo_arms(seeds: int, repeats: int) -> dict:
+def demo_arms(seeds: int, repeats: int, chosen=ARMS) -> dict:
   times: dict[str, list[float]] = {"cli_runs": [], "in_process": [], "in_process_inside": [],
                                    "sweep": [], "sweep_vmap": []}
   for r in range(repeats):
@@ -89,6 +94,7 @@ def demo_arms(seeds: int, repeats: int) -> dict:
               ("sweep_vmap", lambda: sweep(seeds, tmp, f"v{r}", str(seeds))),
               ("cli_runs", lambda: cli_runs(seeds, tmp)),
               ("in_process", lambda: in_process(seeds, tmp))]
+      arms = [a for a in arms if a[0] in chosen]
       for name, fn in (arms if r % 2 == 0 else arms[::-1]):
         value = fn()
         if name == "in_process":
@@ -96,12 +102,14 @@ def demo_arms(seeds: int, repeats: int) -> dict:
           times["in_process_inside"].append(inside)
         times[name].append(value)
         print(f"repeat {r}: {name} {value:.1f} s", file=sys.stderr)
-  med = {k: statistics.median(v) for k, v in times.items()}
-  return {"seeds": seeds, "seconds": times, "median_s": med,
-          "sweep_speedup_over_cli_runs": med["cli_runs"] / med["sweep"],
-          "sweep_speedup_over_in_process": med["in_process"] / med["sweep"],
-          "sweep_vmap_speedup_over_cli_runs": med["cli_runs"] / med["sweep_vmap"],
-          "sweep_vmap_over_sweep": med["sweep_vmap"] / med["sweep"]}
+  med = {k: statistics.median(v) for k, v in times.items() if v}
+  out = {"seeds": seeds, "seconds": times, "median_s": med}
+  ratios = {"sweep_speedup_over_cli_runs": ("cli_runs", "sweep"),
+            "sweep_speedup_over_in_process": ("in_process", "sweep"),
+            "sweep_vmap_speedup_over_cli_runs": ("cli_runs", "sweep_vmap"),
+            "sweep_vmap_over_sweep": ("sweep_vmap", "sweep")}
+  out.update({k: med[a] / med[b] for k, (a, b) in ratios.items() if a in med and b in med})
+  return out
 
 
 def fmnist_arm(replicas: int, rounds: int, repeats: int) -> dict:
@@ -142,6 +150,7 @@ def fmnist_arm(replicas: int, rounds: int, repeats: int) -> dict:
                      [("many", batched), ("one", single)]):
       (one if name == "one" else many).append(fn())
   return {"replicas": replicas, "rounds": rounds, "peak": peak,
+          "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
           "single_s_per_round": one, "vmapped_s_per_replica_round": many,
           "single_median": statistics.median(one),
           "vmapped_median": statistics.median(many),
@@ -156,12 +165,17 @@ def main(argv=None) -> int:
   p.add_argument("--fmnist-replicas", type=positive_int, default=4)
   p.add_argument("--fmnist-rounds", type=positive_int, default=3)
   p.add_argument("--skip-demo", action="store_true")
+  p.add_argument("--arms", default=",".join(ARMS),
+                 help=f"demo arms to time, comma-separated (default all: {', '.join(ARMS)})")
   p.add_argument("--json", type=new_file, help="write the results here (a new file)")
   args = p.parse_args(argv)
+  arms = [a for a in args.arms.split(",") if a]
+  if not arms or any(a not in ARMS for a in arms):
+    p.error(f"--arms {args.arms!r}: allowed are {', '.join(ARMS)} (comma-separated)")
   result = {"machine": {"cpu": platform.processor() or platform.machine(),
                         "cores": os.cpu_count()}}
   if not args.skip_demo:
-    result["demo"] = demo_arms(args.seeds, args.repeats)
+    result["demo"] = demo_arms(args.seeds, args.repeats, arms)
   if args.fmnist:
     result["fmnist"] = fmnist_arm(args.fmnist_replicas, args.fmnist_rounds, args.repeats)
   print(json.dumps(result, indent=2))

@@ -292,7 +292,7 @@ def evaluate() -> Callback:
   def start(ctx: RunContext) -> None:
     if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
       from fedjax_dp.core.evaluate import make_solo_evaluate
-      solo["eval"] = make_solo_evaluate(ctx.sim.model)
+      solo["eval"] = make_solo_evaluate(ctx.sim.model, ctx.sim.cfg.matmul_precision)
       solo["dist"] = client_label_distribution(ctx.ds, ctx.parts)
 
   def measure(ctx: RunContext) -> None:

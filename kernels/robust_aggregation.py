@@ -32,6 +32,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.kernels.weighted_mean import EXACT
+
 
 def finite_participants(u: jax.Array, mask: jax.Array):
   """(u with every row but the usable ones zeroed, usable mask [m], the number of
@@ -48,7 +50,7 @@ def finite_participants(u: jax.Array, mask: jax.Array):
 def weighted_mean(u: jax.Array, mask: jax.Array, w: jax.Array) -> jax.Array:
   w = jnp.where(mask, w, 0.0).astype(u.dtype)
   u = jnp.where(mask[:, None], u, 0.0)     # 0 * inf in a masked slot would be NaN
-  return jnp.tensordot(w, u, 1) / jnp.maximum(jnp.sum(w), 1e-30)
+  return jnp.tensordot(w, u, 1, precision=EXACT) / jnp.maximum(jnp.sum(w), 1e-30)
 
 
 def _sorted_participants(u: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -78,7 +80,7 @@ def trimmed_mean(u: jax.Array, mask: jax.Array, w: jax.Array | None = None,
 def pairwise_sq_distances(u: jax.Array) -> jax.Array:
   """[m, m] squared L2 distances by the Gram matrix (one matmul), clipped at 0."""
   sq = jnp.sum(u * u, axis=1)
-  return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * (u @ u.T), 0.0)
+  return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * jnp.matmul(u, u.T, precision=EXACT), 0.0)
 
 
 def _krum_center(u: jax.Array, mask: jax.Array) -> jax.Array:
@@ -155,7 +157,7 @@ def cosine_clusters(u: jax.Array, mask: jax.Array, threshold: float) -> jax.Arra
   the smallest slot index in its component, non-participants get m."""
   m = u.shape[0]
   norm = jnp.sqrt(jnp.sum(u * u, axis=1))
-  cos = (u @ u.T) / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
+  cos = jnp.matmul(u, u.T, precision=EXACT) / jnp.maximum(norm[:, None] * norm[None, :], 1e-30)
   adj = (cos > threshold) & mask[:, None] & mask[None, :]
   adj = adj | (jnp.eye(m, dtype=bool) & mask[:, None])
   labels = jnp.where(mask, jnp.arange(m), m)
@@ -178,7 +180,7 @@ def clustered_mean(u: jax.Array, mask: jax.Array, w: jax.Array, threshold: float
   member = (labels[None, :] == jnp.arange(m)[:, None]) & mask[None, :]     # [cluster, client]
   wm = jnp.where(member, w[None, :], 0.0).astype(u.dtype)
   size = jnp.sum(wm, axis=1)
-  means = (wm @ u) / jnp.maximum(size, 1e-30)[:, None]                  # [cluster, d]
+  means = jnp.matmul(wm, u, precision=EXACT) / jnp.maximum(size, 1e-30)[:, None]  # [cluster, d]
   present = jnp.any(member, axis=1)
   k = jnp.sum(present, dtype=jnp.int32)
   agg = jnp.sum(jnp.where(present[:, None], means, 0.0), axis=0) / jnp.maximum(k, 1)

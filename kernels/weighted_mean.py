@@ -12,6 +12,10 @@ import jax
 import jax.numpy as jnp
 
 
+# aggregation's products stay float32 whatever the config's matmul_precision
+EXACT = jax.lax.Precision.HIGHEST
+
+
 def weighted_sum_reference(weights: jax.Array, tree):
   """sum_i w_i a_i for every leaf a: [clients, ...]; w: [clients]."""
   return jax.tree.map(
@@ -19,8 +23,13 @@ def weighted_sum_reference(weights: jax.Array, tree):
 
 
 def weighted_sum_tensordot(weights: jax.Array, tree):
-  """Same as `weighted_sum_reference`, as one contraction per leaf."""
-  return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), tree)
+  """Same as `weighted_sum_reference`, as one contraction per leaf.
+
+  In float32 on every device: a GPU's default (TF32 tensor cores) would round each
+  clipped update to 10 mantissa bits, a 3e-4 error (measured on an H100) and a
+  norm up to 2**-11 over the clipping bound the noise is calibrated to."""
+  return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1,
+                                              precision=EXACT), tree)
 
 
 weighted_sum = weighted_sum_tensordot

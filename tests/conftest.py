@@ -24,6 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the tests' own references in float32 on a GPU too (JAX's GPU default is TF32, whose
+# 1e-3 errors would fail comparisons the simulation itself passes: test_precision.py)
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     ROOT, ".cache", "jax-tests", os.environ.get("PYTEST_XDIST_WORKER", "main")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

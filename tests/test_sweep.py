@@ -210,7 +210,9 @@ def test_the_tidy_table_is_every_cells_metrics_and_final_csv_their_means(tmp_pat
 
 
 def test_a_killed_sweep_keeps_its_finished_cells_and_continues(tmp_path):
-  spec = {"config": {**BASE, "checkpoint_every": 2}, "seeds": 3}
+  # replica_batch 1: cells one after the other on any device (a GPU's auto would
+  # vmap the three, and the kill would stop all of them at once)
+  spec = {"config": {**BASE, "checkpoint_every": 2}, "seeds": 3, "replica_batch": 1}
   out = tmp_path / "s"
   seen = []
 
@@ -331,7 +333,7 @@ def test_your_own_data_model_and_loss_in_every_cell(tmp_path):
   x, y = d.data.astype(np.float32) / 16, d.target.astype(np.int32)
   data = fedjax_dp.data.from_arrays(x, y, client_ids=np.arange(len(y)) % 8, test_fraction=0.2)
   config = {k: v for k, v in BASE.items() if k not in ("dataset", "num_clients")}
-  spec = {"config": {**config, "checkpoint_every": 2}, "seeds": 2}
+  spec = {"config": {**config, "checkpoint_every": 2}, "seeds": 2, "replica_batch": 1}
   out = tmp_path / "s"
 
   def stop_in_the_second_cell(ctx, stats):

@@ -47,7 +47,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "run": ("rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every",
             "keep_checkpoints", "eval_batch_size"),
     "devices and memory": ("devices", "client_parallelism", "client_batch",
-                           "client_state_store", "client_state_dtype", "client_state_dir"),
+                           "client_state_store", "client_state_dtype", "client_state_dir",
+                           "matmul_precision"),
 }
 
 # one line per key: what it is, what its values mean; the README section with more
@@ -192,6 +193,10 @@ MEANINGS: dict[str, str] = {
                           "on disk",
     "client_state_dtype": "host or disk table's storage type for float leaves",
     "client_state_dir": "disk table's folder; null: the system's temporary folder",
+    "matmul_precision": "matrix products of training and evaluation: float32 (the CPU's numbers "
+                        "on any device), or tensorfloat32 (an NVIDIA GPU's tensor cores round "
+                        "the inputs to 10 bits: faster, ~1e-3 relative error; same as float32 "
+                        "on CPU). Aggregation is float32 either way",
 }
 
 # limits that involve another key (checked in checks.py), shown beside the range

@@ -15,12 +15,13 @@ from fedjax_dp.models import Model
 from fedjax_dp.placement.store import target_dtype
 
 
-def make_solo_evaluate(model: Model) -> Callable:
+def make_solo_evaluate(model: Model, precision: str = "float32") -> Callable:
   """SOLO's accuracy: the mean over clients of each client's own model's accuracy on
   the test set, reweighted to the client's label distribution,
     acc_i = sum_k p_ik correct_ik / n_k,
   (and the same for the loss). client_models: leaves [N, ...]; label_dist [N, K]."""
   @jax.jit
+  @jax.default_matmul_precision(precision)
   def evaluate(client_models, xb, yb, mb, label_dist):
     num_classes = label_dist.shape[1]
     onehot = jax.nn.one_hot(yb, num_classes) * mb[..., None]         # [nb, b, K]
@@ -42,15 +43,18 @@ def make_solo_evaluate(model: Model) -> Callable:
   return evaluate
 
 
-def make_evaluate(model: Model, task: losses.Task | None = None) -> Callable:
+def make_evaluate(model: Model, task: losses.Task | None = None,
+                  precision: str = "float32") -> Callable:
   """(params, x [nb, b, ...], y [nb, b, ...], mask [nb, b]) -> {name: mean over the
-  real test examples} for each of the task's metrics (classification: accuracy, loss)."""
+  real test examples} for each of the task's metrics (classification: accuracy, loss).
+  precision: the matrix products' (config key matmul_precision)."""
   metrics = tuple((task or losses.CLASSIFICATION).metrics.items())
   # 'loss' computed first: for classification this is the program evaluation
   # always compiled to, so the test metrics of earlier runs stay bit for bit
   order = sorted(metrics, key=lambda kv: kv[0] != "loss")
 
   @jax.jit
+  @jax.default_matmul_precision(precision)
   def evaluate(params, xb, yb, mb):
     def one(args):
       x, y, m = args

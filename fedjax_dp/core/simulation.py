@@ -370,14 +370,20 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       partial(_round_cohort, sample), mesh, cfg.num_clients, kind=cfg.client_state_store,
       dtype=cfg.client_state_dtype, directory=cfg.client_state_dir) if paged else None
 
+  # the precision is read when a program is traced: inside the jitted bodies, it holds
+  # for this simulation's programs alone (JAX's own GPU default would be tensorfloat32)
+  precision = partial(jax.default_matmul_precision, cfg.matmul_precision)
+
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
-    return jax.lax.scan(lambda s, _: round_fn(s, store, hp), state, None, length=length)
+    with precision():
+      return jax.lax.scan(lambda s, _: round_fn(s, store, hp), state, None, length=length)
 
   @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
   def run_replica_chunk(states: SimState, store: FederatedStore, hps: dict, length: int):
-    return jax.vmap(lambda s, hp: jax.lax.scan(lambda c, _: round_fn(c, store, hp), s, None,
-                                               length=length))(states, hps)
+    with precision():
+      return jax.vmap(lambda s, hp: jax.lax.scan(lambda c, _: round_fn(c, store, hp), s, None,
+                                                 length=length))(states, hps)
 
   store = jax.device_put(store, NamedSharding(mesh, P()))
   host_hp = hparams_lib.round_hparams(cfg, privacy)
@@ -386,7 +392,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,
-                    evaluate=make_evaluate(model, task), privacy=privacy, hparams=hp,
+                    evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
                     issued={hparams_lib.digest(host_hp)}, paging=paging, **layouts)
 

@@ -47,7 +47,7 @@ SETUP_KEYS = frozenset({
     # the run and its execution
     "rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
     "devices", "client_parallelism", "client_batch", "eval_batch_size",
-    "client_state_store", "client_state_dtype", "client_state_dir",
+    "client_state_store", "client_state_dtype", "client_state_dir", "matmul_precision",
 })
 RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in SETUP_KEYS)
 _DEFAULTS = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}

@@ -12,6 +12,7 @@ step (their distance to the centre was above tau), plus non-finite uploads.
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.kernels.weighted_mean import EXACT
 from fedjax_dp.robust.base import Aggregator, metrics, on_finite_uploads
 
 
@@ -27,7 +28,7 @@ def centered_clipping(u, mask, center, tau, iters):
     norm = jnp.sqrt(jnp.sum(jnp.square(diff), axis=1))
     scale = jnp.minimum(1.0, tau / jnp.maximum(norm, 1e-30)) * part
     clipped = jnp.sum(mask & (norm > tau), dtype=jnp.int32)
-    return v + (scale @ diff) / jnp.maximum(n, 1).astype(u.dtype), clipped
+    return v + jnp.matmul(scale, diff, precision=EXACT) / jnp.maximum(n, 1).astype(u.dtype), clipped
 
   return jax.lax.fori_loop(0, iters, step, (center, jnp.zeros((), jnp.int32)))
 

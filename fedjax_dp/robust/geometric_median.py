@@ -11,6 +11,7 @@ uploads are left out first (flagged). Each step is one pass over the [m, d] uplo
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp.kernels.weighted_mean import EXACT
 from fedjax_dp.robust.base import Aggregator, metrics, on_finite_uploads
 
 
@@ -22,9 +23,9 @@ def weiszfeld(u, mask, weights, iters, eps):
   def step(_, z):
     dist = jnp.sqrt(jnp.sum(jnp.square(u - z), axis=1))
     beta = w / jnp.maximum(eps, dist)
-    return (beta @ u) / jnp.maximum(jnp.sum(beta), 1e-30)
+    return jnp.matmul(beta, u, precision=EXACT) / jnp.maximum(jnp.sum(beta), 1e-30)
 
-  start = (w @ u) / jnp.maximum(jnp.sum(w), 1e-30)
+  start = jnp.matmul(w, u, precision=EXACT) / jnp.maximum(jnp.sum(w), 1e-30)
   return jax.lax.fori_loop(0, iters, step, start)
 
 
