@@ -35,7 +35,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "aggregation and Byzantine clients": (
         "aggregator", "trim_fraction", "byzantine_f", "multi_krum_m", "outlier_z",
         "cluster_threshold", "cluster_noise", "geomed_iters", "geomed_eps", "cclip_tau",
-        "cclip_iters", "byzantine_fraction", "byzantine_attack", "byzantine_scale"),
+        "cclip_iters", "byzantine_fraction", "byzantine_attack", "byzantine_scale",
+        "byzantine_draw"),
     "differential privacy": (
         "dp", "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant",
         "clip_parts", "rest_tier", "tier_noise_multipliers", "adaptive_clipping",
@@ -137,8 +138,11 @@ MEANINGS: dict[str, str] = {
     "cclip_iters": "clipping steps per round",
     "byzantine_fraction": "fraction of clients that are Byzantine (floor of fraction x "
                           "num_clients)",
-    "byzantine_attack": "what Byzantine clients send",
-    "byzantine_scale": "the attack's scale (scaled: factor; gaussian: std)",
+    "byzantine_attack": "what Byzantine clients send (alie, ipm: colluding, from the round's "
+                        "honest uploads; see Robust aggregation and Byzantine clients)",
+    "byzantine_scale": "the attack's scale (sign_flip, scaled, ipm: factor; gaussian: std)",
+    "byzantine_draw": "which clients are Byzantine: fixed (drawn once from data_seed) or "
+                      "round (drawn afresh each round)",
     # differential privacy
     "dp": "central: the server noises the clipped sum; local: each client noises its own "
           "update (see Private training)",

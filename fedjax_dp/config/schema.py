@@ -101,6 +101,7 @@ class Config:
   byzantine_fraction: float = 0.0
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
+  byzantine_draw: str = "fixed"
   server_lr: float = 1.0
   server_momentum: float = 0.9
   server_beta1: float = 0.9
@@ -176,7 +177,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "noise_seed": ("config", "secret"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
     "aggregator": (),   # the registered rules (fedjax_dp.robust.AGGREGATORS), read in _check
-    "byzantine_attack": ("sign_flip", "scaled", "gaussian"),
+    "byzantine_attack": ("sign_flip", "scaled", "gaussian", "alie", "ipm"),
+    "byzantine_draw": ("fixed", "round"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
     "client_parallelism": ("auto", "map", "vmap", "one_step"),

@@ -37,9 +37,9 @@ from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
 from fedjax_dp.core.evaluate import make_evaluate
-from fedjax_dp.core.state import (BYZANTINE, CLIP_COUNT_NOISE, COHORT_SAMPLING, DOWNLINK,
-                                  LOCAL_NOISE, SERVER_NOISE, RoundStats, SimState, init_state,
-                                  secret_run_key)
+from fedjax_dp.core.state import (BYZANTINE, BYZANTINE_DRAW, CLIP_COUNT_NOISE, COHORT_SAMPLING,
+                                  DOWNLINK, LOCAL_NOISE, SERVER_NOISE, RoundStats, SimState,
+                                  init_state, secret_run_key)
 from fedjax_dp.models import Model
 from fedjax_dp.placement import cohort as cohort_lib
 from fedjax_dp.placement import paged_state
@@ -326,7 +326,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
   aggregator = recipe.rule
   byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
-                                     cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE)
+                                     cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE,
+                                     cfg.byzantine_draw, BYZANTINE_DRAW)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   per_client_state = bool(jax.tree.leaves(
       jax.eval_shape(lambda: init_state(cfg, model).client_state)))

@@ -34,6 +34,7 @@ SHUFFLE = 6  # reserved: the simulated mean needs no permutation (client_phase.p
 KEPT_NOISE = 7
 DOWNLINK = 8
 BYZANTINE = 9
+BYZANTINE_DRAW = 10   # byzantine_draw 'round': who is malicious this round
 MODEL_INIT = 2**20  # folded into the run key itself; config keeps rounds below it
 
 

@@ -1,13 +1,26 @@
 """Byzantine clients, for exercising the robust aggregators.
 
-A fixed `byzantine_fraction` of the clients (drawn once from the run seed) is
-malicious. Whenever one of them takes part, the server receives, instead of
-its honest upload u (after its pipeline and any DP mechanism: a malicious
-client follows no protocol):
+A `byzantine_fraction` of the clients, floor(fraction N) of them, is malicious:
+drawn once from the data seed (`byzantine_draw: fixed`), or afresh each round
+from the round key (`round`). Whenever one of them takes part, the server
+receives, instead of its honest upload u (after its pipeline and any DP
+mechanism: a malicious client follows no protocol):
 
-  sign_flip   -byzantine_scale * u
-  scaled      byzantine_scale * u          (model boosting)
-  gaussian    N(0, byzantine_scale^2) per coordinate, from the client's own key
+  sign_flip   -s u
+  scaled      s u                                   (model boosting)
+  gaussian    N(0, s^2) per coordinate, from the client's own key
+  alie        mu - z sigma                          (Baruch et al. 2019, "A little is enough")
+  ipm         -s mu                                 (Xie et al. 2020, inner product manipulation)
+
+with s = `byzantine_scale`. mu and sigma are the coordinate-wise mean and standard
+deviation of the round's honest uploads (unweighted, sigma with 1/n): the attackers
+of alie and ipm collude and are omniscient, they see every honest upload of the
+round, and all of them send the same vector. ALIE's z is the paper's z_max for
+n participants of whom m are malicious: z = Phi^-1((n - s) / n) with
+s = floor(n/2 + 1) - m, the honest clients the attackers need on their side for a
+majority; under a normal model of the honest values, that many lie farther from
+the mean than mu - z sigma (z capped at Phi^-1(0.999) = 3.09, where the
+attackers hold a majority and the formula leaves [0, 1]).
 """
 
 from __future__ import annotations
@@ -18,20 +31,44 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ATTACKS = ("sign_flip", "scaled", "gaussian")
+ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm")
+DRAWS = ("fixed", "round")
+COLLUDING = ("alie", "ipm")    # they read the honest uploads' statistics
+Z_CAP_P = 0.999                # ALIE's z at most Phi^-1(0.999)
 MALICIOUS_DRAW = 2**20 + 1  # folded into the run seed, apart from the round keys
 
 
 def malicious_clients(num_clients: int, fraction: float, seed: int) -> np.ndarray:
   """bool [num_clients]: the floor(fraction N) malicious clients, by a seeded permutation."""
-  count = int(np.floor(fraction * num_clients + 1e-9))
+  count = malicious_count(num_clients, fraction)
   perm = np.random.default_rng([seed, MALICIOUS_DRAW]).permutation(num_clients)
   out = np.zeros(num_clients, bool)
   out[perm[:count]] = True
   return out
 
 
-def attack(u: jax.Array, key: jax.Array, kind: str, scale: float) -> jax.Array:
+def malicious_count(num_clients: int, fraction: float) -> int:
+  return int(np.floor(fraction * num_clients + 1e-9))
+
+
+def malicious_this_round(num_clients: int, count: int, key: jax.Array) -> jax.Array:
+  """bool [num_clients]: `count` clients drawn uniformly without replacement from `key`."""
+  perm = jax.random.permutation(key, num_clients)
+  return jnp.zeros(num_clients, bool).at[perm[:count]].set(True)
+
+
+def alie_z(n: jax.Array, m: jax.Array) -> jax.Array:
+  """Baruch et al.'s z_max for n participants, m of them malicious:
+  Phi^-1((n - s) / n) with s = floor(n/2 + 1) - m (float32 scalar)."""
+  n = n.astype(jnp.float32)
+  s = jnp.floor(n / 2 + 1) - m.astype(jnp.float32)
+  p = jnp.clip((n - s) / jnp.maximum(n, 1.0), 0.5, Z_CAP_P)
+  return jax.scipy.stats.norm.ppf(p)
+
+
+def attack(u: jax.Array, key: jax.Array, kind: str, scale: float,
+           honest_mean: jax.Array | None = None, honest_std: jax.Array | None = None,
+           z: jax.Array | None = None) -> jax.Array:
   """A malicious client's upload in place of its honest flat update u [d]."""
   if kind == "sign_flip":
     return -scale * u
@@ -39,32 +76,60 @@ def attack(u: jax.Array, key: jax.Array, kind: str, scale: float) -> jax.Array:
     return scale * u
   if kind == "gaussian":
     return scale * jax.random.normal(key, u.shape, u.dtype)
+  if kind == "alie":
+    return honest_mean - z * honest_std
+  if kind == "ipm":
+    return -scale * honest_mean
   raise ValueError(f"byzantine attack {kind!r}: allowed are {', '.join(ATTACKS)}")
 
 
+def honest_statistics(flat: jax.Array, honest: jax.Array):
+  """(mean [d], std [d]) over the rows of flat [m, d] where honest [m]; zeros if none."""
+  w = honest.astype(flat.dtype)
+  n = jnp.maximum(jnp.sum(w), 1.0)
+  rows = jnp.where(honest[:, None], flat, 0.0)      # an absent slot may hold garbage
+  mean = jnp.sum(rows, axis=0) / n
+  var = jnp.sum(jnp.where(honest[:, None], jnp.square(flat - mean), 0.0), axis=0) / n
+  return mean, jnp.sqrt(var)
+
+
 def replace_uploads(uploads, malicious: jax.Array, client_ids: jax.Array, key: jax.Array,
-                    kind: str, scale: float):
+                    kind: str, scale: float, mask: jax.Array | None = None):
   """The cohort's uploads (leaves [m, ...]) with each malicious participant's
-  (`malicious` [m] bool) replaced by its attack, drawn from fold_in(key, id)."""
+  (`malicious` [m] bool, participants only) replaced by its attack, drawn from
+  fold_in(key, id). `mask` [m]: the participants (None: every slot); the colluding
+  attacks read the honest ones, mask & ~malicious."""
   from jax.flatten_util import ravel_pytree
+  flat = jax.vmap(lambda u: ravel_pytree(u)[0])(uploads)                # [m, d]
+  unravel = ravel_pytree(jax.tree.map(lambda a: a[0], uploads))[1]
+  stats = {}
+  if kind in COLLUDING:
+    mask = jnp.ones(malicious.shape, bool) if mask is None else mask
+    stats["honest_mean"], stats["honest_std"] = honest_statistics(flat, mask & ~malicious)
+    stats["z"] = alie_z(jnp.sum(mask), jnp.sum(malicious & mask))
 
   def one(u, is_bad, cid):
-    flat, unravel = ravel_pytree(u)
-    return unravel(jnp.where(is_bad, attack(flat, jax.random.fold_in(key, cid), kind, scale),
-                             flat))
-  return jax.vmap(one)(uploads, malicious, client_ids)
+    return jnp.where(is_bad, attack(u, jax.random.fold_in(key, cid), kind, scale, **stats), u)
+  return jax.vmap(unravel)(jax.vmap(one)(flat, malicious, client_ids))
 
 
 def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scale: float,
-                   tag: int) -> Callable | None:
+                   tag: int, draw: str = "fixed", draw_tag: int | None = None
+                   ) -> Callable | None:
   """The round's attack stage: (uploads [m, ...], ids [m], mask [m], round_key) ->
   uploads with each malicious participant's replaced, drawn from
-  fold_in(fold_in(round_key, tag), id); None without malicious clients."""
+  fold_in(fold_in(round_key, tag), id); None without malicious clients. draw
+  'round': the malicious clients are drawn from fold_in(round_key, draw_tag)."""
   if fraction <= 0:
     return None
-  malicious = malicious_clients(num_clients, fraction, seed)
+  if draw not in DRAWS:
+    raise ValueError(f"byzantine_draw {draw!r}: allowed are {', '.join(DRAWS)}")
+  fixed = malicious_clients(num_clients, fraction, seed)
+  count = malicious_count(num_clients, fraction)
 
   def apply(uploads, ids, mask, round_key):
-    return replace_uploads(uploads, jnp.asarray(malicious)[ids] & mask, ids,
-                           jax.random.fold_in(round_key, tag), kind, scale)
+    table = (jnp.asarray(fixed) if draw == "fixed" else
+             malicious_this_round(num_clients, count, jax.random.fold_in(round_key, draw_tag)))
+    return replace_uploads(uploads, table[ids] & mask, ids, jax.random.fold_in(round_key, tag),
+                           kind, scale, mask)
   return apply
