@@ -119,6 +119,7 @@ class RunContext:
   stop: bool = False         # a callback ended the run (after this chunk)
   budget_stopped: bool = False
   test_metrics: dict | None = None   # this chunk's evaluation {metric: value}
+  attack_metrics: dict | None = None # a data attack's success on its test set (poisoning.py)
   row: dict | None = None            # this chunk's metrics.jsonl row
   last_checkpoint: int = 0
   summary: dict | None = None
@@ -304,6 +305,10 @@ def evaluate() -> Callback:
       values = ctx.sim.evaluate(ctx.state.params, *ctx.sim.test_data)
       # in the task's order (a jitted dict comes back with its keys sorted)
       ctx.test_metrics = {k: float(values[k]) for k in ctx.task.metrics}
+    if ctx.sim.attack_data is not None:   # the share put in the attacker's target class
+      name, batches = ctx.sim.attack_data
+      ctx.attack_metrics = {name: float(ctx.sim.evaluate(ctx.state.params, *batches)[
+          "accuracy"])}
 
   def after(ctx: RunContext, stats) -> None:
     if eval_due(ctx):
@@ -346,6 +351,7 @@ def write_row(ctx: RunContext) -> None:
   cfg, sim, state, d = ctx.cfg, ctx.sim, ctx.state, ctx.diag
   participations = published_participations(cfg, state)
   row = {"round": ctx.round, **{f"test_{k}": v for k, v in ctx.test_metrics.items()},
+         **(ctx.attack_metrics or {}),
          "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
          **spent_epsilon(sim, client_order(ctx), ctx.plog),
          **({"clip_norm": float(state.clip_norm),

@@ -133,9 +133,21 @@ _SETUP_KEYS_READ = {
     "classes_per_client": (lambda c: c.partition == "shards", "partition 'shards'"),
     "quantity_alpha": (lambda c: c.partition == "quantity", "partition 'quantity'"),
     "byzantine_attack": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
-    "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack != "alie",
-                        "byzantine_fraction > 0 and a byzantine_attack other than 'alie'"),
-    "byzantine_draw": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
+    "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
+        "alie", "label_flip", "targeted"), "byzantine_fraction > 0 and byzantine_attack "
+        "'sign_flip', 'scaled', 'gaussian', 'ipm' or 'backdoor'"),
+    "byzantine_draw": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
+        "label_flip", "targeted", "backdoor"), "byzantine_fraction > 0 and an attack on the "
+        "uploads (the data attacks poison fixed clients' data before round 1)"),
+    "attack_source_class": (lambda c: c.byzantine_fraction > 0 and
+                            c.byzantine_attack == "targeted",
+                            "byzantine_fraction > 0 and byzantine_attack 'targeted'"),
+    "attack_target_class": (lambda c: c.byzantine_fraction > 0 and
+                            c.byzantine_attack in ("targeted", "backdoor"),
+                            "byzantine_fraction > 0 and byzantine_attack 'targeted' or "
+                            "'backdoor'"),
+    "backdoor_fraction": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack == "backdoor",
+                          "byzantine_fraction > 0 and byzantine_attack 'backdoor'"),
     "synthetic_examples": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
     "synthetic_features": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
     "synthetic_classes": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),

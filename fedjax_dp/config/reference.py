@@ -36,7 +36,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "aggregator", "trim_fraction", "byzantine_f", "multi_krum_m", "outlier_z",
         "cluster_threshold", "cluster_noise", "geomed_iters", "geomed_eps", "cclip_tau",
         "cclip_iters", "byzantine_fraction", "byzantine_attack", "byzantine_scale",
-        "byzantine_draw"),
+        "byzantine_draw", "attack_source_class", "attack_target_class", "backdoor_fraction",
+        "server_clip_l2"),
     "differential privacy": (
         "dp", "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant",
         "clip_parts", "rest_tier", "tier_noise_multipliers", "adaptive_clipping",
@@ -140,7 +141,14 @@ MEANINGS: dict[str, str] = {
                           "num_clients)",
     "byzantine_attack": "what Byzantine clients send (alie, ipm: colluding, from the round's "
                         "honest uploads; see Robust aggregation and Byzantine clients)",
-    "byzantine_scale": "the attack's scale (sign_flip, scaled, ipm: factor; gaussian: std)",
+    "byzantine_scale": "the attack's scale (sign_flip, scaled, ipm: factor; gaussian: std; "
+                       "backdoor: the upload's boost, model replacement; 1: none)",
+    "server_clip_l2": "norm bounding: the server clips every upload it receives to this L2 "
+                      "norm before the aggregation rule; null: off",
+    "attack_source_class": "targeted poisoning: the class the malicious clients relabel",
+    "attack_target_class": "targeted poisoning and backdoor: the class they relabel to",
+    "backdoor_fraction": "backdoor: the share of a malicious client's examples that carry the "
+                         "trigger",
     "byzantine_draw": "which clients are Byzantine: fixed (drawn once from data_seed) or "
                       "round (drawn afresh each round)",
     # differential privacy

@@ -102,6 +102,12 @@ class Config:
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
   byzantine_draw: str = "fixed"
+  # the server clips every upload it receives to this L2 norm (norm bounding); None: off
+  server_clip_l2: float | None = None
+  # data poisoning (robust/poisoning.py)
+  attack_source_class: int = 1
+  attack_target_class: int = 0
+  backdoor_fraction: float = 0.5
   server_lr: float = 1.0
   server_momentum: float = 0.9
   server_beta1: float = 0.9
@@ -177,7 +183,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "noise_seed": ("config", "secret"),
     "kept_noise_draw": ("auto", "client", "aggregate"),
     "aggregator": (),   # the registered rules (fedjax_dp.robust.AGGREGATORS), read in _check
-    "byzantine_attack": ("sign_flip", "scaled", "gaussian", "alie", "ipm"),
+    "byzantine_attack": ("sign_flip", "scaled", "gaussian", "alie", "ipm", "label_flip",
+                         "targeted", "backdoor"),
     "byzantine_draw": ("fixed", "round"),
     "kept_noise": ("none", "paper", "multiplier"),
     "shuffle": ("none", "layerwise"),
@@ -212,6 +219,9 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "cclip_iters": (1, None, True, True),
     "byzantine_fraction": (0, 1, True, False),
     "byzantine_scale": (0, None, True, True),
+    "attack_source_class": (0, None, True, True),
+    "attack_target_class": (0, None, True, True),
+    "backdoor_fraction": (0, 1, False, True),
     "synthetic_features": (1, None, True, True),
     "synthetic_classes": (2, None, True, True),
     "num_clients": (1, None, True, True),
@@ -248,6 +258,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "s_global": (0, 1, True, False),
     "coordinate_clip": (0, None, False, True),
     "update_clip_l2": (0, None, False, True),
+    "server_clip_l2": (0, None, False, True),
     "final_clip_l2": (0, None, False, True),
     "kept_noise_multiplier": (0, None, True, True),
     "ldp_epsilon": (0, None, False, True),
@@ -276,7 +287,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _OPTIONAL = {"data_seed": int, "data_dir": str, "client_state_dir": str, "csv_path": str, "tier_map_path": str, "max_cohort": int, "noise_multiplier": float,
              "target_epsilon": float, "clip_count_stddev": float, "coordinate_clip": float,
-             "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float}
+             "update_clip_l2": float, "final_clip_l2": float, "ldp_epsilon": float,
+             "server_clip_l2": float}
 
 # algorithm presets: defaults a named algorithm brings, unless the user sets the key
 PRESETS = {"topksdp": {"s_local": 0.9, "s_global": 0.9, "shuffle": "layerwise"}}

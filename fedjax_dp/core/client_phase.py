@@ -28,7 +28,7 @@ from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
-from fedjax_dp.kernels import robust_aggregation, weighted_mean
+from fedjax_dp.kernels import clipping, robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.placement.executor import Executor, gather_over_devices, sum_over_devices
 from fedjax_dp.privacy.dp_round import DPRound
@@ -42,6 +42,7 @@ class ClientStages(NamedTuple):
   pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
   dp: DPRound                     # the mechanism; its client half where dp.per_upload
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
+  server_clip: float | None       # norm bounding of every received upload (None: off)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   shuffle: bool                   # layer-wise shuffled tuples: uniform weights
@@ -102,6 +103,12 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     nonfinite = nonfinite | clip_nonfinite
   if stages.byzantine is not None:
     deltas = stages.byzantine(deltas, cohort_ids, cohort_mask, round_key)
+  bounded = jnp.zeros((), jnp.int32)
+  if stages.server_clip is not None:   # what the server received, the attackers' included
+    deltas, norms = jax.vmap(lambda u: clipping.l2_clip(u, stages.server_clip))(deltas)
+    # over the whole cohort, as the robust rules' flagged count (replicated) is
+    bounded = sum_over_devices(jnp.sum(cohort_mask & (norms > stages.server_clip),
+                                       dtype=jnp.int32))
   if stages.shuffle:
     # The shuffler hands the server, per layer, the cohort's tuples in random
     # order: the server cannot link sizes to updates, so it weights uniformly.
@@ -121,7 +128,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
                                    mode=stages.dp.mode, shuffle=stages.shuffle,
                                    aggregate_noise=stages.aggregate_noise)
-  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters,
+  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged + bounded, clusters,
                        client_hp["lr"])
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 

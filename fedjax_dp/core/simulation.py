@@ -96,6 +96,8 @@ class Simulation:
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
+  # a data attack's test set (robust/poisoning.py): (metric name, evaluation batches)
+  attack_data: Any = None
   paging: paged_state.Paging | None = None   # client_state_store host/disk (paged_state.py)
   # run_chunk vmapped over stacked replicas: ([R] states, store, [R] hparams, length)
   run_replica_chunk: Callable | None = None
@@ -331,7 +333,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   per_client_state = bool(jax.tree.leaves(
       jax.eval_shape(lambda: init_state(cfg, model).client_state)))
-  inspects_uploads = dp.per_upload or byzantine is not None or not aggregator.linear
+  inspects_uploads = (dp.per_upload or byzantine is not None or not aggregator.linear
+                      or cfg.server_clip_l2 is not None)
   paged = cfg.client_state_store != "device"
   if paged and not per_client_state:
     raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
@@ -407,7 +410,7 @@ def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: loss
       train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                         batch_size=cfg.batch_size),
       objective=recipe.objective(task.loss, cfg.momentum), model=model,
-      pipeline=client_pipeline, dp=dp, byzantine=byzantine,
+      pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
       aggregator=None if aggregator.linear else aggregator.aggregate,
       cluster_noise=cfg.cluster_noise == "equalize",
       shuffle=cfg.shuffle == "layerwise",

@@ -32,7 +32,7 @@ def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dic
   from fedjax_dp import robust
   reports = robust.get_aggregator(cfg.aggregator).reports
   out = {}
-  if "flagged" in reports:
+  if "flagged" in reports or cfg.server_clip_l2 is not None:
     out["flagged"] = int(flagged)
   if "clusters" in reports:
     out["clusters"] = clusters / rounds if rounds else None

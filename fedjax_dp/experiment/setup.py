@@ -84,6 +84,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
   ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
   check_targets(ds, task.target_dtype, task.name)
+  ds, attack_set = poison_data(cfg, ds, parts, task)
   if model is None:
     model = builtin_model(cfg, ds)
   elif cfg.model != "custom":
@@ -96,7 +97,39 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated,
                          task=task)
   test_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size, task.target_dtype)
-  return ds, parts, dataclasses.replace(sim, analysis=analysis, test_data=test_data)
+  attack_data = (attack_set[0], batch_for_eval(*attack_set[1:], cfg.eval_batch_size,
+                                               task.target_dtype)) if attack_set else None
+  return ds, parts, dataclasses.replace(sim, analysis=analysis, test_data=test_data,
+                                        attack_data=attack_data)
+
+
+def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.Task):
+  """(ds with the malicious clients' training data poisoned, the attack's test set
+  (name, x, y) or None) for a data attack (robust/poisoning.py); else (ds, None)."""
+  from fedjax_dp.robust import attacks, poisoning
+  kind = cfg.byzantine_attack
+  if cfg.byzantine_fraction <= 0 or kind not in poisoning.DATA_ATTACKS:
+    return ds, None
+  if task != losses.CLASSIFICATION or ds.num_classes < 2:
+    raise ConfigError(f"config key 'byzantine_attack' = {kind!r}: data poisoning relabels "
+                      "classes, and this run's task is not classification")
+  for key in ("attack_source_class", "attack_target_class"):
+    if getattr(cfg, key) >= ds.num_classes:
+      raise ConfigError(f"config key {key!r} = {getattr(cfg, key)}: dataset {ds.name!r} has "
+                        f"{ds.num_classes} classes, allowed are 0 to {ds.num_classes - 1}")
+  if kind == "targeted" and cfg.attack_source_class == cfg.attack_target_class:
+    raise ConfigError(f"config key 'attack_target_class' = {cfg.attack_target_class}: the "
+                      "targeted attack needs a target other than attack_source_class")
+  if kind == "backdoor" and ds.x_train.ndim not in (2, 4):
+    raise ConfigError(f"config key 'byzantine_attack' = 'backdoor' with inputs {ds.input_shape}: "
+                      "the trigger is for images [H, W, C] or rows of features [F]")
+  malicious = attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg))
+  x, y, _ = poisoning.poison(ds.x_train, ds.y_train, parts, malicious, kind, ds.num_classes,
+                             cfg.attack_source_class, cfg.attack_target_class,
+                             cfg.backdoor_fraction, data_seed(cfg))
+  attack_set = poisoning.attack_test_set(kind, ds.x_train, ds.x_test, ds.y_test,
+                                         cfg.attack_source_class, cfg.attack_target_class)
+  return dataclasses.replace(ds, x_train=x, y_train=y), attack_set
 
 
 def own_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:

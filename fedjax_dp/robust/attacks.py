@@ -118,10 +118,16 @@ def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scal
                    ) -> Callable | None:
   """The round's attack stage: (uploads [m, ...], ids [m], mask [m], round_key) ->
   uploads with each malicious participant's replaced, drawn from
-  fold_in(fold_in(round_key, tag), id); None without malicious clients. draw
-  'round': the malicious clients are drawn from fold_in(round_key, draw_tag)."""
+  fold_in(fold_in(round_key, tag), id); None without malicious clients, or for a
+  data attack (poisoning.py) but the backdoor's boost (model replacement: scale u).
+  draw 'round': the malicious clients are drawn from fold_in(round_key, draw_tag)."""
   if fraction <= 0:
     return None
+  from fedjax_dp.robust.poisoning import DATA_ATTACKS
+  if kind in DATA_ATTACKS:   # poisoned data, honest protocol; a backdoor may boost its upload
+    if kind != "backdoor" or scale == 1.0:
+      return None
+    kind = "scaled"
   if draw not in DRAWS:
     raise ValueError(f"byzantine_draw {draw!r}: allowed are {', '.join(DRAWS)}")
   fixed = malicious_clients(num_clients, fraction, seed)
