@@ -16,6 +16,9 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   compare(*paths)         runs and sweeps side by side: a row a run with final and best
                           metrics, epsilon, bytes, time and the config keys that differ
   load_params(run_dir)    the trained parameters a run saved (model.msgpack)
+  attack_mia(run_dir, examples=, seed=, data=, model=)
+                          membership inference (loss threshold) on a run's model: accuracy,
+                          AUC, TPR at 1 % FPR beside the bound the run's epsilon allows
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
   models                  from_flax(module, example_input, name=) and the built-in models
@@ -47,7 +50,8 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
 _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Config": "config",
           "make_config": "config", "compare": "experiment.compare",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
-          "start_processes": "placement.processes", "load_params": "experiment.final_model"}
+          "start_processes": "placement.processes", "load_params": "experiment.final_model",
+          "attack_mia": "experiment.attack"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

@@ -11,6 +11,7 @@ outputs and exits with status 3 after one line; Ctrl-C exits with 130.
 from __future__ import annotations
 
 import argparse
+import json
 import gc
 import os
 import sys
@@ -160,6 +161,25 @@ def _compare(args) -> int:
     print(f"table: {os.path.abspath(args.csv)}")
   if args.plot:
     print(f"plot:  {os.path.abspath(compare.plot_runs(runs, args.plot))}")
+  return 0
+
+
+def _attack(args) -> int:
+  """A privacy attack on a finished run's model (experiment/attack.py)."""
+  from fedjax_dp.experiment import attack, reporting
+  from fedjax_dp.experiment.errors import RunError
+  if args.json is not None:
+    if not args.json.lower().endswith(".json"):
+      raise RunError(f"--json {args.json}: expected a .json file name")
+    if os.path.exists(args.json):
+      raise RunError(f"--json {args.json}: the file exists; name a new one")
+  if not os.path.isdir(args.run):
+    raise RunError(f"--run {args.run}: no such folder")
+  report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed)
+  print(attack.format_report(report))
+  if args.json:
+    reporting.write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
+    print(f"report: {os.path.abspath(args.json)}")
   return 0
 
 
@@ -328,6 +348,17 @@ def build_parser() -> argparse.ArgumentParser:
   m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
                  "rounds, one line per run (a new file)")
   m.set_defaults(func=_compare)
+
+  a = sub.add_parser("attack", help="a privacy attack on a finished run's model")
+  kinds = a.add_subparsers(dest="attack", required=True, parser_class=OneLineParser)
+  mia = kinds.add_parser("mia", help="membership inference (loss threshold) on a balanced set "
+                         "of training (member) and test (non-member) examples")
+  mia.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  mia.add_argument("--examples", type=_positive_int, default=None,
+                   help="members (and non-members) at most; default: the test set's size")
+  mia.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
+  mia.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
+  mia.set_defaults(func=_attack)
 
   f = sub.add_parser("profile", help="trace N compiled rounds with jax.profiler and print "
                      "the operations that took the most time")
