@@ -19,6 +19,9 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   attack_mia(run_dir, examples=, seed=, data=, model=)
                           membership inference (loss threshold) on a run's model: accuracy,
                           AUC, TPR at 1 % FPR beside the bound the run's epsilon allows
+  audit(config, out=, canaries=, held_out=, bootstrap=)
+                          a run with canary clients and the one-shot empirical epsilon
+                          (with its 95 % interval) beside the accounted one
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
   models                  from_flax(module, example_input, name=) and the built-in models
@@ -51,7 +54,7 @@ _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Co
           "make_config": "config", "compare": "experiment.compare",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model",
-          "attack_mia": "experiment.attack"}
+          "attack_mia": "experiment.attack", "audit": "experiment.audit_run"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

@@ -241,6 +241,13 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
                       "fixed-size (without replacement) sampling; use accountant 'rdp' or "
                       "sampling 'poisson'")
+  if cfg.audit_canaries >= cfg.num_clients:
+    raise ConfigError(f"config key 'audit_canaries' = {cfg.audit_canaries}: must be below "
+                      f"num_clients ({cfg.num_clients})")
+  if cfg.audit_canaries > 0 and cfg.byzantine_fraction > 0:
+    raise ConfigError(f"config key 'audit_canaries' = {cfg.audit_canaries} with "
+                      f"byzantine_fraction {cfg.byzantine_fraction:g}: an audit's canaries and "
+                      "Byzantine clients would overlap; audit without attackers")
   if cfg.byzantine_fraction > 0 and int(cfg.byzantine_fraction * cfg.num_clients + 1e-9) == 0:
     raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
                       f"{cfg.num_clients} clients that is no malicious client (floor of "

@@ -102,6 +102,8 @@ class Config:
   byzantine_attack: str = "sign_flip"
   byzantine_scale: float = 10.0
   byzantine_draw: str = "fixed"
+  # privacy audit (privacy/audit.py): clients whose upload is a fixed random direction
+  audit_canaries: int = 0
   # the server clips every upload it receives to this L2 norm (norm bounding); None: off
   server_clip_l2: float | None = None
   # data poisoning (robust/poisoning.py)
@@ -259,6 +261,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "coordinate_clip": (0, None, False, True),
     "update_clip_l2": (0, None, False, True),
     "server_clip_l2": (0, None, False, True),
+    "audit_canaries": (0, None, True, True),
     "final_clip_l2": (0, None, False, True),
     "kept_noise_multiplier": (0, None, True, True),
     "ldp_epsilon": (0, None, False, True),

@@ -43,6 +43,7 @@ class ClientStages(NamedTuple):
   dp: DPRound                     # the mechanism; its client half where dp.per_upload
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
   server_clip: float | None       # norm bounding of every received upload (None: off)
+  canary: Callable | None         # (uploads, ids, clip_norm) -> uploads (privacy/audit.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   shuffle: bool                   # layer-wise shuffled tuples: uniform weights
@@ -95,6 +96,8 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   mask_f = cohort_mask.astype(jnp.float32)
   weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
   unclipped = jnp.zeros((), jnp.int32)
+  if stages.canary is not None:   # before the mechanism, which treats them as any upload
+    deltas = stages.canary(deltas, cohort_ids, clip_norm)
   if stages.dp.per_upload:
     weights = mask_f
     deltas, unclipped, clip_nonfinite = stages.dp.client(deltas, cohort_ids, cohort_mask,

@@ -45,6 +45,7 @@ from fedjax_dp.placement import cohort as cohort_lib
 from fedjax_dp.placement import paged_state
 from fedjax_dp.placement.executor import Executor, plan_executor
 from fedjax_dp.placement.store import FederatedStore, default_max_cohort
+from fedjax_dp.privacy import audit
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.privacy import noise_control
@@ -334,7 +335,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   per_client_state = bool(jax.tree.leaves(
       jax.eval_shape(lambda: init_state(cfg, model).client_state)))
   inspects_uploads = (dp.per_upload or byzantine is not None or not aggregator.linear
-                      or cfg.server_clip_l2 is not None)
+                      or cfg.server_clip_l2 is not None or cfg.audit_canaries > 0)
   paged = cfg.client_state_store != "device"
   if paged and not per_client_state:
     raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
@@ -411,6 +412,7 @@ def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: loss
                         batch_size=cfg.batch_size),
       objective=recipe.objective(task.loss, cfg.momentum), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
+      canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
       aggregator=None if aggregator.linear else aggregator.aggregate,
       cluster_noise=cfg.cluster_noise == "equalize",
       shuffle=cfg.shuffle == "layerwise",

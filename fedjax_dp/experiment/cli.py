@@ -208,6 +208,21 @@ def _profile(args) -> int:
   return 0
 
 
+def _audit(args) -> int:
+  """An empirical privacy audit with canary clients (experiment/audit_run.py)."""
+  from fedjax_dp.config import load_config
+  from fedjax_dp.experiment import audit_run
+  from fedjax_dp.experiment.errors import RunError
+  if args.out is None:
+    raise RunError("fedjax-dp audit: --out is required (the audited run's folder)")
+  cfg = load_config(args.config, args.set)
+  report = audit_run.audit(cfg, out=args.out, canaries=args.canaries, held_out=args.held_out,
+                           bootstrap=args.bootstrap, progress=not args.no_progress)
+  print(audit_run.format_report(report))
+  print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
+  return 0
+
+
 def _datasets(args) -> int:
   from fedjax_dp.config import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
@@ -359,6 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
   mia.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
   mia.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
   mia.set_defaults(func=_attack)
+
+  u = sub.add_parser("audit", help="run with canary clients and estimate the epsilon the "
+                     "release shows, beside the accounted one")
+  u.add_argument("--config", help="YAML file of config keys (see README)")
+  u.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys: one or more KEY=VALUE")
+  u.add_argument("--canaries", type=_positive_int, default=100,
+                 help="canary clients inserted (default 100; below num_clients)")
+  u.add_argument("--held-out", type=_positive_int, default=None,
+                 help="canary directions held out (default: as many as inserted)")
+  u.add_argument("--bootstrap", type=_positive_int, default=1000,
+                 help="bootstrap resamples of the interval (default 1000)")
+  u.add_argument("--out", help="the audited run's folder (new or empty)")
+  u.add_argument("--no-progress", action="store_true", help="no progress bar")
+  u.set_defaults(func=_audit)
 
   f = sub.add_parser("profile", help="trace N compiled rounds with jax.profiler and print "
                      "the operations that took the most time")

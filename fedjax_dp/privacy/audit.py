@@ -1,0 +1,155 @@
+"""Empirical privacy audit with canary clients (one-shot, Andrew et al. 2023).
+
+`audit_canaries` = K of the clients (drawn from the data seed, apart from every
+other draw) are canaries: whenever one takes part, its upload, before the DP
+mechanism's clip and noise, is clip_norm * c_i, with c_i a fixed random unit
+direction of its own (a normal vector from fold_in(canary key, id), normalised).
+The mechanism then treats it as any upload. K more directions, never inserted
+(ids num_clients, num_clients + 1, ...), are held out.
+
+After training, each direction's cosine with the final model's change
+Delta = theta_T - theta_0 is the test statistic. If the release were perfectly
+private, inserted and held-out cosines would be alike; the audit fits a normal to
+each set (N(mu_in, s_in), N(mu_out, s_out)) and reports the epsilon at which
+these two distributions are (epsilon, delta)-indistinguishable, with a bootstrap
+confidence interval over the canaries. For the Gaussian mechanism with every
+client in every round and a plain server step this is the accounted epsilon
+itself (mu_in - mu_out over s is sqrt(T) / z); sampling, other clients'
+updates and releasing only the final model make it smaller. It is an estimate,
+not a proof: an estimate above the accounted epsilon beyond its interval says
+the accountant charged less than the mechanism released.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from scipy.stats import norm
+
+CANARY_DRAW = 2**20 + 3     # folded into the data seed: which clients are canaries
+CANARY_KEY = 2**20 + 4      # and their directions
+
+
+def canary_clients(num_clients: int, count: int, seed: int) -> np.ndarray:
+  """bool [num_clients]: the `count` canary clients, by a seeded permutation."""
+  perm = np.random.default_rng([seed, CANARY_DRAW]).permutation(num_clients)
+  out = np.zeros(num_clients, bool)
+  out[perm[:count]] = True
+  return out
+
+
+def canary_key(seed: int) -> jax.Array:
+  """The directions' key: public (the data seed's), never the run key."""
+  return jax.random.fold_in(jax.random.PRNGKey(seed), CANARY_KEY)
+
+
+def directions(key: jax.Array, ids: jax.Array, d: int) -> jax.Array:
+  """[len(ids), d] unit vectors, row i from fold_in(key, ids[i])."""
+  def one(i):
+    v = jax.random.normal(jax.random.fold_in(key, i), (d,), jnp.float32)
+    return v / jnp.linalg.norm(v)
+  return jax.vmap(one)(ids)
+
+
+def make_canary_stage(num_clients: int, count: int, seed: int):
+  """The round's stage: (uploads [m, ...], ids [m], clip_norm) -> uploads with each
+  canary's replaced by clip_norm * its direction; None without canaries."""
+  if count <= 0:
+    return None
+  table = jnp.asarray(canary_clients(num_clients, count, seed))
+  key = canary_key(seed)
+
+  def apply(uploads, ids, clip_norm):
+    flat = jax.vmap(lambda u: ravel_pytree(u)[0])(uploads)                  # [m, d]
+    unravel = ravel_pytree(jax.tree.map(lambda a: a[0], uploads))[1]
+    sent = clip_norm * directions(key, ids, flat.shape[1])
+    flat = jnp.where(table[ids][:, None], sent.astype(flat.dtype), flat)
+    return jax.vmap(unravel)(flat)
+  return apply
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def gaussians_delta(eps: float, mu1: float, s1: float, mu0: float, s0: float) -> float:
+  """delta(eps) = sup_A P(A) - e^eps Q(A) for P = N(mu1, s1^2), Q = N(mu0, s0^2):
+  A = {log p - log q > eps} is where a quadratic is positive, so the sup is exact
+  through normal CDFs."""
+  a = 1 / (2 * s0 ** 2) - 1 / (2 * s1 ** 2)
+  b = mu1 / s1 ** 2 - mu0 / s0 ** 2
+  c = -mu1 ** 2 / (2 * s1 ** 2) + mu0 ** 2 / (2 * s0 ** 2) + math.log(s0 / s1) - eps
+  P = lambda lo, hi: norm.cdf(hi, mu1, s1) - norm.cdf(lo, mu1, s1)
+  Q = lambda lo, hi: norm.cdf(hi, mu0, s0) - norm.cdf(lo, mu0, s0)
+  if abs(a) < 1e-12 * max(abs(b), 1e-300):      # equal variances: a half-line
+    if b == 0:
+      return max(0.0, 1.0 - math.exp(eps)) if c > 0 else 0.0
+    r = -c / b
+    lo, hi = (r, math.inf) if b > 0 else (-math.inf, r)
+    return max(0.0, P(lo, hi) - math.exp(eps) * Q(lo, hi))
+  disc = b * b - 4 * a * c
+  if disc <= 0:
+    return max(0.0, 1.0 - math.exp(eps)) if a > 0 else 0.0
+  r1, r2 = sorted(((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)))
+  if a < 0:
+    return max(0.0, P(r1, r2) - math.exp(eps) * Q(r1, r2))
+  p = P(-math.inf, r1) + P(r2, math.inf)
+  q = Q(-math.inf, r1) + Q(r2, math.inf)
+  return max(0.0, p - math.exp(eps) * q)
+
+
+def gaussians_epsilon(mu1: float, s1: float, mu0: float, s0: float, delta: float,
+                      hi: float = 200.0) -> float:
+  """The smallest epsilon at which N(mu1, s1^2) and N(mu0, s0^2) are (epsilon,
+  delta)-indistinguishable, both ways (bisection; delta(eps) falls with eps)."""
+  def eps_one_way(m1, t1, m0, t0):
+    if gaussians_delta(0.0, m1, t1, m0, t0) <= delta:
+      return 0.0
+    lo, up = 0.0, hi
+    if gaussians_delta(up, m1, t1, m0, t0) > delta:
+      return math.inf
+    for _ in range(100):
+      mid = (lo + up) / 2
+      lo, up = (mid, up) if gaussians_delta(mid, m1, t1, m0, t0) > delta else (lo, mid)
+    return up
+  return max(eps_one_way(mu1, s1, mu0, s0), eps_one_way(mu0, s0, mu1, s1))
+
+
+def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float,
+             bootstrap: int = 1000, seed: int = 0) -> dict:
+  """The one-shot estimate from the two sets of cosines, and its 95 % bootstrap
+  interval (canaries resampled with replacement within each set).
+
+  The two normals share the pooled standard deviation: under the Gaussian
+  mechanism they have one (the noise's projection), and fitting two lets a few
+  percent of sampling error in the spreads put heavy weight on one tail, which
+  at delta = 1e-5 raised the estimate from 11.1 to 15.0 where the mechanism's
+  exact epsilon was 11.5 (the README's audit)."""
+  def eps(a, b):
+    s = math.sqrt((np.var(a, ddof=1) * (len(a) - 1) + np.var(b, ddof=1) * (len(b) - 1))
+                  / (len(a) + len(b) - 2))
+    return gaussians_epsilon(float(np.mean(a)), s, float(np.mean(b)), s, delta)
+  rng = np.random.default_rng(seed)
+  boots = [eps(rng.choice(inserted, len(inserted)), rng.choice(held_out, len(held_out)))
+           for _ in range(bootstrap)]
+  lo, hi = np.percentile(boots, [2.5, 97.5])
+  return {"empirical_epsilon": eps(inserted, held_out), "ci95": [float(lo), float(hi)],
+          "mu_inserted": float(np.mean(inserted)), "sd_inserted": float(np.std(inserted, ddof=1)),
+          "mu_held_out": float(np.mean(held_out)), "sd_held_out": float(np.std(held_out, ddof=1)),
+          "delta": delta, "bootstrap": bootstrap}
+
+
+def cosines(delta_params, num_clients: int, count: int, held_out: int, seed: int):
+  """(inserted, held-out) cosines of the model change with the canary directions."""
+  flat = np.asarray(ravel_pytree(delta_params)[0], np.float64)
+  ids_in = np.flatnonzero(canary_clients(num_clients, count, seed))
+  ids_out = num_clients + np.arange(held_out)
+  key = canary_key(seed)
+  d = flat.shape[0]
+  unit = flat / max(np.linalg.norm(flat), 1e-300)
+  cos = lambda ids: np.asarray(directions(key, jnp.asarray(ids, jnp.int32), d),
+                               np.float64) @ unit
+  return cos(ids_in), cos(ids_out)
