@@ -83,12 +83,14 @@ def test_malicious_clients_drawn_each_round_or_once():
   assert np.all(many > 0.1) and abs(many.mean() - frac) < 1e-9
 
 
+@pytest.mark.parametrize("devices", [1, 2])
 @pytest.mark.parametrize("kind", ["alie", "ipm"])
-def test_a_round_averages_the_colluders_upload_with_the_honest_ones(kind):
+def test_a_round_averages_the_colluders_upload_with_the_honest_ones(kind, devices):
   """One round, weighted mean: the honest clients' deltas (computed outside the
-  round) and the malicious ones' common upload, by numpy."""
+  round) and the malicious ones' common upload, by numpy; on 2 devices the
+  statistics are still the whole cohort's (an audit found them per device)."""
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
-  sim = toy_simulation(x, y, parts, hidden=[6], byzantine_fraction=0.3,
+  sim = toy_simulation(x, y, parts, devices=devices, hidden=[6], byzantine_fraction=0.3,
                        byzantine_attack=kind,
                        **({"byzantine_scale": 2.0} if kind == "ipm" else {}))
   s0 = sim.init_state()

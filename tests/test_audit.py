@@ -30,6 +30,26 @@ def test_equal_variances_are_gaussian_dp(mu):
         max(gdp_delta(eps, mu), 0.0), abs=1e-12)
 
 
+@pytest.mark.parametrize("mu,eps", [(4.0, 24.38), (5.0, 33.10), (6.0, 42.84)])
+def test_large_epsilons_keep_their_tails(mu, eps):
+  """1 - cdf cancelled Q's upper tail to 0 and overstated these by up to 0.75
+  (an audit's finding): the exact mu-GDP epsilon at delta 1e-5."""
+  got = audit.gaussians_epsilon(mu, 1.0, 0.0, 1.0, 1e-5)
+  assert got == pytest.approx(eps, abs=0.01)
+  assert gdp_delta(got, mu) == pytest.approx(1e-5, rel=1e-4)
+
+
+def test_the_estimate_needs_canaries_and_copes_with_no_spread():
+  with pytest.raises(ValueError, match="at least 10 inserted and held-out"):
+    audit.estimate(np.ones(3), np.zeros(3), 1e-5)
+  # identical cosines within each set: every resample has no spread
+  r = audit.estimate(np.full(12, 0.1), np.zeros(12), 1e-5, bootstrap=20)
+  assert r["empirical_epsilon"] == math.inf and r["ci95"] == [math.inf, math.inf]
+  rng = np.random.default_rng(0)
+  r = audit.estimate(rng.normal(0, 1, 50), rng.normal(0, 1, 50), 1e-5, bootstrap=50)
+  assert 0 <= r["ci95"][0] <= r["empirical_epsilon"] <= r["ci95"][1] < 3
+
+
 @pytest.mark.parametrize("z", [0.5, 1.0, 2.0])
 def test_the_gaussian_mechanisms_epsilon_is_dp_accountings(z):
   """N(1, z^2) against N(0, z^2) is one Gaussian mechanism of sensitivity 1."""
@@ -131,7 +151,9 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   again = cli("--set", *keys, "--canaries", "20", "--out", str(tmp_path / "a"))
   assert again.returncode == 2 and "is not empty" in again.stderr
   nodp = cli("--set", *keys[:-2], "--canaries", "20", "--out", str(tmp_path / "b"))
-  assert nodp.returncode == 2 and "dp 'none' has no guarantee to audit" in nodp.stderr
+  assert nodp.returncode == 2 and "dp 'none' has no differential-privacy" in nodp.stderr
+  few = cli("--set", *keys, "--canaries", "5", "--out", str(tmp_path / "d"))
+  assert few.returncode == 2 and "at least 10 of each" in few.stderr
   many = cli("--set", *keys, "--canaries", "40", "--out", str(tmp_path / "c"))
   assert many.returncode == 2 and "'audit_canaries' = 40: must be below num_clients" in (
       many.stderr)

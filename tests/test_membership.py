@@ -46,6 +46,12 @@ def test_balanced_sets_and_the_dp_bound():
   assert membership.dp_tpr_bound(1.0, 1e-5) == pytest.approx(math.e * 0.01 + 1e-5)
   assert membership.dp_tpr_bound(10.0, 1e-5) == 1.0
   assert membership.dp_tpr_bound(None, None) is None
+  # Poisson sampling's add/remove of whole clients: an example is two steps away
+  assert membership.dp_tpr_bound(1.0, 1e-5, steps=2) == pytest.approx(
+      math.e ** 2 * 0.01 + (1 + math.e) * 1e-5)
+  assert membership.membership_steps("add/remove one client (Poisson sampling; ...)") == 2
+  assert membership.membership_steps("replace one client (fixed-size cohorts; ...)") == 1
+  assert membership.membership_steps(None) == 1
 
 
 def test_example_losses_are_each_examples_cross_entropy():

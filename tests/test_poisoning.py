@@ -126,6 +126,23 @@ def test_the_server_clips_every_received_upload():
   assert int(np.sum(stats.flagged)) == int(np.sum(norms > 0.05)) > 0
 
 
+def test_defenses_and_audits_combine_only_where_they_are_sound():
+  from fedjax_dp.compression.pipeline import kept_noise_draw
+  kept = dict(s_local=0.5, kept_noise="multiplier", final_clip_l2=1.0)
+  assert kept_noise_draw(make_config(kept)) == "aggregate"
+  # the server clips each upload: the kept noise must be each client's own
+  assert kept_noise_draw(make_config({**kept, "server_clip_l2": 1.0})) == "client"
+  with pytest.raises(ConfigError, match="'kept_noise_draw' = 'aggregate' with server_clip_l2"):
+    make_config({**kept, "server_clip_l2": 1.0, "kept_noise_draw": "aggregate"})
+  for key, value in (("server_clip_l2", 1.0), ("audit_canaries", 2)):
+    with pytest.raises(ConfigError, match=f"'{key}' = .* with algorithm 'solo'"):
+      make_config({"algorithm": "solo", key: value, "dp": "local", "noise_multiplier": 1.0})
+  with pytest.raises(ConfigError, match="'byzantine_attack' = 'backdoor' with algorithm 'solo'"):
+    make_config({"algorithm": "solo", "byzantine_fraction": 0.2, "byzantine_attack": "backdoor"})
+  with pytest.raises(ConfigError, match="'audit_canaries' = 2 is read by nothing.*dp 'central'"):
+    make_config({"audit_canaries": 2})
+
+
 def test_data_attacks_refuse_what_they_cannot_do():
   with pytest.raises(ConfigError, match="'attack_target_class' = 10: dataset 'digits' has 10"):
     setup(make_config({**BACKDOOR, "attack_target_class": 10}))

@@ -41,12 +41,19 @@ def problem():
 
 
 def test_the_round_and_evaluation_are_float32_by_default(problem):
-  sim = toy_simulation(*problem)
-  assert set(precisions(round_text(sim))) == {"HIGHEST"}
-  x = jnp.zeros((1, 4, problem[0].shape[1]))
-  text = jax.jit(sim.evaluate).lower(sim.init_state().params, x, jnp.zeros((1, 4), jnp.int32),
-                                     jnp.ones((1, 4), bool)).as_text()
-  assert set(precisions(text)) == {"HIGHEST"}
+  """Even where the surrounding default is TF32 (JAX's on a GPU; the tests set
+  float32 globally, conftest.py), the simulation's own programs are float32."""
+  with jax.default_matmul_precision("tensorfloat32"):
+    sim = toy_simulation(*problem)
+    assert set(precisions(round_text(sim))) == {"HIGHEST"}
+    x = jnp.zeros((1, 4, problem[0].shape[1]))
+    text = jax.jit(sim.evaluate).lower(sim.init_state().params, x,
+                                       jnp.zeros((1, 4), jnp.int32),
+                                       jnp.ones((1, 4), bool)).as_text()
+    assert set(precisions(text)) == {"HIGHEST"}
+    # and an unannotated product here is what the context says: the check can fail
+    text = jax.jit(lambda a: a @ a).lower(jnp.ones((2, 2))).as_text()
+    assert precisions(text) == ["HIGH"]
 
 
 def test_tensorfloat32_relaxes_training_but_not_aggregation(problem):

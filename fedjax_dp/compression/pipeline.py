@@ -234,7 +234,8 @@ def paper_noise_on_kept(epsilon: float, delta: float, clip: float, sparsity: flo
 def aggregate_noise_var(weights: jax.Array, noise_std: jax.Array, sent: jax.Array) -> jax.Array:
   """Per-coordinate variance [d] of sum_i w_i n_i, n_ic ~ N(0, noise_std_i^2) where
   sent_ic: sum_i w_i^2 noise_std_i^2 sent_ic. weights, noise_std [m]; sent [m, d] bool."""
-  return jnp.tensordot(jnp.square(weights * noise_std), sent.astype(jnp.float32), 1)
+  return jnp.tensordot(jnp.square(weights * noise_std), sent.astype(jnp.float32), 1,
+                       precision=jax.lax.Precision.HIGHEST)
 
 
 def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
@@ -313,7 +314,9 @@ def kept_noise_draw(cfg) -> str:
   Byzantine clients (who send something else); else 'client'."""
   if cfg.kept_noise_draw != "auto":
     return cfg.kept_noise_draw
-  linear = cfg.dp == "none" and cfg.aggregator == "mean" and cfg.byzantine_fraction == 0
+  # the server's norm bound and an audit's canaries change uploads after the pipeline
+  linear = (cfg.dp == "none" and cfg.aggregator == "mean" and cfg.byzantine_fraction == 0
+            and cfg.server_clip_l2 is None and cfg.audit_canaries == 0)
   return "aggregate" if linear else "client"
 
 

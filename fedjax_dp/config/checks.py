@@ -136,6 +136,8 @@ _SETUP_KEYS_READ = {
     "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
         "alie", "label_flip", "targeted"), "byzantine_fraction > 0 and byzantine_attack "
         "'sign_flip', 'scaled', 'gaussian', 'ipm' or 'backdoor'"),
+    "audit_canaries": (lambda c: c.dp != "none", "dp 'central' or 'local' (an audit checks "
+                       "a guarantee)"),
     "byzantine_draw": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
         "label_flip", "targeted", "backdoor"), "byzantine_fraction > 0 and an attack on the "
         "uploads (the data attacks poison fixed clients' data before round 1)"),
@@ -252,6 +254,19 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
                       f"{cfg.num_clients} clients that is no malicious client (floor of "
                       f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
+  if cfg.server_clip_l2 is not None and cfg.kept_noise != "none" and \
+      cfg.kept_noise_draw == "aggregate":
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with server_clip_l2 "
+                      f"{cfg.server_clip_l2:g}: the server clips each upload, so the noise "
+                      "must be drawn per client (use 'client' or 'auto')")
+  if cfg.algorithm == "solo" and (cfg.server_clip_l2 is not None or cfg.audit_canaries or (
+      cfg.byzantine_fraction > 0 and cfg.byzantine_attack in ("label_flip", "targeted",
+                                                              "backdoor"))):
+    key = ("server_clip_l2" if cfg.server_clip_l2 is not None else
+           "audit_canaries" if cfg.audit_canaries else "byzantine_attack")
+    raise ConfigError(f"config key {key!r} = {getattr(cfg, key)!r} with algorithm 'solo': "
+                      "SOLO trains no global model, so nothing aggregates, audits or "
+                      "measures it")
   if cfg.byzantine_fraction > 0 and cfg.kept_noise != "none" and \
       cfg.kept_noise_draw == "aggregate":
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "

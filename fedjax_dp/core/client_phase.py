@@ -105,7 +105,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
                                                          noise_scales, client_noise_factor)
     nonfinite = nonfinite | clip_nonfinite
   if stages.byzantine is not None:
-    deltas = stages.byzantine(deltas, cohort_ids, cohort_mask, round_key)
+    deltas = stages.byzantine(deltas, cohort_ids, cohort_mask, round_key, sum_over_devices)
   bounded = jnp.zeros((), jnp.int32)
   if stages.server_clip is not None:   # what the server received, the attackers' included
     deltas, norms = jax.vmap(lambda u: clipping.l2_clip(u, stages.server_clip))(deltas)

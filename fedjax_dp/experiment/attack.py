@@ -38,7 +38,7 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, data
   report = membership.loss_threshold_attack(
       sim.model.apply, params, ds.x_train, ds.y_train, ds.x_test, ds.y_test,
       examples=examples, seed=seed, epsilon=privacy.get("epsilon"),
-      delta=privacy.get("delta"))
+      delta=privacy.get("delta"), neighbouring=privacy.get("neighbouring"))
   return {"run": os.path.abspath(run_dir), "dp": cfg.dp, **report,
           "epsilon_accountant": privacy.get("epsilon_accountant")}
 
@@ -61,7 +61,10 @@ def format_report(report: dict) -> str:
            f"  AUC               {report['auc']:.4f}",
            f"  TPR at 1 % FPR    {report['tpr_at_1pct_fpr']:.4f}   " + (
                f"(at most {bound:.4f} under the run's epsilon {eps:.3g}, "
-               f"{report['epsilon_accountant']})" if bound is not None else
+               f"{report['epsilon_accountant']}"
+               + (", as a group of 2 clients: Poisson sampling's add/remove relation"
+                  if report["dp_bound_steps"] == 2 else "") + ")"
+               if bound is not None else
                "(no DP guarantee bounds it)"),
            f"  mean loss         members {report['member_loss_mean']:.4f}, non-members "
            f"{report['nonmember_loss_mean']:.4f}"]

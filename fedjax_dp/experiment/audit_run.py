@@ -42,13 +42,16 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   from fedjax_dp.privacy import audit as audit_lib
   from fedjax_dp.config.schema import data_seed
   values = config.to_dict() if isinstance(config, Config) else dict(config)
+  if make_config(values).dp == "none":
+    raise RunError("fedjax-dp audit: dp 'none' has no differential-privacy mechanism whose "
+                   "guarantee canaries can check (set dp central or local)")
+  held_out = canaries if held_out is None else held_out
+  if min(canaries, held_out) < audit_lib.MIN_CANARIES:
+    raise RunError(f"fedjax-dp audit: --canaries {canaries} and --held-out {held_out}: at "
+                   f"least {audit_lib.MIN_CANARIES} of each")
   cfg = make_config({**values, "audit_canaries": canaries})
-  if cfg.dp == "none":
-    raise RunError("fedjax-dp audit: dp 'none' has no guarantee to audit (set dp central or "
-                   "local)")
   if cfg.algorithm == "solo":
     raise RunError("fedjax-dp audit: algorithm 'solo' releases no global model")
-  held_out = canaries if held_out is None else held_out
   callbacks = [] if _noise_factor is None else [_undercharge(_noise_factor)]
   fedjax_dp.run(cfg, out=out, log=log, progress=progress, callbacks=callbacks)
   theta0 = setup(cfg)[2].init_state().params

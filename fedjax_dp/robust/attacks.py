@@ -35,7 +35,7 @@ ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm")
 DRAWS = ("fixed", "round")
 COLLUDING = ("alie", "ipm")    # they read the honest uploads' statistics
 Z_CAP_P = 0.999                # ALIE's z at most Phi^-1(0.999)
-MALICIOUS_DRAW = 2**20 + 1  # folded into the run seed, apart from the round keys
+MALICIOUS_DRAW = 2**20 + 1  # folded into the data seed, apart from the round keys
 
 
 def malicious_clients(num_clients: int, fraction: float, seed: int) -> np.ndarray:
@@ -83,30 +83,34 @@ def attack(u: jax.Array, key: jax.Array, kind: str, scale: float,
   raise ValueError(f"byzantine attack {kind!r}: allowed are {', '.join(ATTACKS)}")
 
 
-def honest_statistics(flat: jax.Array, honest: jax.Array):
-  """(mean [d], std [d]) over the rows of flat [m, d] where honest [m]; zeros if none."""
-  w = honest.astype(flat.dtype)
-  n = jnp.maximum(jnp.sum(w), 1.0)
+def honest_statistics(flat: jax.Array, honest: jax.Array, total: Callable = lambda t: t):
+  """(mean [d], std [d]) over the rows of flat [m, d] where honest [m]; zeros if none.
+  `total`: the sum over the devices of a value summed over this device's rows
+  (placement.executor.sum_over_devices inside the round; identity on one slice)."""
+  n = jnp.maximum(total(jnp.sum(honest.astype(flat.dtype))), 1.0)
   rows = jnp.where(honest[:, None], flat, 0.0)      # an absent slot may hold garbage
-  mean = jnp.sum(rows, axis=0) / n
-  var = jnp.sum(jnp.where(honest[:, None], jnp.square(flat - mean), 0.0), axis=0) / n
+  mean = total(jnp.sum(rows, axis=0)) / n
+  var = total(jnp.sum(jnp.where(honest[:, None], jnp.square(flat - mean), 0.0), axis=0)) / n
   return mean, jnp.sqrt(var)
 
 
 def replace_uploads(uploads, malicious: jax.Array, client_ids: jax.Array, key: jax.Array,
-                    kind: str, scale: float, mask: jax.Array | None = None):
+                    kind: str, scale: float, mask: jax.Array | None = None,
+                    total: Callable = lambda t: t):
   """The cohort's uploads (leaves [m, ...]) with each malicious participant's
   (`malicious` [m] bool, participants only) replaced by its attack, drawn from
   fold_in(key, id). `mask` [m]: the participants (None: every slot); the colluding
-  attacks read the honest ones, mask & ~malicious."""
+  attacks read the honest ones, mask & ~malicious, of the whole cohort: `total`
+  sums a count or a row sum over the devices that hold the rest of it."""
   from jax.flatten_util import ravel_pytree
   flat = jax.vmap(lambda u: ravel_pytree(u)[0])(uploads)                # [m, d]
   unravel = ravel_pytree(jax.tree.map(lambda a: a[0], uploads))[1]
   stats = {}
   if kind in COLLUDING:
     mask = jnp.ones(malicious.shape, bool) if mask is None else mask
-    stats["honest_mean"], stats["honest_std"] = honest_statistics(flat, mask & ~malicious)
-    stats["z"] = alie_z(jnp.sum(mask), jnp.sum(malicious & mask))
+    stats["honest_mean"], stats["honest_std"] = honest_statistics(flat, mask & ~malicious, total)
+    stats["z"] = alie_z(total(jnp.sum(mask, dtype=jnp.int32)),
+                        total(jnp.sum(malicious & mask, dtype=jnp.int32)))
 
   def one(u, is_bad, cid):
     return jnp.where(is_bad, attack(u, jax.random.fold_in(key, cid), kind, scale, **stats), u)
@@ -133,9 +137,9 @@ def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scal
   fixed = malicious_clients(num_clients, fraction, seed)
   count = malicious_count(num_clients, fraction)
 
-  def apply(uploads, ids, mask, round_key):
+  def apply(uploads, ids, mask, round_key, total=lambda t: t):
     table = (jnp.asarray(fixed) if draw == "fixed" else
              malicious_this_round(num_clients, count, jax.random.fold_in(round_key, draw_tag)))
     return replace_uploads(uploads, table[ids] & mask, ids, jax.random.fold_in(round_key, tag),
-                           kind, scale, mask)
+                           kind, scale, mask, total)
   return apply
