@@ -20,7 +20,8 @@ and its agreement with that reference checked in the same run:
   weighted_mean       [m, d] over m clients: broadcast-and-sum and tensordot (the round's)
   robust rules        [m, d]: coordinate median, trimmed mean (0.1), Krum (f = m/10),
                       Multi-Krum, outlier-switched median, clustered mean,
-                      centred clipping (3 steps), geometric median (4 Weiszfeld steps)
+                      centred clipping (3 steps), geometric median (4 Weiszfeld steps),
+                      gradient filtering (filtered mean: cosine 0, z 3.5)
 
 Sizes: d (parameters) 2e4 / 2e5 / 2e6 ('small' / 'medium' / 'large'; the FMNIST
 MLP has 2e5); the client-axis kernels (weighted mean, robust rules) take m x d =
@@ -215,6 +216,8 @@ def robust_cases(m, d):
                                           lambda: reference.krum(u, f, m // 2), 1e-5),
       "outlier median (z 3.5)": (lambda u, m_, w_: ra.median_if_outliers(u, m_, w_)[0],
                                  lambda: reference.median_if_outliers(u, w, 3.5), 1e-5),
+      "filtered mean (cos 0, z 3.5)": (lambda u, m_, w_: ra.filtered_mean(u, m_, w_, 0.0, 3.5)[0],
+                                       lambda: reference.filtered_mean(u, w, 0.0, 3.5)[0], 1e-5),
       "clustered mean (cos > 0.5)": (lambda u, m_, w_: ra.clustered_mean(u, m_, w_, 0.5)[0],
                                      lambda: reference.clustered_mean(u, w, 0.5)[0], 1e-4),
       "centered clip (3 steps)": (

@@ -86,6 +86,21 @@ def median_if_outliers(p, w, z: float):
   return weighted_sum(w, p) / w.sum()
 
 
+def filtered_mean(p, w, cos_min: float, z: float):
+  """Gradient filtering: drop a row whose cosine with the coordinate-wise median is
+  below cos_min or whose norm's robust z-score is above z; the weighted mean of
+  the rest (the median if none is left). Returns (aggregate, number dropped)."""
+  p, w = np.asarray(p, np.float64), np.asarray(w, np.float64)
+  med = coordinate_median(p)
+  norm = np.linalg.norm(p, axis=1)
+  cos = p @ med / np.maximum(norm * np.linalg.norm(med), 1e-30)
+  mad = np.median(np.abs(norm - np.median(norm)))
+  drop = (cos < cos_min) | ((norm - np.median(norm)) / max(1.4826 * mad, 1e-30) > z)
+  if drop.all():
+    return med, int(drop.sum())
+  return weighted_sum(w[~drop], p[~drop]) / w[~drop].sum(), int(drop.sum())
+
+
 def components(p, threshold: float):
   """Labels of the connected components of 'cosine similarity > threshold' (a label:
   the smallest index in its component)."""

@@ -151,6 +151,30 @@ def median_if_outliers(u: jax.Array, mask: jax.Array, w: jax.Array, z: float = 3
   return agg, jnp.sum(flags, dtype=jnp.int32)
 
 
+def filter_flags(u: jax.Array, mask: jax.Array, cos_min: float, z: float) -> jax.Array:
+  """[m] bool: participants whose update points away from the coordinate-wise
+  median (cosine with it below cos_min) or whose norm is an outlier (robust
+  z-score of the norms, median and 1.4826 MAD, above z)."""
+  med = coordinate_median(u, mask)
+  norm = jnp.sqrt(jnp.sum(u * u, axis=1))
+  cos = jnp.matmul(u, med, precision=EXACT) / jnp.maximum(
+      norm * jnp.sqrt(jnp.sum(med * med)), 1e-30)
+  norm_med = coordinate_median(norm[:, None], mask)[0]
+  mad = coordinate_median(jnp.abs(norm - norm_med)[:, None], mask)[0]
+  score = (norm - norm_med) / jnp.maximum(1.4826 * mad, 1e-30)
+  return mask & ((cos < cos_min) | (score > z))
+
+
+def filtered_mean(u: jax.Array, mask: jax.Array, w: jax.Array, cos_min: float, z: float):
+  """Gradient filtering: the weighted mean of the participants `filter_flags`
+  keeps (the coordinate-wise median if it keeps none). Returns (aggregate [d],
+  number dropped)."""
+  flags = filter_flags(u, mask, cos_min, z)
+  kept = mask & ~flags
+  agg = jnp.where(jnp.any(kept), weighted_mean(u, kept, w), coordinate_median(u, mask))
+  return agg, jnp.sum(flags, dtype=jnp.int32)
+
+
 def cosine_clusters(u: jax.Array, mask: jax.Array, threshold: float) -> jax.Array:
   """[m] int32 cluster labels: the connected components of the graph joining
   participants whose updates have cosine similarity > threshold; a label is

@@ -152,6 +152,37 @@ def test_cosine_clusters_and_clustered_mean_against_numpy():
   np.testing.assert_allclose(agg, want, rtol=1e-5, atol=1e-6)
 
 
+def np_filtered_mean(u, w, cos_min, z):
+  """Gradient filtering by its definition, in float64: (aggregate, dropped)."""
+  u = u.astype(np.float64)
+  med = np.median(u, 0)
+  norm = np.linalg.norm(u, axis=1)
+  cos = u @ med / (norm * np.linalg.norm(med))
+  mad = np.median(np.abs(norm - np.median(norm)))
+  drop = (cos < cos_min) | ((norm - np.median(norm)) / max(1.4826 * mad, 1e-30) > z)
+  if drop.all():
+    return med, int(drop.sum())
+  return np.average(u[~drop], axis=0, weights=w[~drop]), int(drop.sum())
+
+
+def test_gradient_filtering_drops_the_backward_and_the_huge_updates():
+  rng = np.random.default_rng(4)
+  honest = rng.normal(1.0, 0.3, size=(8, 40))
+  u = np.concatenate([honest, -2 * honest[:1], 30 * honest[1:2], np.full((1, 40), np.nan)])
+  u = u.astype(np.float32)
+  mask = np.r_[np.ones(10, bool), False]
+  w = rng.uniform(1, 4, size=11).astype(np.float32)
+  agg, dropped = ra.filtered_mean(np.nan_to_num(u), mask, w, 0.0, 3.5)
+  want, n_drop = np_filtered_mean(u[:10], w[:10], 0.0, 3.5)
+  assert int(dropped) == n_drop == 2
+  np.testing.assert_allclose(np.asarray(agg), want, rtol=1e-5)
+  np.testing.assert_allclose(want, np.average(honest, axis=0, weights=w[:8]), rtol=1e-6)
+  # nothing kept (a threshold no update meets): the median
+  agg, dropped = ra.filtered_mean(np.nan_to_num(u), mask, w, 1.1, 3.5)
+  assert int(dropped) == 10
+  np.testing.assert_allclose(np.asarray(agg), np.median(u[:10], 0), rtol=1e-6)
+
+
 def _own_options(aggregator, **options):
   """The options among `options` that `aggregator` reads (a key no stage reads is refused)."""
   from fedjax_dp.robust import get_aggregator
@@ -159,13 +190,13 @@ def _own_options(aggregator, **options):
 
 
 @pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
-                                        "outlier_median", "cluster"])
+                                        "outlier_median", "cluster", "filtered_mean"])
 def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
   """One round on 2 devices equals the numpy rule applied to the per-client deltas."""
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12))
   sim = toy_simulation(x, y, parts, hidden=[6], devices=2, aggregator=aggregator,
                        **_own_options(aggregator, trim_fraction=0.2, byzantine_f=1,
-                                      cluster_threshold=0.3))
+                                      cluster_threshold=0.3, filter_cosine=0.5))
   s0 = sim.init_state()
   deltas = np.stack([flat(d) for d in round_zero_deltas(sim, s0)])
   p0 = flat(s0.params)
@@ -179,6 +210,9 @@ def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
     want = deltas[np.argmin(np_krum_scores(deltas, 1))]
   elif aggregator == "multi_krum":
     want = deltas[np.argsort(np_krum_scores(deltas, 1))[:5]].mean(0)
+  elif aggregator == "filtered_mean":
+    want, dropped = np_filtered_mean(deltas, n, 0.5, 3.5)
+    assert int(stats.flagged[0]) == dropped
   elif aggregator == "outlier_median":
     want = (n[:, None] * deltas).sum(0) / n.sum() if int(stats.flagged[0]) == 0 \
         else np.median(deltas, 0)

@@ -34,6 +34,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "kept_noise_multiplier", "kept_noise_draw", "ldp_epsilon", "ldp_delta", "shuffle"),
     "aggregation and Byzantine clients": (
         "aggregator", "trim_fraction", "byzantine_f", "multi_krum_m", "outlier_z",
+        "filter_cosine",
         "cluster_threshold", "cluster_noise", "geomed_iters", "geomed_eps", "cclip_tau",
         "cclip_iters", "byzantine_fraction", "byzantine_attack", "byzantine_scale",
         "byzantine_draw", "attack_source_class", "attack_target_class", "backdoor_fraction",
@@ -129,7 +130,10 @@ MEANINGS: dict[str, str] = {
     "trim_fraction": "fraction trimmed at each end",
     "byzantine_f": "the number of Byzantine clients assumed",
     "multi_krum_m": "updates averaged (0: cohort - f)",
-    "outlier_z": "robust z-score above which the median is used",
+    "outlier_z": "robust z-score above which an update is an outlier (outlier_median: of its "
+                 "distance to the median; filtered_mean: of its norm)",
+    "filter_cosine": "filtered_mean: an update whose cosine with the coordinate-wise median is "
+                     "below this is dropped",
     "cluster_threshold": "cosine similarity that joins two updates",
     "cluster_noise": "cluster with local DP: equalize gives each cluster a median cluster's "
                      "noise",

@@ -92,6 +92,7 @@ class Config:
   byzantine_f: int = 0
   multi_krum_m: int = 0
   outlier_z: float = 3.5
+  filter_cosine: float = 0.0
   cluster_threshold: float = 0.5
   cluster_noise: str = "uniform"
   geomed_iters: int = 4
@@ -214,6 +215,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "byzantine_f": (0, None, True, True),
     "multi_krum_m": (0, None, True, True),
     "outlier_z": (0, None, False, True),
+    "filter_cosine": (-1, 1, True, True),
     "cluster_threshold": (-1, 1, True, False),
     "geomed_iters": (0, None, True, True),
     "geomed_eps": (0, None, False, True),

@@ -62,8 +62,8 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
                 # the local terms' and the aggregation rules' (algorithms/, robust/)
                 "prox_mu", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
                 "contrastive_tau", "moon_mu", "moon_tau", "admm_rho", "feddyn_alpha",
-                "trim_fraction", "outlier_z", "cclip_tau", "cclip_iters", "geomed_eps",
-                "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m",
+                "trim_fraction", "outlier_z", "filter_cosine", "cclip_tau", "cclip_iters",
+                "geomed_eps", "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m",
                 # the upload stages' (compression/pipeline.py)
                 "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier")
 

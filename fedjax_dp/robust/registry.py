@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fedjax_dp.robust import (centered_clip, cluster, geometric_median, krum, mean, median,
-                              outlier_median, trimmed_mean)
+from fedjax_dp.robust import (centered_clip, cluster, filtered_mean, geometric_median, krum,
+                              mean, median, outlier_median, trimmed_mean)
 from fedjax_dp.robust.base import Aggregator
 
 AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
@@ -16,6 +16,7 @@ AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
     cluster.AGGREGATOR,
     geometric_median.AGGREGATOR,
     centered_clip.AGGREGATOR,
+    filtered_mean.AGGREGATOR,
 )}
 
 
