@@ -116,3 +116,8 @@ def test_config_refuses_what_the_attack_does_not_read():
     make_config({"byzantine_fraction": 0.2, "byzantine_attack": "lie"})
   make_config({"byzantine_fraction": 0.2, "byzantine_attack": "ipm", "byzantine_scale": 0.1,
                "byzantine_draw": "round"})
+  with pytest.raises(ConfigError, match="'byzantine_attack' = 'alie' with dp 'central'"):
+    make_config({"byzantine_fraction": 0.2, "byzantine_attack": "alie", "dp": "central",
+                 "noise_multiplier": 1.0})
+  make_config({"byzantine_fraction": 0.2, "byzantine_attack": "alie", "dp": "local",
+               "noise_multiplier": 1.0})
