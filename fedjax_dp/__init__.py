@@ -19,6 +19,8 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
   attack_mia(run_dir, examples=, seed=, data=, model=)
                           membership inference (loss threshold) on a run's model: accuracy,
                           AUC, TPR at 1 % FPR beside the bound the run's epsilon allows
+  attack_attribute(run_dir, feature=, examples=, seed=, data=, model=)
+                          attribute inference of a sensitive tabular column on a run's model
   audit(config, out=, canaries=, held_out=, bootstrap=)
                           a run with canary clients and the one-shot empirical epsilon
                           (with its 95 % interval) beside the accounted one
@@ -54,7 +56,8 @@ _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Co
           "make_config": "config", "compare": "experiment.compare",
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model",
-          "attack_mia": "experiment.attack", "audit": "experiment.audit_run"}
+          "attack_mia": "experiment.attack",
+          "attack_attribute": "experiment.attack", "audit": "experiment.audit_run"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

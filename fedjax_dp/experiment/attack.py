@@ -43,6 +43,65 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, data
           "epsilon_accountant": privacy.get("epsilon_accountant")}
 
 
+def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int | None = None,
+                     seed: int = 0, data=None, model=None) -> dict:
+  """Attribute inference (privacy/attribute.py) on the model a run saved: one
+  sensitive column of tabular data, `feature` by name (default: the data's first
+  sensitive column with at most 10 values, else its first)."""
+  from fedjax_dp.experiment.final_model import load_params
+  from fedjax_dp.experiment.run_folder import saved_config
+  from fedjax_dp.experiment.setup import setup
+  from fedjax_dp.privacy import attribute
+  cfg = saved_config(os.path.join(run_dir, "config.json"))
+  if cfg.algorithm == "solo":
+    raise RunError(f"{run_dir}: algorithm 'solo' trains no global model to attack")
+  if cfg.dataset == "custom" and data is None:
+    raise RunError(f"{run_dir} trained on data of your own: pass it again, "
+                   "attack_attribute(run_dir, data=...)")
+  params = load_params(run_dir)
+  ds, _, sim = setup(cfg, data, model=model)
+  if ds.x_train.ndim != 2 or ds.num_classes < 2:
+    raise RunError(f"{run_dir}: attribute inference reads a column of tabular data under a "
+                   f"classifier; dataset {ds.name!r} has inputs {ds.input_shape}")
+  j = _feature_index(run_dir, ds, feature)
+  report = attribute.attribute_attack(sim.model.apply, params, ds.x_train, ds.y_train,
+                                      ds.x_test, ds.y_test, j, examples=examples, seed=seed)
+  privacy = _reported_privacy(run_dir)
+  return {"run": os.path.abspath(run_dir), "dp": cfg.dp, "feature": ds.feature_names[j],
+          **report, "epsilon": privacy.get("epsilon"),
+          "epsilon_accountant": privacy.get("epsilon_accountant")}
+
+
+def _feature_index(run_dir: str, ds, feature: str | None) -> int:
+  import numpy as np
+  names = list(ds.feature_names)
+  if feature is not None:
+    if feature not in names:
+      shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+      raise RunError(f"--feature {feature!r}: dataset {ds.name!r} has no such column "
+                     f"(its columns: {shown})")
+    return names.index(feature)
+  if ds.sensitive is None or not np.any(ds.sensitive):
+    raise RunError(f"{run_dir}: dataset {ds.name!r} marks no sensitive column; name one "
+                   "with --feature")
+  cols = np.flatnonzero(ds.sensitive)
+  few = [j for j in cols if len(np.unique(ds.x_train[:, j])) <= 10]
+  return int(few[0] if few else cols[0])
+
+
+def format_attribute(report: dict) -> str:
+  what = ("quantile bins" if report["binned"] else "values")
+  eps = report["epsilon"]
+  return "\n".join([
+      f"attribute inference of {report['feature']!r} ({len(report['candidates'])} {what}): "
+      f"{report['members']} members and {report['nonmembers']} non-members",
+      f"  guessed right     members {report['members_success']:.4f}, non-members "
+      f"{report['nonmembers_success']:.4f}",
+      f"  baseline          {report['baseline_success']:.4f} (always the most common value)",
+      f"  run's epsilon     {eps:.3g} ({report['epsilon_accountant']})" if eps is not None
+      else "  run's epsilon     none (no DP guarantee)"])
+
+
 def _reported_privacy(run_dir: str) -> dict:
   try:
     with open(os.path.join(run_dir, "summary.json")) as f:

@@ -175,8 +175,13 @@ def _attack(args) -> int:
       raise RunError(f"--json {args.json}: the file exists; name a new one")
   if not os.path.isdir(args.run):
     raise RunError(f"--run {args.run}: no such folder")
-  report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed)
-  print(attack.format_report(report))
+  if args.attack == "mia":
+    report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed)
+    print(attack.format_report(report))
+  else:
+    report = attack.attack_attribute(args.run, feature=args.feature, examples=args.examples,
+                                     seed=args.seed)
+    print(attack.format_attribute(report))
   if args.json:
     reporting.write_text_atomic(args.json, json.dumps(report, indent=2) + "\n")
     print(f"report: {os.path.abspath(args.json)}")
@@ -374,6 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
   mia.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
   mia.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
   mia.set_defaults(func=_attack)
+  att = kinds.add_parser("attribute", help="attribute inference: guess a sensitive column of "
+                         "tabular data from the model's loss on the true label")
+  att.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  att.add_argument("--feature", metavar="NAME", help="the column (default: the data's first "
+                   "sensitive column with at most 10 values)")
+  att.add_argument("--examples", type=_positive_int, default=None,
+                   help="members (and non-members) at most; default: the test set's size")
+  att.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
+  att.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
+  att.set_defaults(func=_attack)
 
   u = sub.add_parser("audit", help="run with canary clients and estimate the epsilon the "
                      "release shows, beside the accounted one")
