@@ -65,6 +65,27 @@ def test_example_losses_are_each_examples_cross_entropy():
                              rtol=1e-6)
 
 
+def test_attack_features_are_loss_confidence_and_entropy():
+  w = {"w": np.array([[1.0, -1.0, 0.0], [0.5, 0.5, 2.0]], np.float32)}
+  apply = lambda p, x: x @ p["w"]
+  x = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0]], np.float32)
+  y = np.array([0, 2, 1], np.int32)
+  logits = (x @ w["w"]).astype(np.float64)
+  p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+  want = np.stack([-np.log(p[np.arange(3), y]), p.max(1), -(p * np.log(p)).sum(1)], 1)
+  np.testing.assert_allclose(membership.attack_features(apply, w, x, y), want, rtol=1e-5)
+
+
+def test_shadow_epochs_visit_each_example_as_the_run_did():
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment.attack import shadow_epochs
+  assert shadow_epochs(make_config({"rounds": 20, "num_clients": 10, "clients_per_round": 5,
+                                    "local_epochs": 2})) == 20
+  assert shadow_epochs(make_config({"rounds": 500, "local_epochs": 2})) == 100
+  assert shadow_epochs(make_config({"rounds": 1, "num_clients": 100,
+                                    "clients_per_round": 1})) == 1
+
+
 OVERFIT = dict(dataset="synthetic", synthetic_examples=600, synthetic_features=100,
                synthetic_classes=10, num_clients=4, clients_per_round=4, local_epochs=10,
                rounds=20, eval_every=20, hidden=[256, 256], lr=0.1)
@@ -79,8 +100,13 @@ def test_the_attack_beats_chance_on_an_overfit_model_and_dp_brings_it_down(tmp_p
                                            "clip_norm": 1.0})):
     fedjax_dp.run({**OVERFIT, **extra}, out=str(tmp_path / name), progress=False,
                   log=lambda m: None)
-    out[name] = fedjax_dp.attack_mia(str(tmp_path / name))
+    out[name] = fedjax_dp.attack_mia(str(tmp_path / name), shadows=2)
   assert out["plain"]["accuracy"] > 0.8 and out["plain"]["auc"] > 0.8
+  # the shadow models' attack, whose threshold never saw the target's membership
+  # (measured 0.87 with 4 shadows): near the oracle threshold's, and down under DP
+  shadow = out["plain"]["shadow"]
+  assert shadow["accuracy_at_attack_threshold"] > 0.75 and shadow["auc"] > 0.8
+  assert out["dp"]["shadow"]["auc"] < shadow["auc"] - 0.2
   assert out["dp"]["accuracy"] < out["plain"]["accuracy"] - 0.2
   assert out["dp"]["epsilon"] is not None and out["plain"]["epsilon"] is None
   assert out["dp"]["tpr_at_1pct_fpr"] <= out["dp"]["dp_bound_tpr_at_1pct_fpr"]
@@ -104,5 +130,7 @@ def test_cli_attacks_a_run_and_refuses_bad_input(tmp_path):
   again = cli("mia", "--run", str(run), "--json", str(tmp_path / "m.json"))
   assert again.returncode == 2 and again.stderr.strip().endswith(
       "the file exists; name a new one")
+  negative = cli("mia", "--run", str(run), "--shadows", "-1")
+  assert negative.returncode == 2 and "allowed are whole numbers >= 0" in negative.stderr
   missing = cli("mia", "--run", str(tmp_path / "nope"))
   assert missing.returncode == 2 and "no such folder" in missing.stderr

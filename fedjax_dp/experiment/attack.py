@@ -15,10 +15,21 @@ import os
 from fedjax_dp.experiment.errors import RunError
 
 
-def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, data=None,
-               model=None) -> dict:
+SHADOW_EPOCHS_MAX = 100
+
+
+def shadow_epochs(cfg) -> int:
+  """Central epochs that visit each example as often as the run did on average:
+  rounds x (participation rate) x local_epochs, at least 1, at most 100."""
+  rate = cfg.clients_per_round / cfg.num_clients
+  return int(min(SHADOW_EPOCHS_MAX, max(1, round(cfg.rounds * rate * cfg.local_epochs))))
+
+
+def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shadows: int = 0,
+               data=None, model=None) -> dict:
   """The loss-threshold membership-inference attack (privacy/membership.py) on the
-  model a run saved; the report also names the run and its reported guarantee."""
+  model a run saved, and with `shadows` > 0 the shadow-model attack beside it
+  (under 'shadow'); the report also names the run and its reported guarantee."""
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.setup import setup
@@ -39,6 +50,11 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, data
       sim.model.apply, params, ds.x_train, ds.y_train, ds.x_test, ds.y_test,
       examples=examples, seed=seed, epsilon=privacy.get("epsilon"),
       delta=privacy.get("delta"), neighbouring=privacy.get("neighbouring"))
+  if shadows:
+    report["shadow"] = membership.shadow_attack(
+        sim.model, params, ds.x_train, ds.y_train, ds.x_test, ds.y_test, shadows=shadows,
+        epochs=shadow_epochs(cfg), batch=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
+        examples=examples, seed=seed)
   return {"run": os.path.abspath(run_dir), "dp": cfg.dp, **report,
           "epsilon_accountant": privacy.get("epsilon_accountant")}
 
@@ -127,4 +143,12 @@ def format_report(report: dict) -> str:
                "(no DP guarantee bounds it)"),
            f"  mean loss         members {report['member_loss_mean']:.4f}, non-members "
            f"{report['nonmember_loss_mean']:.4f}"]
+  if "shadow" in report:
+    s = report["shadow"]
+    lines += [f"shadow models: {s['shadows']} trained centrally for {s['shadow_epochs']} "
+              "epochs on halves of the training examples outside the evaluated set",
+              f"  attack accuracy   {s['accuracy_at_attack_threshold']:.4f}   (at the attack "
+              f"model's own threshold; best threshold {s['best_threshold_accuracy']:.4f})",
+              f"  AUC               {s['auc']:.4f}",
+              f"  TPR at 1 % FPR    {s['tpr_at_1pct_fpr']:.4f}"]
   return "\n".join(lines)

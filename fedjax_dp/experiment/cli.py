@@ -176,7 +176,8 @@ def _attack(args) -> int:
   if not os.path.isdir(args.run):
     raise RunError(f"--run {args.run}: no such folder")
   if args.attack == "mia":
-    report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed)
+    report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed,
+                               shadows=args.shadows)
     print(attack.format_report(report))
   else:
     report = attack.attack_attribute(args.run, feature=args.feature, examples=args.examples,
@@ -291,6 +292,17 @@ def _config(args) -> int:
   return 0
 
 
+def _nonnegative_int(text: str) -> int:
+  """argparse type: a whole number >= 0."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = -1
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 0")
+  return value
+
+
 def _positive_int(text: str) -> int:
   """argparse type: a whole number >= 1 (a bad value is argparse's one-line error)."""
   try:
@@ -377,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
   mia.add_argument("--examples", type=_positive_int, default=None,
                    help="members (and non-members) at most; default: the test set's size")
   mia.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
+  mia.add_argument("--shadows", type=_nonnegative_int, default=0,
+                   help="also the shadow-model attack with this many shadow models (default 0: "
+                   "the loss threshold alone)")
   mia.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
   mia.set_defaults(func=_attack)
   att = kinds.add_parser("attribute", help="attribute inference: guess a sensitive column of "

@@ -115,3 +115,90 @@ def loss_threshold_attack(apply_fn, params, x_train, y_train, x_test, y_test, *,
           "dp_bound_tpr_at_1pct_fpr": dp_tpr_bound(epsilon, delta,
                                                    steps=membership_steps(neighbouring)),
           "dp_bound_steps": membership_steps(neighbouring)}
+
+
+# ------------------------------------------------------------ the shadow-model attack
+
+
+def train_shadow(model, x: np.ndarray, y: np.ndarray, *, epochs: int, batch: int, lr: float,
+                 momentum: float, seed: int):
+  """A shadow model: `model` trained from a fresh initialisation on (x, y) by plain
+  minibatch SGD, centrally (the target's recipe without federation)."""
+  key = jax.random.PRNGKey(seed)
+  params = model.init(jax.random.fold_in(key, 0))
+  opt = optax.sgd(lr, momentum=momentum or None)
+  n = len(x) - len(x) % batch or len(x)
+  steps = n // min(batch, n)
+  b = n // steps
+
+  @jax.jit
+  @jax.default_matmul_precision("float32")
+  def epoch(carry, k, xs, ys):
+    p, s = carry
+    order = jax.random.permutation(k, len(x))[:steps * b].reshape(steps, b)
+
+    def step(c, idx):
+      p, s = c
+      g = jax.grad(lambda q: jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+          model.apply(q, xs[idx]), ys[idx])))(p)
+      u, s = opt.update(g, s, p)
+      return (optax.apply_updates(p, u), s), None
+    return jax.lax.scan(step, (p, s), order)[0]
+  xs, ys = jnp.asarray(x), jnp.asarray(y)
+  carry = (params, opt.init(params))
+  for e in range(epochs):
+    carry = epoch(carry, jax.random.fold_in(key, e + 1), xs, ys)
+  return carry[0]
+
+
+def attack_features(apply_fn, params, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+  """[n, 3] what Shokri et al.'s attack model reads, label-aware: the loss on the
+  true label, the largest predicted probability, the prediction's entropy."""
+  @jax.jit
+  @jax.default_matmul_precision("float32")
+  def feats(xb, yb):
+    logits = apply_fn(params, xb)
+    logp = jax.nn.log_softmax(logits)
+    p = jnp.exp(logp)
+    loss = -jnp.take_along_axis(logp, yb[:, None], axis=1)[:, 0]
+    return jnp.stack([loss, jnp.max(p, 1), -jnp.sum(p * logp, 1)], axis=1)
+  return np.concatenate([np.asarray(feats(jnp.asarray(x[i:i + 1000]), jnp.asarray(y[i:i + 1000])))
+                         for i in range(0, len(x), 1000)])
+
+
+def shadow_attack(model, params, x_train, y_train, x_test, y_test, *, shadows: int = 4,
+                  epochs: int, batch: int, lr: float, momentum: float,
+                  examples: int | None = None, seed: int = 0) -> dict:
+  """Shokri et al. 2017's attack: `shadows` models trained on halves of a shadow
+  pool (the training examples not in the evaluated member set: same distribution,
+  in or out of each shadow known), a logistic-regression attack model fitted on
+  their in / out features (`attack_features`), then applied to the target's
+  balanced member / non-member set. Its accuracy is at the attack model's own
+  threshold (0.5), fitted without the target's membership labels; AUC and TPR at
+  1 % FPR as `roc_figures`."""
+  from sklearn.linear_model import LogisticRegression
+  mem, non = balanced_sets(len(x_train), len(x_test), examples, seed)
+  pool = np.setdiff1d(np.arange(len(x_train)), mem)
+  if len(pool) < 20:
+    raise ValueError(f"a shadow pool of {len(pool)} examples: the training split has too few "
+                     "beyond the evaluated members (pass fewer examples)")
+  rng = np.random.default_rng([seed, 1])
+  feats, labels = [], []
+  for s in range(shadows):
+    inside = rng.random(len(pool)) < 0.5
+    shadow = train_shadow(model, x_train[pool[inside]], y_train[pool[inside]], epochs=epochs,
+                          batch=batch, lr=lr, momentum=momentum, seed=seed * 1000 + s + 1)
+    feats.append(attack_features(model.apply, shadow, x_train[pool], y_train[pool]))
+    labels.append(inside)
+  X, Y = np.concatenate(feats), np.concatenate(labels)
+  scale = X.std(0) + 1e-12
+  clf = LogisticRegression(max_iter=1000).fit(X / scale, Y)
+  score = lambda x, y: clf.decision_function(attack_features(model.apply, params, x, y) / scale)
+  s_in, s_out = score(x_train[mem], y_train[mem]), score(x_test[non], y_test[non])
+  figures = roc_figures(s_in, s_out)
+  return {"attack": "shadow_model", "shadows": shadows, "shadow_epochs": epochs,
+          "members": int(len(mem)), "nonmembers": int(len(non)),
+          "accuracy_at_attack_threshold": float(((s_in > 0).mean() + (s_out <= 0).mean()) / 2),
+          "best_threshold_accuracy": figures["accuracy"], "auc": figures["auc"],
+          "tpr_at_1pct_fpr": figures["tpr_at_1pct_fpr"],
+          "shadow_fit_accuracy": float(clf.score(X / scale, Y))}
