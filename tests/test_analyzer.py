@@ -126,6 +126,7 @@ def _same_arrays(a, b):
     assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_the_trained_network_is_cached_on_disk_and_loads_bit_for_bit(tmp_path, monkeypatch):
   """A second process (the in-process memo cleared) loads what the first trained:
   the same bits as training again; a damaged file is trained again and replaced; a

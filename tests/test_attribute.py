@@ -52,6 +52,7 @@ def cli(*args):
   return subprocess.run([exe, "attack", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_cli_attacks_a_healthcare_run_and_refuses_what_it_cannot(tmp_path):
   run = tmp_path / "hc"
   fedjax_dp.run({"dataset": "healthcare", "healthcare_examples": 400, "rounds": 2,

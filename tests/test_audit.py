@@ -138,6 +138,7 @@ def cli(*args):
   return subprocess.run([exe, "audit", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   keys = ["dataset=synthetic", "synthetic_examples=400", "num_clients=40",
           "clients_per_round=40", "rounds=1", "eval_every=1", "hidden=[8]", "dp=central",

@@ -141,6 +141,7 @@ def test_config_lists_every_key_with_default_allowed_and_meaning():
   assert rows["s_local"].split()[1:4] == ["0", "(topksdp:", "0.9)"]
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_config_show_names_what_reads_a_key_and_refuses_an_unknown_one():
   done = _fedjax_dp("config", "--show", "prox_mu", "noise_multiplier")
   assert done.returncode == 0, done

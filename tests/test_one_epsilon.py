@@ -36,6 +36,7 @@ def dp_accounting_pld(q, z, steps, delta):
   return acc.get_epsilon(delta)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_central_pld_rows_summary_and_last_line_show_one_epsilon(tmp_path):
   line, rows, summary, _ = run(tmp_path, "dp=central", "sampling=poisson",
                                "noise_multiplier=1.0", "accountant=pld")

@@ -97,6 +97,7 @@ def backdoor_runs(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_an_undefended_backdoor_succeeds_and_norm_bounding_lowers_it(backdoor_runs):
   """Digits, 4 of 20 clients boosting (x10) a backdoor on half their examples:
   measured 99.7 % attack success undefended, 69 % with the server's norm bound."""

@@ -40,6 +40,7 @@ def oracle(events, q, delta=1e-5, pld=True):
   return acc.get_epsilon(delta)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_resume_with_more_rounds_calibrates_only_the_rounds_to_come(tmp_path):
   # finding 2: the PLD report re-derived every round at the new multiplier (2.68 for 3.25)
   first = run(tmp_path / "r", rounds=4, target_epsilon=8.0)["privacy"]
@@ -54,6 +55,7 @@ def test_resume_with_more_rounds_calibrates_only_the_rounds_to_come(tmp_path):
   assert second["epsilon"] <= 8.0 and not second["stopped_by_budget"]
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_extending_a_spent_calibrated_run_warns_that_the_rounds_to_come_are_noise(tmp_path):
   run(tmp_path / "r", rounds=4, target_epsilon=8.0)
   said = []

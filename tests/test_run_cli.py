@@ -302,6 +302,7 @@ def _sigint_as_at_a_terminal():
     signal.signal(signal.SIGINT, outer)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_ctrl_c_says_interrupted_in_one_line_and_the_run_resumes(tmp_path):
   out = str(tmp_path / "int")
   with _sigint_as_at_a_terminal():

@@ -113,6 +113,7 @@ def read_csv(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_vmapped_replicas_match_the_standalone_runs_and_stop_on_their_own_budgets(tmp_path):
   # replica_batch 4: four runs in one vmapped program; their noise, lr and seeds are
   # their own (metrics as the standalone runs' up to float rounding, privacy exactly),
@@ -261,6 +262,7 @@ def fedjax_dp_cli(*args, cwd=None):
   return subprocess.run([exe, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_cli_runs_a_sweep_file_and_prints_each_settings_figures(tmp_path):
   import yaml
   path = tmp_path / "sweep.yaml"

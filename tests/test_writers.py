@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from fedjax_dp.experiment import writers
 
@@ -50,6 +51,7 @@ def tensorboard_scalars(out) -> dict:
   return found
 
 
+@pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_csv_and_tensorboard_hold_the_rows_also_across_a_resume(tmp_path):
   out = str(tmp_path / "run")
   done = fedjax_dp("run", "--no-progress", "--out", out, "--set", *FAST, "rounds=4",
