@@ -18,6 +18,23 @@ from fedjax_dp.experiment.errors import RunError
 SHADOW_EPOCHS_MAX = 100
 
 
+def _load_run(run_dir: str, data, model, caller: str):
+  """(config, trained parameters, dataset, simulation) of a finished run, its data
+  rebuilt from its config (or `data`, for a run on data of your own)."""
+  from fedjax_dp.experiment.final_model import load_params
+  from fedjax_dp.experiment.run_folder import saved_config
+  from fedjax_dp.experiment.setup import setup
+  cfg = saved_config(os.path.join(run_dir, "config.json"))
+  if cfg.algorithm == "solo":
+    raise RunError(f"{run_dir}: algorithm 'solo' trains no global model to attack")
+  if cfg.dataset == "custom" and data is None:
+    raise RunError(f"{run_dir} trained on data of your own: pass it again, "
+                   f"{caller}(run_dir, data=...)")
+  params = load_params(run_dir)
+  ds, _, sim = setup(cfg, data, model=model)
+  return cfg, params, ds, sim
+
+
 def shadow_epochs(cfg) -> int:
   """Central epochs that visit each example as often as the run did on average:
   rounds x (participation rate) x local_epochs, at least 1, at most 100."""
@@ -30,18 +47,8 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shad
   """The loss-threshold membership-inference attack (privacy/membership.py) on the
   model a run saved, and with `shadows` > 0 the shadow-model attack beside it
   (under 'shadow'); the report also names the run and its reported guarantee."""
-  from fedjax_dp.experiment.final_model import load_params
-  from fedjax_dp.experiment.run_folder import saved_config
-  from fedjax_dp.experiment.setup import setup
   from fedjax_dp.privacy import membership
-  cfg = saved_config(os.path.join(run_dir, "config.json"))
-  if cfg.algorithm == "solo":
-    raise RunError(f"{run_dir}: algorithm 'solo' trains no global model to attack")
-  if cfg.dataset == "custom" and data is None:
-    raise RunError(f"{run_dir} trained on data of your own: pass it again, "
-                   "attack_mia(run_dir, data=...)")
-  params = load_params(run_dir)
-  ds, _, sim = setup(cfg, data, model=model)
+  cfg, params, ds, sim = _load_run(run_dir, data, model, "attack_mia")
   if ds.num_classes < 2:
     raise RunError(f"{run_dir}: the loss-threshold attack reads a classifier's "
                    "cross-entropy, and this run's targets are real values")
@@ -64,18 +71,8 @@ def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int 
   """Attribute inference (privacy/attribute.py) on the model a run saved: one
   sensitive column of tabular data, `feature` by name (default: the data's first
   sensitive column with at most 10 values, else its first)."""
-  from fedjax_dp.experiment.final_model import load_params
-  from fedjax_dp.experiment.run_folder import saved_config
-  from fedjax_dp.experiment.setup import setup
   from fedjax_dp.privacy import attribute
-  cfg = saved_config(os.path.join(run_dir, "config.json"))
-  if cfg.algorithm == "solo":
-    raise RunError(f"{run_dir}: algorithm 'solo' trains no global model to attack")
-  if cfg.dataset == "custom" and data is None:
-    raise RunError(f"{run_dir} trained on data of your own: pass it again, "
-                   "attack_attribute(run_dir, data=...)")
-  params = load_params(run_dir)
-  ds, _, sim = setup(cfg, data, model=model)
+  cfg, params, ds, sim = _load_run(run_dir, data, model, "attack_attribute")
   if ds.x_train.ndim != 2 or ds.num_classes < 2:
     raise RunError(f"{run_dir}: attribute inference reads a column of tabular data under a "
                    f"classifier; dataset {ds.name!r} has inputs {ds.input_shape}")

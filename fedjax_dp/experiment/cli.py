@@ -292,6 +292,24 @@ def _config(args) -> int:
   return 0
 
 
+def _config_args(parser) -> None:
+  """--config and --set, as every command that builds a config takes them."""
+  parser.add_argument("--config", help="YAML file of config keys (see README)")
+  parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                      help="override config keys: one or more KEY=VALUE")
+
+
+def _attack_args(parser) -> None:
+  """What every `fedjax-dp attack` kind takes: the run, the examples, the report."""
+  parser.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  parser.add_argument("--examples", type=_positive_int, default=None,
+                      help="members (and non-members) at most; default: the test set's size")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="which examples are drawn (default 0)")
+  parser.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
+  parser.set_defaults(func=_attack)
+
+
 def _nonnegative_int(text: str) -> int:
   """argparse type: a whole number >= 0."""
   try:
@@ -385,31 +403,19 @@ def build_parser() -> argparse.ArgumentParser:
   kinds = a.add_subparsers(dest="attack", required=True, parser_class=OneLineParser)
   mia = kinds.add_parser("mia", help="membership inference (loss threshold) on a balanced set "
                          "of training (member) and test (non-member) examples")
-  mia.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
-  mia.add_argument("--examples", type=_positive_int, default=None,
-                   help="members (and non-members) at most; default: the test set's size")
-  mia.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
+  _attack_args(mia)
   mia.add_argument("--shadows", type=_nonnegative_int, default=0,
                    help="also the shadow-model attack with this many shadow models (default 0: "
                    "the loss threshold alone)")
-  mia.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
-  mia.set_defaults(func=_attack)
   att = kinds.add_parser("attribute", help="attribute inference: guess a sensitive column of "
                          "tabular data from the model's loss on the true label")
-  att.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  _attack_args(att)
   att.add_argument("--feature", metavar="NAME", help="the column (default: the data's first "
                    "sensitive column with at most 10 values)")
-  att.add_argument("--examples", type=_positive_int, default=None,
-                   help="members (and non-members) at most; default: the test set's size")
-  att.add_argument("--seed", type=int, default=0, help="which examples are drawn (default 0)")
-  att.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
-  att.set_defaults(func=_attack)
 
   u = sub.add_parser("audit", help="run with canary clients and estimate the epsilon the "
                      "release shows, beside the accounted one")
-  u.add_argument("--config", help="YAML file of config keys (see README)")
-  u.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                 help="override config keys: one or more KEY=VALUE")
+  _config_args(u)
   u.add_argument("--canaries", type=_positive_int, default=100,
                  help="canary clients inserted (default 100; below num_clients)")
   u.add_argument("--held-out", type=_positive_int, default=None,
@@ -422,9 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   f = sub.add_parser("profile", help="trace N compiled rounds with jax.profiler and print "
                      "the operations that took the most time")
-  f.add_argument("--config", help="YAML file of config keys (see README)")
-  f.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                 help="override config keys: one or more KEY=VALUE")
+  _config_args(f)
   f.add_argument("--rounds", type=_positive_int, default=5,
                  help="rounds in the traced chunk (default 5)")
   f.add_argument("--top", type=_positive_int, default=20, help="operations printed (default 20)")
