@@ -23,14 +23,17 @@ participants (a traced value). The robust rules expect finite uploads:
                        of two participants' updates > t"
 
 Each has a plain numpy reference in tests/test_robust_aggregation.py. Sorting
-along the client axis is what costs: XLA's CPU sort is slow, so these are for
-the robust set-ups, and FedAvg keeps its tensordot (kernels/weighted_mean.py).
+along the client axis is what costs: XLA's CPU comparison sort is slow, so up to
+1024 participant slots the columns are sorted by a bitonic network of
+elementwise min / max (`sort_columns`), and FedAvg keeps its tensordot
+(kernels/weighted_mean.py).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dp.kernels.weighted_mean import EXACT
 
@@ -53,17 +56,55 @@ def weighted_mean(u: jax.Array, mask: jax.Array, w: jax.Array) -> jax.Array:
   return jnp.tensordot(w, u, 1, precision=EXACT) / jnp.maximum(jnp.sum(w), 1e-30)
 
 
+SORT_NETWORK_MAX = 1024   # slots up to which sort_columns uses the network
+
+
+def sort_columns(x: jax.Array) -> jax.Array:
+  """x [m, d] with every column in ascending order (no NaN in x).
+
+  Up to SORT_NETWORK_MAX rows: Batcher's bitonic network over the rows padded
+  with +inf to a power of two p, log2(p) (log2(p) + 1) / 2 stages of
+  compare-exchange, each an elementwise min and max over [p, d] with static row
+  pairs. On 2 CPU cores it took 0.047 s for [60, 79510] where jnp.sort along
+  the rows took 0.40 s (7-15x for 12 to 1000 rows). It returns the same values
+  as jnp.sort; only the order of -0.0 and +0.0, which compare equal, may differ.
+  """
+  m, d = x.shape
+  if m > SORT_NETWORK_MAX:
+    return jnp.sort(x, axis=0)
+  p = 1 << max(m - 1, 1).bit_length()
+  x = jnp.concatenate([x, jnp.full((p - m, d), jnp.inf, x.dtype)])
+  rows = np.arange(p)
+  k = 2
+  while k <= p:            # merge runs of length k ...
+    j = k // 2
+    while j >= 1:          # ... by exchanges at distance j
+      partner = rows ^ j
+      ascending = (rows & k) == 0
+      keep_min = np.where(rows < partner, ascending, ~ascending)
+      a, b = x, x[partner]
+      x = jnp.where(keep_min[:, None], jnp.minimum(a, b), jnp.maximum(a, b))
+      j //= 2
+    k *= 2
+  return x[:m]
+
+
 def _sorted_participants(u: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Per coordinate, the participants' values in ascending order, then +inf: ([m, d], n)."""
   n = jnp.sum(mask, dtype=jnp.int32)
-  return jnp.sort(jnp.where(mask[:, None], u, jnp.inf), axis=0), n
+  return sort_columns(jnp.where(mask[:, None], u, jnp.inf)), n
 
 
 def coordinate_median(u: jax.Array, mask: jax.Array, w: jax.Array | None = None) -> jax.Array:
   s, n = _sorted_participants(u, mask)
   lo = jnp.maximum((n - 1) // 2, 0)
   hi = jnp.maximum(n // 2, 0)
-  med = 0.5 * (jnp.take(s, lo, axis=0) + jnp.take(s, hi, axis=0))
+  # Both middle rows in one masked sum over the rows (exactly 0.5 s_lo + 0.5 s_hi):
+  # one consumer keeps the sorting network in one fused loop. Two jnp.take of
+  # the dynamic rows cost 4-7x more on XLA:CPU (0.33 against 0.075 s at [60, 8e4]).
+  pos = jnp.arange(u.shape[0])[:, None]
+  half = jnp.where(pos == lo, 0.5, 0.0) + jnp.where(pos == hi, 0.5, 0.0)
+  med = jnp.sum(jnp.where(half > 0, s * half, 0.0), axis=0)
   return jnp.where(n > 0, med, 0.0)
 
 

@@ -33,6 +33,24 @@ def np_krum_scores(u, f):
   return np.array(out)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 12, 60, 64, 65, 130])
+def test_sort_network_equals_numpy_sort(m):
+  """The bitonic network sorts every column as numpy does: ties, infinities,
+  sizes that are and are not powers of two; above its limit jnp.sort does it."""
+  rng = np.random.default_rng(m)
+  x = rng.normal(size=(m, 37)).astype(np.float32)
+  x[:, :5] = np.round(x[:, :5])                  # ties
+  x[rng.random(x.shape) < 0.1] = np.inf          # absent slots' padding
+  x[rng.random(x.shape) < 0.05] = -np.inf
+  np.testing.assert_array_equal(np.asarray(jax.jit(ra.sort_columns)(x)), np.sort(x, axis=0))
+
+
+def test_sort_columns_above_the_network_limit(monkeypatch):
+  monkeypatch.setattr(ra, "SORT_NETWORK_MAX", 4)
+  x = np.random.default_rng(0).normal(size=(9, 6)).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(ra.sort_columns(x)), np.sort(x, axis=0))
+
+
 @pytest.mark.parametrize("absent", [(), (2, 7), (0, 1, 2)])
 def test_coordinatewise_rules_against_numpy(absent):
   u, mask, w = cohort(absent=absent)
