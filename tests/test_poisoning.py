@@ -149,8 +149,42 @@ def test_data_attacks_refuse_what_they_cannot_do():
     setup(make_config({**BACKDOOR, "attack_target_class": 10}))
   with pytest.raises(ConfigError, match="needs a target other than attack_source_class"):
     setup(make_config({**BACKDOOR, "byzantine_attack": "targeted", "attack_target_class": 1}))
-  with pytest.raises(ConfigError, match="'byzantine_draw' = 'round' is read by nothing"):
-    make_config({**BACKDOOR, "byzantine_draw": "round"})
   with pytest.raises(ConfigError, match="'backdoor_fraction' = 0.1 is read by nothing"):
     make_config({**BACKDOOR, "byzantine_attack": "label_flip", "byzantine_scale": 10.0,
                  "backdoor_fraction": 0.1})
+
+
+def test_a_data_attack_drawn_each_round_trains_the_drawn_clients_on_poisoned_data():
+  """byzantine_draw 'round' with label flipping, one round of 10 clients: the
+  weighted mean of each client's delta, on flipped labels for the 2 clients drawn
+  from the round key and on its own labels for the others, each computed outside
+  the round."""
+  import jax
+  from fedjax_dp.core.simulation import BYZANTINE_DRAW
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
+  flipped = (2 - y).astype(np.int32)
+  sim = toy_simulation(np.concatenate([x, x]), np.concatenate([y, flipped]), parts,
+                       hidden=[6], byzantine_fraction=0.2, byzantine_attack="label_flip",
+                       byzantine_draw="round")
+  s0 = sim.init_state()
+  clean = round_zero_deltas(toy_simulation(x, y, parts, hidden=[6]), s0)
+  poisoned = round_zero_deltas(toy_simulation(x, flipped, parts, hidden=[6]), s0)
+  drawn = np.asarray(attacks.malicious_this_round(
+      10, 2, jax.random.fold_in(jax.random.fold_in(s0.key, 0), BYZANTINE_DRAW)))
+  assert drawn.sum() == 2
+  deltas = np.stack([flat(p if bad else c) for c, p, bad in zip(clean, poisoned, drawn)])
+  n = np.array([len(p) for p in parts], float)
+  p0 = flat(s0.params)
+  s1, _ = sim.run_rounds(s0, 1)
+  np.testing.assert_allclose(flat(s1.params) - p0,
+                             (n[:, None] * deltas).sum(0) / n.sum(), rtol=1e-4, atol=1e-7)
+
+
+def test_setup_keeps_every_clients_poisoned_data_after_the_clean_rows_for_a_round_draw():
+  cfg = make_config({**BACKDOOR, "byzantine_attack": "label_flip", "byzantine_draw": "round"})
+  ds, parts, sim = setup(cfg)
+  n = len(ds.y_train)
+  assert sim.store.x.shape[0] == 2 * n
+  np.testing.assert_array_equal(np.asarray(sim.store.y[:n]), ds.y_train)   # ds stays clean
+  np.testing.assert_array_equal(np.asarray(sim.store.y[n:]), 9 - ds.y_train)
+  np.testing.assert_array_equal(np.asarray(sim.store.x[n:]), np.asarray(sim.store.x[:n]))

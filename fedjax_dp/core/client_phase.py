@@ -42,6 +42,7 @@ class ClientStages(NamedTuple):
   pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
   dp: DPRound                     # the mechanism; its client half where dp.per_upload
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
+  poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   server_clip: float | None       # norm bounding of every received upload (None: off)
   canary: Callable | None         # (uploads, ids, clip_norm) -> uploads (privacy/audit.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
@@ -145,6 +146,9 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
   params = jax.lax.pcast(params, "clients", to="varying")
   client_key = jax.random.fold_in(round_key, CLIENT_TRAINING)
+  cohort_rows = client_index[cohort_ids]
+  if stages.poisoned_rows is not None:
+    cohort_rows = stages.poisoned_rows(cohort_rows, cohort_ids, round_key)
   keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort_ids)
   # The plain (example- or uniformly-) weighted mean of the uploads is summed
   # inside the client loop: stacking [local, d] uploads cost a zeroed buffer,
@@ -155,7 +159,7 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
     ctx = algorithms.LocalContext(params, {}, server_state)
     loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
                                          ctx, hp=client_hp["terms"])
-    rows = client_index[cohort_ids][:, :stages.executor.width]
+    rows = cohort_rows[:, :stages.executor.width]
     res, delta_sum = one_step.train_cohort_one_step(loss_fn, params, rows, counts,
                                                     client_hp["lr"], x, y,
                                                     stages.executor.batch)
@@ -163,7 +167,7 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
     return (res, {}, (), no_flags), {"delta": delta_sum}, client_state
   one = _client_step(stages, params, client_hp, server_state, x, y,
                      jax.random.fold_in(round_key, PIPELINE))
-  args = (client_index[cohort_ids], counts, keys, cohort_mask, cohort_ids)
+  args = (cohort_rows, counts, keys, cohort_mask, cohort_ids)
   sums = None
   if fused:
     sums = {"delta": jax.tree.map(jnp.zeros_like, params)}

@@ -362,8 +362,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, inspects_uploads=inspects_uploads,
       one_step_width=width, paged=paged)
+  # a data attack drawn each round: the store holds every client's poisoned data
+  # after the clean data (experiment/setup.py), from this row on
+  poisoned_offset = store.x.shape[0] // 2
   stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
-                          byzantine, executor)
+                          byzantine, executor, poisoned_offset)
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
           if executor.resident and not paged else None)
   sample = cohort_lib.make_sampler(
@@ -404,7 +407,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
 
 def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,
                    dp: dp_round.DPRound, aggregator, byzantine,
-                   executor: Executor) -> ClientStages:
+                   executor: Executor, poisoned_offset: int) -> ClientStages:
   """The client phase's stages: the recipe's, with this config's set-up."""
   client_pipeline = recipe.client_pipeline()
   return ClientStages(
@@ -412,6 +415,9 @@ def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: loss
                         batch_size=cfg.batch_size),
       objective=recipe.objective(task.loss, cfg.momentum), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
+      poisoned_rows=attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
+                                             cfg.byzantine_attack, cfg.byzantine_draw,
+                                             poisoned_offset, BYZANTINE_DRAW),
       canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
       aggregator=None if aggregator.linear else aggregator.aggregate,
       cluster_noise=cfg.cluster_noise == "equalize",

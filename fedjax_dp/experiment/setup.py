@@ -84,14 +84,17 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
   ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
   check_targets(ds, task.target_dtype, task.name)
-  ds, attack_set = poison_data(cfg, ds, parts, task)
+  ds, attack_set, poisoned = poison_data(cfg, ds, parts, task)
   if model is None:
     model = builtin_model(cfg, ds)
   elif cfg.model != "custom":
     raise ConfigError(f"a model of your own ({model.name!r}) needs config key model 'custom' "
                       f"(it is {cfg.model!r}): fedjax_dp.run and simulate set it")
   check_model(cfg, model, task, ds)
-  store = build_store(ds.x_train, ds.y_train, parts, pad_to_multiple=cfg.batch_size,
+  x_store, y_store = ds.x_train, ds.y_train
+  if poisoned is not None:   # a round draw: the poisoned copy after the clean rows
+    x_store, y_store = (np.concatenate([a, b]) for a, b in zip((x_store, y_store), poisoned))
+  store = build_store(x_store, y_store, parts, pad_to_multiple=cfg.batch_size,
                       y_dtype=task.target_dtype)
   tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
   sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated,
@@ -104,12 +107,16 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
 
 
 def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.Task):
-  """(ds with the malicious clients' training data poisoned, the attack's test set
-  (name, x, y) or None) for a data attack (robust/poisoning.py); else (ds, None)."""
+  """(ds, the attack's test set (name, x, y), the poisoned copy) for a data attack
+  (robust/poisoning.py); else (ds, None, None). byzantine_draw 'fixed': ds holds the
+  malicious clients' data poisoned, no copy. 'round': ds stays clean, and the copy
+  (x, y) is every client's data poisoned, which the store keeps after the clean
+  rows for whichever clients the round draws (attacks.make_data_redraw): twice
+  the training data's memory."""
   from fedjax_dp.robust import attacks, poisoning
   kind = cfg.byzantine_attack
   if cfg.byzantine_fraction <= 0 or kind not in poisoning.DATA_ATTACKS:
-    return ds, None
+    return ds, None, None
   if task != losses.CLASSIFICATION or ds.num_classes < 2:
     raise ConfigError(f"config key 'byzantine_attack' = {kind!r}: data poisoning relabels "
                       "classes, and this run's task is not classification")
@@ -123,13 +130,17 @@ def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.
   if kind == "backdoor" and ds.x_train.ndim not in (2, 4):
     raise ConfigError(f"config key 'byzantine_attack' = 'backdoor' with inputs {ds.input_shape}: "
                       "the trigger is for images [H, W, C] or rows of features [F]")
-  malicious = attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg))
+  every = cfg.byzantine_draw == "round"
+  malicious = (np.ones(cfg.num_clients, bool) if every else
+               attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg)))
   x, y, _ = poisoning.poison(ds.x_train, ds.y_train, parts, malicious, kind, ds.num_classes,
                              cfg.attack_source_class, cfg.attack_target_class,
                              cfg.backdoor_fraction, data_seed(cfg))
   attack_set = poisoning.attack_test_set(kind, ds.x_train, ds.x_test, ds.y_test,
                                          cfg.attack_source_class, cfg.attack_target_class)
-  return dataclasses.replace(ds, x_train=x, y_train=y), attack_set
+  if every:
+    return ds, attack_set, (x, y)
+  return dataclasses.replace(ds, x_train=x, y_train=y), attack_set, None
 
 
 def own_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:

@@ -143,3 +143,21 @@ def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scal
     return replace_uploads(uploads, table[ids] & mask, ids, jax.random.fold_in(round_key, tag),
                            kind, scale, mask, total)
   return apply
+
+
+def make_data_redraw(num_clients: int, fraction: float, kind: str, draw: str, offset: int,
+                     draw_tag: int) -> Callable | None:
+  """A data attack under `byzantine_draw: round`: (rows [m, max_n] of example
+  indices, ids [m], round_key) -> rows, where each client malicious this round
+  (the draw of make_byzantine, from fold_in(round_key, draw_tag)) reads its
+  examples `offset` further on, in the poisoned copy of every client's data that
+  the store holds after the clean one (experiment/setup.py). None otherwise."""
+  from fedjax_dp.robust.poisoning import DATA_ATTACKS
+  if fraction <= 0 or kind not in DATA_ATTACKS or draw != "round":
+    return None
+  count = malicious_count(num_clients, fraction)
+
+  def apply(rows, ids, round_key):
+    table = malicious_this_round(num_clients, count, jax.random.fold_in(round_key, draw_tag))
+    return rows + jnp.where(table[ids], offset, 0).astype(rows.dtype)[:, None]
+  return apply

@@ -2,7 +2,10 @@
 
 The malicious clients are `attacks.malicious_clients` (drawn once from the data
 seed). Before the first round their training examples are rewritten, so the
-poison is inside the compiled round at no cost per step:
+poison is inside the compiled round at no cost per step. Under byzantine_draw
+'round' every client's examples are rewritten into a copy that the store keeps
+after the clean ones, read by the clients each round draws
+(attacks.make_data_redraw):
 
   label_flip   every label y -> C - 1 - y (C classes)
   targeted     every example of class `attack_source_class` relabelled
