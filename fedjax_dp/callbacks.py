@@ -85,7 +85,8 @@ def check_callbacks(callbacks) -> list[Callback]:
 
 # diagnostics summed between evaluations, saved in every checkpoint: their values at round 0
 DIAGNOSTICS = {"loss_sum": 0.0, "examples": 0.0, "unclipped": 0.0, "clip_seen": 0.0,
-               "flagged": 0.0, "clusters": 0.0, "agg_rounds": 0, "nonfinite": 0}
+               "flagged": 0.0, "clusters": 0.0, "agg_rounds": 0, "nonfinite": 0,
+               "bounded": 0.0}
 
 
 @dataclasses.dataclass
@@ -334,6 +335,7 @@ def metrics() -> Callback:
     d["unclipped"] += float(np.sum(stats.unclipped))
     d["clip_seen"] += float(np.sum(stats.participants))
     d["flagged"] += float(np.sum(stats.flagged))
+    d["bounded"] += float(np.sum(stats.bounded))
     d["clusters"] += float(np.sum(stats.clusters))
     d["agg_rounds"] += ctx.round - ctx.prev_round
     if ctx.test_metrics is not None:
@@ -358,7 +360,7 @@ def write_row(ctx: RunContext) -> None:
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}
             if cfg.dp != "none" else {}),
-         **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"]),
+         **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"], d["bounded"]),
          "bytes_up": participations * ctx.comm["bytes_per_client_up"],
          "bytes_down": participations * ctx.comm["bytes_per_client_down"],
          "wall_s": round(time.perf_counter() - ctx.wall0, 4)}

@@ -126,11 +126,15 @@ def test_metrics_rows_carry_what_each_rule_reports():
   # metrics.jsonl's keys come from the rule's `reports`, not from a list of names
   from fedjax_dp.config import make_config
   from fedjax_dp.experiment.metrics_row import aggregator_metrics
-  row = lambda name: aggregator_metrics(make_config({"aggregator": name}), 3.0, 8.0, 4)
+  row = lambda name, **kw: aggregator_metrics(make_config({"aggregator": name, **kw}),
+                                               3.0, 8.0, 4, 5.0)
   assert row("centered_clip") == {"flagged": 3}
   assert row("krum") == {"flagged": 3} and row("outlier_median") == {"flagged": 3}
   assert row("cluster") == {"clusters": 2.0}
   assert row("mean") == {} and row("median") == {} and row("geometric_median") == {}
+  # the server's norm bound has its own count, apart from the rule's
+  assert row("mean", server_clip_l2=1.0) == {"norm_bounded": 5}
+  assert row("krum", server_clip_l2=1.0) == {"flagged": 3, "norm_bounded": 5}
 
 
 def test_a_user_rule_marked_linear_is_refused():

@@ -132,8 +132,8 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
                                    mode=stages.dp.mode, shuffle=stages.shuffle,
                                    aggregate_noise=stages.aggregate_noise)
-  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged + bounded, clusters,
-                       client_hp["lr"])
+  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters,
+                       client_hp["lr"], bounded)
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 
 
@@ -178,7 +178,8 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   return (out[0], out[1], client_state) if fused else (out, None, client_state)
 
 
-def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr) -> RoundStats:
+def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr,
+                 bounded) -> RoundStats:
   """The round's statistics, summed over the devices."""
   mask_f = cohort_mask.astype(jnp.float32)
   # the integer counts in one all-reduce: a separate psum for the non-finite count
@@ -190,7 +191,8 @@ def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr) 
                     examples=sum_over_devices(jnp.sum(res.examples * mask_f)),
                     participants=participants, unclipped=unclipped,
                     spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
-                    event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=nonfinite)
+                    event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=nonfinite,
+                    bounded=bounded)
 
 
 def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,

@@ -69,6 +69,7 @@ class RoundStats(NamedTuple):
   lr: jax.Array            # float32 the clients' learning rate this round
   nonfinite: jax.Array     # int32 uploads with a NaN or inf, replaced by zero before the
                            # mechanism (DP or kept noise; unnoised diagnostic)
+  bounded: jax.Array       # int32 received uploads the server's norm bound clipped
 
 
 def secret_run_key() -> jax.Array:

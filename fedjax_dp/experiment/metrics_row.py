@@ -25,15 +25,20 @@ def published_participations(cfg: Config, state) -> int:
   return int(state.participations)
 
 
-def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int) -> dict:
-  """metrics.jsonl keys of the robust aggregators, over the rounds since the last
-  evaluation: `flagged` uploads (outliers detected, or left out by Krum) and the
-  mean number of `clusters` per round; those the rule `reports` (robust/)."""
+def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int,
+                       bounded: float) -> dict:
+  """metrics.jsonl keys of the defenses, over the rounds since the last evaluation:
+  `flagged` uploads (left out of the aggregate by Krum, gradient filtering or for
+  not being finite; outliers the outlier switch detected; clipped by centred
+  clipping) and the mean number of `clusters` per round, those the rule `reports`
+  (robust/); `norm_bounded`, the uploads the server's norm bound clipped."""
   from fedjax_dp import robust
   reports = robust.get_aggregator(cfg.aggregator).reports
   out = {}
-  if "flagged" in reports or cfg.server_clip_l2 is not None:
+  if "flagged" in reports:
     out["flagged"] = int(flagged)
+  if cfg.server_clip_l2 is not None:
+    out["norm_bounded"] = int(bounded)
   if "clusters" in reports:
     out["clusters"] = clusters / rounds if rounds else None
   return out
