@@ -58,3 +58,28 @@ def test_the_partition_plot_names_the_classes(tmp_path):
   assert labels == ["malignant", "benign"] and os.path.getsize(tmp_path / "p.png") > 0
   assert partition.plot_histogram(hist, str(tmp_path / "q.png")) == ["0", "1"]
   assert len(CLASS_NAMES["fmnist"]) == len(CLASS_NAMES["cifar10"]) == 10
+
+
+def test_a_data_attacks_success_gets_its_own_plot(tmp_path, monkeypatch):
+  """attack.png: the attack's metric and the main accuracy against rounds, only
+  where metrics.jsonl has an attack metric."""
+  import matplotlib.axes
+  from fedjax_dp.experiment import reporting
+  drawn = {}
+  real_plot = matplotlib.axes.Axes.plot
+
+  def spy(ax, *args, label=None, **kw):
+    drawn.setdefault(ax.figure, []).append((label, list(args[1]) if len(args) > 1 else None))
+    return real_plot(ax, *args, label=label, **kw)
+  monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+  rows = [{"round": r, "test_accuracy": 0.5 + r / 100, "test_loss": 1.0, "train_loss": 1.0,
+           "attack_success_rate": r / 10, "bytes_up": 1, "bytes_down": 1} for r in (1, 2, 3)]
+  paths = reporting.plot_metrics(rows, str(tmp_path))
+  assert str(tmp_path / "attack.png") in paths and (tmp_path / "attack.png").exists()
+  series = drawn[list(drawn)[-1]]       # the last figure made: attack.png
+  assert series == [("attack success rate", [0.1, 0.2, 0.3]),
+                    ("test accuracy (main task)", [0.51, 0.52, 0.53])]
+  clean = [{k: v for k, v in r.items() if k != "attack_success_rate"} for r in rows]
+  (tmp_path / "clean").mkdir()
+  assert not any(p.endswith("attack.png")
+                 for p in reporting.plot_metrics(clean, str(tmp_path / "clean")))

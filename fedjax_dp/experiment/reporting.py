@@ -101,10 +101,15 @@ def append_metrics(path: str, row: dict) -> None:
     f.flush()
 
 
+# a data attack's success on its test set (robust/poisoning.py), in metrics.jsonl
+ATTACK_METRICS = ("attack_success_rate", "target_misclassification")
+
+
 def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
                  target_epsilon: float | None = None) -> list[str]:
   """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
-  bytes in MB (and epsilon when accounted, with `target_epsilon` drawn) against
+  bytes in MB (and epsilon when accounted, with `target_epsilon` drawn), and under a
+  data attack its success with the main accuracy beside it (attack.png) against
   rounds, titled `title` (the run's name); a round whose figure was not finite is
   marked by a red dotted line. Returns the PNG paths."""
   import matplotlib
@@ -124,6 +129,11 @@ def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
        [("up (clients to server)", "bytes_up", mb, {"linewidth": 3, "alpha": 0.6}),
         ("down (server to clients)", "bytes_down", mb, {"linestyle": "--"})]),
   ]
+  attack = [(k.replace("_", " "), k, 1, {}) for k in ATTACK_METRICS if k in rows[0]]
+  if attack:
+    panels.append(("attack.png", "share of the test examples",
+                   attack + [("test accuracy (main task)", "test_accuracy", 1,
+                              {"linestyle": "--"})]))
   accounted = [r for r in rows if r.get("epsilon") is not None]
   if accounted:
     names = sorted({r.get("epsilon_accountant") or "rdp" for r in accounted})
