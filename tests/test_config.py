@@ -121,7 +121,8 @@ def test_experiment_configs_still_validate():
 
 # experiment YAMLs that are protocols whose arms choose the DP mechanism: alone, their
 # clip is read by nothing (the script leaves it out of its no-privacy arm: load_protocol)
-PROTOCOL_SETS = {"dynamic_dp/base.yaml": ["dp=central", "target_epsilon=1.9"]}
+PROTOCOL_SETS = {"dynamic_dp/base.yaml": ["dp=central", "target_epsilon=1.9"],
+                 "adversarial/fmnist.yaml": ["dp=central", "target_epsilon=1.9"]}
 
 
 def test_a_protocol_without_its_mechanism_is_refused_and_its_script_drops_the_clip():
