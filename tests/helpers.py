@@ -80,3 +80,14 @@ def is_sweep_file(path: str) -> bool:
     loaded = yaml.safe_load(f) or {}
   return bool(set(loaded) & set(SWEEP_KEYS) - {"config"})
 
+
+
+def experiment_script(name: str):
+  """experiments/<name>/run.py, imported as a module (its functions, no run)."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(__file__), "..", "experiments", name, "run.py")
+  spec = importlib.util.spec_from_file_location(f"{name}_run", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

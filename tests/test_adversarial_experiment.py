@@ -3,25 +3,16 @@ the central-DP arm refuses exactly what the library refuses, the tables' means
 and divergence counts by hand, and (slow) the whole script end to end."""
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.helpers import experiment_script
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-
-
-def _script():
-  spec = importlib.util.spec_from_file_location(
-      "adversarial_run", os.path.join(ROOT, "experiments", "adversarial", "run.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-RUN = _script()
+RUN = experiment_script("adversarial")
 
 
 def _args(**kw):

@@ -56,12 +56,8 @@ def test_missing_data_is_found_before_the_first_run(monkeypatch):
 
 
 def _script(name):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      f"{name}_run", os.path.join(ROOT, "experiments", name, "run.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from tests.helpers import experiment_script
+  return experiment_script(name)
 
 
 def test_the_scripts_write_outside_the_repository_one_tree_per_dataset(tmp_path, monkeypatch,

@@ -126,16 +126,13 @@ PROTOCOL_SETS = {"dynamic_dp/base.yaml": ["dp=central", "target_epsilon=1.9"],
 
 
 def test_a_protocol_without_its_mechanism_is_refused_and_its_script_drops_the_clip():
-  import importlib.util
   import os
   root = os.path.join(os.path.dirname(__file__), "..", "experiments")
   with pytest.raises(ConfigError, match="'clip_norm' = 0.1 is read by nothing in this run: it "
                      "is read with dp 'central' or 'local'"):
     load_config(os.path.join(root, "dynamic_dp", "base.yaml"))
-  spec = importlib.util.spec_from_file_location("dynamic_dp_run",
-                                                os.path.join(root, "dynamic_dp", "run.py"))
-  dynamic_dp_run = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(dynamic_dp_run)
+  from tests.helpers import experiment_script
+  dynamic_dp_run = experiment_script("dynamic_dp")
   assert dynamic_dp_run.load_protocol({}).clip_norm == Config().clip_norm
   assert dynamic_dp_run.load_protocol({"dp": "central", "target_epsilon": 1.9}).clip_norm == 0.1
 

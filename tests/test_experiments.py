@@ -44,12 +44,8 @@ def test_table2_script_writes_tables_and_reuses_runs(tmp_path):
 
 
 def _topksdp_script():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "topksdp_run", os.path.join(ROOT, "experiments", "topksdp", "run.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from tests.helpers import experiment_script
+  return experiment_script("topksdp")
 
 
 def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_path):
