@@ -120,7 +120,7 @@ def test_the_audit_passes_an_honest_accountant_and_catches_one_that_undercharges
   import fedjax_dp
   report = fedjax_dp.audit(
       {**AUDITED, "dp": dp}, out=str(tmp_path / "a"), canaries=200, bootstrap=300,
-      progress=False, log=lambda m: None, _noise_factor=factor)
+      progress=False, log=lambda m: None, undercharge=factor)
   acc = report["accounted_epsilon"]
   # local DP charges each upload as released (replace-one: sensitivity 2 clip_norm)
   assert acc == pytest.approx({"central": 11.48, "local": 28.37}[dp], abs=0.05)
@@ -158,3 +158,11 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   many = cli("--set", *keys, "--canaries", "40", "--out", str(tmp_path / "c"))
   assert many.returncode == 2 and "'audit_canaries' = 40: must be below num_clients" in (
       many.stderr)
+  bad = cli("--set", *keys, "--canaries", "20", "--undercharge", "1.5", "--out",
+            str(tmp_path / "e"))
+  assert bad.returncode == 2 and "--undercharge 1.5: a fraction in (0, 1)" in bad.stderr
+  test_mode = cli("--set", *keys, "--canaries", "20", "--bootstrap", "50", "--undercharge",
+                  "0.5", "--out", str(tmp_path / "f"), "--no-progress")
+  assert test_mode.returncode == 0, test_mode.stderr
+  assert test_mode.stdout.startswith("TEST MODE: the rounds applied 0.5 times the noise")
+  assert "undercharged_test_mode" in json.loads((tmp_path / "f" / "audit.json").read_text())

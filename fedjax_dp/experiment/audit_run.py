@@ -19,8 +19,8 @@ from fedjax_dp.experiment.errors import RunError
 
 
 def _undercharge(factor: float):
-  """A callback for the audit's own tests: the round applies `factor` times the
-  noise its accountant charges (the ledger reads the config's multiplier)."""
+  """The test mode's callback: the round applies `factor` times the noise its
+  accountant charges (the ledger reads the config's multiplier)."""
   from fedjax_dp.callbacks import Callback
 
   def start(ctx) -> None:
@@ -32,9 +32,14 @@ def _undercharge(factor: float):
 
 def audit(config, *, out: str, canaries: int, held_out: int | None = None,
           bootstrap: int = 1000, log=print, progress: bool = True,
-          _noise_factor: float | None = None) -> dict:
+          undercharge: float | None = None) -> dict:
   """Runs `config` (a dict or Config) with `canaries` canary clients into `out`
-  and returns the audit report (also written to out/audit.json)."""
+  and returns the audit report (also written to out/audit.json).
+
+  `undercharge` in (0, 1), a test mode that shows the audit can fail: the rounds
+  apply that fraction of the noise the accountant charges, so the reported
+  epsilon is wrong on purpose (the report and audit.json say so; never a run to
+  publish)."""
   import fedjax_dp
   from fedjax_dp.config import Config, make_config
   from fedjax_dp.experiment.final_model import load_params
@@ -45,6 +50,9 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   if make_config(values).dp == "none":
     raise RunError("fedjax-dp audit: dp 'none' has no differential-privacy mechanism whose "
                    "guarantee canaries can check (set dp central or local)")
+  if undercharge is not None and not 0 < undercharge < 1:
+    raise RunError(f"fedjax-dp audit: --undercharge {undercharge}: a fraction in (0, 1) of "
+                   "the charged noise")
   held_out = canaries if held_out is None else held_out
   if min(canaries, held_out) < audit_lib.MIN_CANARIES:
     raise RunError(f"fedjax-dp audit: --canaries {canaries} and --held-out {held_out}: at "
@@ -52,7 +60,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   cfg = make_config({**values, "audit_canaries": canaries})
   if cfg.algorithm == "solo":
     raise RunError("fedjax-dp audit: algorithm 'solo' releases no global model")
-  callbacks = [] if _noise_factor is None else [_undercharge(_noise_factor)]
+  callbacks = [] if undercharge is None else [_undercharge(undercharge)]
   fedjax_dp.run(cfg, out=out, log=log, progress=progress, callbacks=callbacks)
   theta0 = setup(cfg)[2].init_state().params
   change = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), load_params(out),
@@ -67,7 +75,8 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
             **audit_lib.estimate(inserted, outside, cfg.delta, bootstrap),
             "accounted_epsilon": privacy.get("epsilon"),
             "accountant": privacy.get("epsilon_accountant"),
-            **({"noise_factor_for_testing": _noise_factor} if _noise_factor else {})}
+            **({"undercharged_test_mode": f"the rounds applied {undercharge} times the noise "
+                                          "the accountant charged"} if undercharge else {})}
   acc = report["accounted_epsilon"]
   report["exceeds_accounted"] = bool(acc is not None and report["ci95"][0] > acc)
   with open(os.path.join(out, "audit.json"), "w") as f:
@@ -81,6 +90,8 @@ def format_report(report: dict) -> str:
   verdict = ("ABOVE the accounted epsilon: the accountant charged less than was released"
              if report["exceeds_accounted"] else "not above the accounted epsilon")
   return "\n".join([
+      *([f"TEST MODE: {report['undercharged_test_mode']}"]
+        if "undercharged_test_mode" in report else []),
       f"privacy audit: {report['canaries']} canaries inserted, {report['held_out']} held out",
       f"  cosines: inserted {report['mu_inserted']:.4g} +- {report['sd_inserted']:.3g}, "
       f"held out {report['mu_held_out']:.4g} +- {report['sd_held_out']:.3g}",

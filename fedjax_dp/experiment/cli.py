@@ -223,7 +223,8 @@ def _audit(args) -> int:
     raise RunError("fedjax-dp audit: --out is required (the audited run's folder)")
   cfg = load_config(args.config, args.set)
   report = audit_run.audit(cfg, out=args.out, canaries=args.canaries, held_out=args.held_out,
-                           bootstrap=args.bootstrap, progress=not args.no_progress)
+                           bootstrap=args.bootstrap, progress=not args.no_progress,
+                           undercharge=args.undercharge)
   print(audit_run.format_report(report))
   print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
   return 0
@@ -423,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
   u.add_argument("--bootstrap", type=_positive_int, default=1000,
                  help="bootstrap resamples of the interval (default 1000)")
   u.add_argument("--out", help="the audited run's folder (new or empty)")
+  u.add_argument("--undercharge", type=float, default=None,
+                 help="test mode: the rounds apply this fraction in (0, 1) of the noise the "
+                      "accountant charges, to see the audit fail")
   u.add_argument("--no-progress", action="store_true", help="no progress bar")
   u.set_defaults(func=_audit)
 
