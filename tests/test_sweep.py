@@ -208,6 +208,17 @@ def test_the_tidy_table_is_every_cells_metrics_and_final_csv_their_means(tmp_pat
     assert float(row["test_accuracy_sd"]) == pytest.approx(np.std(last, ddof=1), rel=1e-9)
   assert {os.path.basename(p) for p in record["plots"]} >= {"accuracy.png", "loss.png"}
   assert all(os.path.getsize(p) > 0 for p in record["plots"])
+  # past MAX_PLOTTED_SETTINGS settings the plots (this sweep's earlier ones too) go
+  from fedjax_dp.sweeps import table
+  cells = load_sweep(spec).cells()
+  again = table.write_results(str(out), cells, ["lr", "seed"], fedjax_dp.losses.CLASSIFICATION)
+  assert again["plots"] and "plots_skipped" not in again
+  import unittest.mock
+  with unittest.mock.patch.object(table, "MAX_PLOTTED_SETTINGS", 1):
+    skipped = table.write_results(str(out), cells, ["lr", "seed"],
+                                  fedjax_dp.losses.CLASSIFICATION)
+  assert skipped["plots"] == [] and skipped["plots_skipped"].startswith("2 settings")
+  assert not (out / "accuracy.png").exists() and (out / "final.csv").exists()
 
 
 def test_a_killed_sweep_keeps_its_finished_cells_and_continues(tmp_path):

@@ -137,6 +137,8 @@ def _sweep(args) -> int:
   print(f"cells:   {out}/cells/<cell>/ (ordinary run folders)")
   if record.get("plots"):
     print("plots:   " + ", ".join(os.path.abspath(p) for p in record["plots"]))
+  if record.get("plots_skipped"):
+    print(f"plots:   none ({record['plots_skipped']})")
   return 0
 
 

@@ -99,8 +99,13 @@ def _is_number(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+MAX_PLOTTED_SETTINGS = 20   # more lines than this make a legend no one can read
+
+
 def write_results(out: str, cells, named: list[str], task: losses.Task) -> dict:
-  """Writes the tidy table (CSV, Parquet), final.csv and the plots; returns their paths."""
+  """Writes the tidy table (CSV, Parquet), final.csv and the plots (up to
+  MAX_PLOTTED_SETTINGS settings; with more, earlier plots are removed and
+  'plots_skipped' says why); returns their paths."""
   rows = tidy_rows(out, cells, named)
   paths = {"table": [], "final": None, "plots": []}
   if not rows:
@@ -112,6 +117,15 @@ def write_results(out: str, cells, named: list[str], task: losses.Task) -> dict:
   final_path = os.path.join(out, FINAL_CSV)
   reporting.write_text_atomic(final_path, reporting.csv_text(final_rows(rows, named)))
   metrics = [f"test_{m}" for m in task.metrics] + ["train_loss", "epsilon"]
+  settings = len({r["setting"] for r in rows})
+  if settings > MAX_PLOTTED_SETTINGS:
+    for m in metrics:   # a plot of an earlier, smaller sweep would be read as this one's
+      stale = os.path.join(out, f"{m.removeprefix('test_')}.png")
+      if os.path.exists(stale):
+        os.remove(stale)
+    return {"table": [csv_path, parquet_path], "final": final_path, "plots": [],
+            "plots_skipped": f"{settings} settings, more than {MAX_PLOTTED_SETTINGS} lines a "
+                             "plot can show: final.csv and results.csv hold the numbers"}
   plots = plot_over_seeds(rows, named, [m for m in metrics if any(r.get(m) is not None
                                                                    for r in rows)],
                           out, title=os.path.basename(os.path.abspath(out)))
