@@ -235,27 +235,23 @@ def clean_attack_rates(kind: str, args, clean: list[str]) -> dict:
   (clean_rates.json)."""
   import jax.numpy as jnp
   import numpy as np
-  from fedjax_dp.config import Config
-  from fedjax_dp.experiment.final_model import load_params
-  from fedjax_dp.experiment.run_folder import saved_config
-  from fedjax_dp.experiment.setup import setup
+  from fedjax_dp.experiment.attack import load_run
   from fedjax_dp.robust import poisoning
   rates = []
-  for name in clean:
-    path = os.path.join(args.out, args.dataset, kind, "cells", name)
+  for cell in clean:
+    path = os.path.join(args.out, args.dataset, kind, "cells", cell)
     cache = os.path.join(path, "clean_rates.json")
-    if os.path.exists(cache) and json.load(open(cache)).get("config") == _config_text(path):
-      rates.append(json.load(open(cache)))
+    cached = json.load(open(cache)) if os.path.exists(cache) else {}
+    if cached.get("config") == _config_text(path):
+      rates.append(cached)
       continue
-    cfg = saved_config(os.path.join(path, "config.json"))
-    ds, _, sim = setup(cfg)
-    params = load_params(path)
+    cfg, params, ds, sim = load_run(path)
     got = {"config": _config_text(path)}
-    src, tgt = Config().attack_source_class, Config().attack_target_class
-    for attack, name in ATTACK_METRIC.items():
-      _, x, y = poisoning.attack_test_set(attack, ds.x_train, ds.x_test, ds.y_test, src, tgt)
+    for attack, metric in ATTACK_METRIC.items():
+      _, x, y = poisoning.attack_test_set(attack, ds.x_train, ds.x_test, ds.y_test,
+                                          cfg.attack_source_class, cfg.attack_target_class)
       pred = np.argmax(np.asarray(sim.model.apply(params, jnp.asarray(x))), axis=-1)
-      got[name] = float(np.mean(pred == y))
+      got[metric] = float(np.mean(pred == y))
     reporting.write_json_atomic(cache, got)
     rates.append(got)
   return {name: statistics.fmean(r[name] for r in rates) for name in ATTACK_METRIC.values()}

@@ -18,9 +18,10 @@ from fedjax_dp.experiment.errors import RunError
 SHADOW_EPOCHS_MAX = 100
 
 
-def _load_run(run_dir: str, data, model, caller: str):
+def load_run(run_dir: str, data=None, model=None, caller: str = "load_run"):
   """(config, trained parameters, dataset, simulation) of a finished run, its data
-  rebuilt from its config (or `data`, for a run on data of your own)."""
+  rebuilt from its config (or `data`, for a run on data of your own). Also the
+  adversarial reproduction's (experiments/adversarial/run.py)."""
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.setup import setup
@@ -48,7 +49,7 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shad
   model a run saved, and with `shadows` > 0 the shadow-model attack beside it
   (under 'shadow'); the report also names the run and its reported guarantee."""
   from fedjax_dp.privacy import membership
-  cfg, params, ds, sim = _load_run(run_dir, data, model, "attack_mia")
+  cfg, params, ds, sim = load_run(run_dir, data, model, "attack_mia")
   if ds.num_classes < 2:
     raise RunError(f"{run_dir}: the loss-threshold attack reads a classifier's "
                    "cross-entropy, and this run's targets are real values")
@@ -72,7 +73,7 @@ def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int 
   sensitive column of tabular data, `feature` by name (default: the data's first
   sensitive column with at most 10 values, else its first)."""
   from fedjax_dp.privacy import attribute
-  cfg, params, ds, sim = _load_run(run_dir, data, model, "attack_attribute")
+  cfg, params, ds, sim = load_run(run_dir, data, model, "attack_attribute")
   if ds.x_train.ndim != 2 or ds.num_classes < 2:
     raise RunError(f"{run_dir}: attribute inference reads a column of tabular data under a "
                    f"classifier; dataset {ds.name!r} has inputs {ds.input_shape}")
