@@ -21,9 +21,12 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
                           AUC, TPR at 1 % FPR beside the bound the run's epsilon allows
   attack_attribute(run_dir, feature=, examples=, seed=, data=, model=)
                           attribute inference of a sensitive tabular column on a run's model
-  audit(config, out=, canaries=, held_out=, bootstrap=)
+  audit(config, out=, canaries=, held_out=, bootstrap=, all_iterates=)
                           a run with canary clients and the one-shot empirical epsilon
                           (with its 95 % interval) beside the accounted one
+  audit_runs(config, out=, runs=, confidence=)
+                          the multi-run audit of a tiny model: an epsilon lower bound
+                          with its confidence, beside the accounted one
   simulate(recipe, model=, data=, loss=, **config)
                           the compiled Simulation (init_state, run_rounds, evaluate)
   models                  from_flax(module, example_input, name=) and the built-in models
@@ -57,7 +60,8 @@ _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Co
           "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model",
           "attack_mia": "experiment.attack",
-          "attack_attribute": "experiment.attack", "audit": "experiment.audit_run"}
+          "attack_attribute": "experiment.attack", "audit": "experiment.audit_run",
+          "audit_runs": "experiment.audit_run"}
 __all__ = sorted(tuple(_SUBMODULES) + tuple(_NAMES))
 
 

@@ -114,6 +114,8 @@ class RunContext:
   progress: bool = True      # show the progress bar
   round: int = 0             # rounds done
   prev_round: int = 0        # rounds done before this chunk
+  round_by_round: bool = False  # chunks of one round: set in on_run_start by a callback
+                             # that reads every round's model (the audit's all-iterates)
   wall0: float = 0.0         # perf_counter() at round 0, less a resumed run's wall time
   chunk_times: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   diag: dict = dataclasses.field(default_factory=dict)
@@ -155,7 +157,10 @@ def run_loop(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
   """Runs ctx's rounds from ctx.start to ctx.last in chunks, calling the callbacks;
   returns ctx.summary."""
   start_run(ctx, callbacks)
-  for end in chunk_ends(ctx.start, ctx.cfg, ctx.last):
+  ends = chunk_ends(ctx.start, ctx.cfg, ctx.last)
+  if ctx.round_by_round:
+    ends = list(range(ctx.start + 1, ctx.last + 1))
+  for end in ends:
     t = time.perf_counter()
     state, stats = ctx.sim.run_working(ctx.state, end - ctx.round)
     stats.loss_sum.block_until_ready()

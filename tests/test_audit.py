@@ -1,7 +1,9 @@
 """The empirical privacy audit (privacy/audit.py, `fedjax-dp audit`): the
 Gaussians' epsilon against the Gaussian DP closed form and dp-accounting, the
-canary stage, and audits that pass where the accountant is right and fail where
-the round applies half the noise it charges."""
+canary stage, the all-iterates statistic against numpy, the multi-run bound
+against scipy's exact binomial intervals and randomized response, and audits
+that pass where the accountant is right and fail where the round applies less
+noise than it charges."""
 
 import json
 import math
@@ -9,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,6 +103,90 @@ def test_cosines_are_the_model_changes_with_each_direction():
   assert len(held) == 2
 
 
+def test_a_canary_scale_of_zero_uploads_nothing_and_needs_canaries():
+  from fedjax_dp.config import ConfigError, make_config
+  stage = audit.make_canary_stage(10, 3, 2)
+  uploads = {"w": jnp.ones((10, 4))}
+  out = np.asarray(stage(uploads, jnp.arange(10), jnp.float32(0.0))["w"])
+  is_canary = audit.canary_clients(10, 3, 2)
+  assert np.all(out[is_canary] == 0) and np.all(out[~is_canary] == 1)
+  with pytest.raises(ConfigError, match="'audit_canary_scale'.*audit_canaries > 0"):
+    make_config({"dp": "central", "noise_multiplier": 1.0, "audit_canary_scale": 0.0})
+  with pytest.raises(ConfigError, match="audit_canary_scale"):
+    make_config({"dp": "central", "noise_multiplier": 1.0, "audit_canaries": 2,
+                 "audit_canary_scale": 1.5})
+
+
+def test_the_iterate_tracker_keeps_each_directions_largest_cosine_with_a_rounds_change():
+  n, count, held, seed = 12, 3, 2, 4
+  rng = np.random.default_rng(0)
+  thetas = [{"b": rng.normal(size=2).astype(np.float32),
+             "w": rng.normal(size=(3, 2)).astype(np.float32)} for _ in range(3)]
+  thetas.insert(2, thetas[1])          # a skipped round: no change, no observation
+  update, result = audit.iterate_tracker(n, count, held, seed, thetas[0])
+  for p in thetas[1:]:
+    update(p)
+  inserted, outside = result()
+  flat = [np.concatenate([t["b"], t["w"].ravel()]).astype(np.float64) for t in thetas]
+  ids = np.concatenate([np.flatnonzero(audit.canary_clients(n, count, seed)), n + np.arange(held)])
+  dirs = np.asarray(audit.directions(audit.canary_key(seed), jnp.asarray(ids), 8), np.float64)
+  changes = [b - a for a, b in zip(flat, flat[1:]) if np.any(b != a)]
+  want = np.max([dirs @ (c / np.linalg.norm(c)) for c in changes], axis=0)
+  np.testing.assert_allclose(np.concatenate([inserted, outside]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_clopper_pearson_is_scipys_exact_interval():
+  from scipy.stats import binomtest
+  for k, n in [(0, 50), (3, 50), (25, 50), (49, 50), (7, 1000)]:
+    want = binomtest(k, n).proportion_ci(confidence_level=0.9, method="exact").high
+    assert audit.clopper_pearson_upper(k, n, 0.05) == pytest.approx(want, rel=1e-9)
+  assert audit.clopper_pearson_upper(50, 50, 0.05) == 1.0
+
+
+def randomized_response(eps, n, rng, inserted):
+  """The bit a pure eps-DP randomized response releases: 1 with e^eps / (1 + e^eps)
+  where the canary is in, with 1 / (1 + e^eps) where not."""
+  p = math.exp(eps) / (1 + math.exp(eps)) if inserted else 1 / (1 + math.exp(eps))
+  return (rng.random(n) < p).astype(np.float64)
+
+
+def test_the_multi_run_bound_holds_with_its_confidence_and_comes_close():
+  """Randomized response at epsilon 1 (delta 0) is exactly as distinguishable as
+  its epsilon: over 200 audits of 2,000 runs a side the bound passes 1 in at most
+  5 % of them (at most 20 of 200, a generous margin), and it is not vacuous."""
+  rng = np.random.default_rng(0)
+  bounds = [audit.threshold_bound(randomized_response(1.0, 2000, rng, True),
+                                  randomized_response(1.0, 2000, rng, False), 0.0,
+                                  seed=i)["epsilon_lower_bound"] for i in range(200)]
+  assert sum(b > 1.0 for b in bounds) <= 20
+  assert np.median(bounds) > 0.8
+  # a Gaussian mechanism at mu 4 (exact epsilon at 1e-5: ~17) with 500 runs a side
+  r = audit.threshold_bound(rng.normal(4, 1, 500), rng.normal(0, 1, 500), 1e-5)
+  assert 2.0 < r["epsilon_lower_bound"] < audit.gaussians_epsilon(4, 1, 0, 1, 1e-5)
+  assert r["runs_tested"] == [250, 250] and r["runs_fit"] == [250, 250]
+  with pytest.raises(ValueError, match="at least 10 runs"):
+    audit.threshold_bound(np.ones(5), np.zeros(30), 1e-5)
+
+
+def test_running_round_by_round_changes_nothing(tmp_path):
+  """The all-iterates audit's chunks of one round give the model of the usual chunks."""
+  import fedjax_dp
+  from fedjax_dp.experiment.final_model import load_params
+  cfg = dict(dataset="synthetic", synthetic_examples=400, num_clients=20, clients_per_round=10,
+             rounds=4, eval_every=4, hidden=[8], dp="central", noise_multiplier=1.0)
+  by_round = fedjax_dp.callbacks.Callback(
+      on_run_start=lambda ctx: setattr(ctx, "round_by_round", True))
+  chunks = []
+  seen = fedjax_dp.callbacks.Callback(after_chunk=lambda ctx, s: chunks.append(ctx.round))
+  for name, cbs in (("a", [seen]), ("b", [by_round, seen])):
+    fedjax_dp.run(cfg, out=str(tmp_path / name), progress=False, log=lambda m: None,
+                  callbacks=cbs)
+  assert chunks == [4, 1, 2, 3, 4]
+  a, b = load_params(str(tmp_path / "a")), load_params(str(tmp_path / "b"))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 AUDITED = dict(dataset="synthetic", synthetic_examples=2400, synthetic_features=100,
                synthetic_classes=10, num_clients=240, clients_per_round=240, sampling="poisson",
                accountant="pld", local_epochs=1, rounds=5, eval_every=5, hidden=[64], lr=0.1,
@@ -130,6 +217,82 @@ def test_the_audit_passes_an_honest_accountant_and_catches_one_that_undercharges
     assert report["ci95"][0] > 1.5 * acc
   with open(tmp_path / "a" / "audit.json") as f:
     assert json.load(f) == report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,keys", [
+    ("half the clients a round", {"clients_per_round": 120}),
+    ("adaptive clipping", {"adaptive_clipping": True}),
+    ("per-layer clipping", {"clip_parts": "per_layer"}),
+    ("tiers", {"dataset": "healthcare", "clip_parts": "tiers", "hidden": [32]})])
+def test_the_audit_stays_under_the_accountant_with_sampling_adaptive_clipping_and_tiers(
+    tmp_path, name, keys):
+  """The mechanism's variants the accountant charges differently: Poisson sampling
+  at q = 0.5 (amplification), adaptive clipping (its count noise charged too),
+  per-layer and per-tier clip norms (parts clipped and noised apart). The
+  estimate's interval never starts above the accounted epsilon."""
+  import fedjax_dp
+  cfg = {**AUDITED, "dp": "central", **keys}
+  if name == "tiers":
+    for k in ("synthetic_examples", "synthetic_features", "synthetic_classes"):
+      del cfg[k]
+  report = fedjax_dp.audit(cfg, out=str(tmp_path / "a"), canaries=100, bootstrap=300,
+                           progress=False, log=lambda m: None)
+  assert report["ci95"][0] <= report["accounted_epsilon"], report
+  assert not report["exceeds_accounted"]
+
+
+@pytest.mark.slow
+def test_the_all_iterates_statistic_reads_every_round_and_leaves_the_final_model_alone(
+    tmp_path):
+  """The README's central audit with --all-iterates: the final model's estimate
+  is the one a plain audit gives (11.15), and the all-iterates estimate, the
+  largest of five rounds' cosines (each round's release a Gaussian mechanism at
+  mu = 1), stays under the accounted epsilon; with half the noise it rises."""
+  import fedjax_dp
+  honest = fedjax_dp.audit({**AUDITED, "dp": "central"}, out=str(tmp_path / "a"), canaries=200,
+                           bootstrap=300, progress=False, log=lambda m: None, all_iterates=True)
+  assert honest["empirical_epsilon"] == pytest.approx(11.15, abs=0.01)
+  it = honest["all_iterates"]
+  assert it["ci95"][0] <= honest["accounted_epsilon"] and not it["exceeds_accounted"]
+  loud = fedjax_dp.audit({**AUDITED, "dp": "central"}, out=str(tmp_path / "b"), canaries=200,
+                         bootstrap=300, progress=False, log=lambda m: None, all_iterates=True,
+                         undercharge=0.5)
+  assert loud["all_iterates"]["empirical_epsilon"] > 1.5 * it["empirical_epsilon"]
+
+
+TINY = dict(dataset="synthetic", synthetic_examples=2400, synthetic_features=100,
+            synthetic_classes=10, num_clients=240, clients_per_round=240, sampling="poisson",
+            accountant="pld", local_epochs=1, rounds=1, eval_every=1, hidden=[16], lr=0.01,
+            dp="central", noise_multiplier=5.0, clip_norm=1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor", [None, 0.1])
+def test_the_multi_run_audit_bounds_epsilon_and_catches_an_undercharge(tmp_path, factor):
+  """200 trainings of a tiny model, one canary in 100 of them: one round at z = 5
+  with every client is the Gaussian mechanism at mu = 0.2 (accounted 0.726).
+  The 95 % lower bound stays under it; with a tenth of the noise (mu = 2) it is
+  above it, so the audit fails as it should."""
+  import fedjax_dp
+  out = tmp_path / "m"
+  report = fedjax_dp.audit_runs(TINY, out=str(out), runs=200, bootstrap=300, progress=False,
+                                log=lambda m: None, undercharge=factor)
+  acc = report["accounted_epsilon"]
+  assert acc == pytest.approx(0.726, abs=0.005)
+  assert report["inserted_runs"] == 100 and report["runs_tested"] == [50, 50]
+  if factor is None:
+    assert report["epsilon_lower_bound"] <= acc and not report["exceeds_accounted"]
+    lo, hi = report["gaussian_fit"]["ci95"]
+    assert lo <= acc <= hi
+  else:
+    assert report["epsilon_lower_bound"] > acc and report["exceeds_accounted"]
+  rows = (out / "runs.csv").read_text().splitlines()
+  assert rows[0] == "run,seed,inserted,statistic" and len(rows) == 201
+  assert sum(int(r.split(",")[2]) for r in rows[1:]) == 100
+  # run 0 is an ordinary run folder; its statistic is the model it saved
+  assert (out / "run" / "summary.json").exists()
+  assert json.loads((out / "audit.json").read_text()) == report
 
 
 def cli(*args):
@@ -165,3 +328,13 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   assert test_mode.returncode == 0, test_mode.stderr
   assert test_mode.stdout.startswith("TEST MODE: the rounds applied 0.5 times the noise")
   assert "undercharged_test_mode" in json.loads((tmp_path / "f" / "audit.json").read_text())
+  both = cli("--set", *keys, "--runs", "40", "--canaries", "20", "--out", str(tmp_path / "g"))
+  assert both.returncode == 2 and "--canaries with --runs" in both.stderr
+  few_runs = cli("--set", *keys, "--runs", "10", "--out", str(tmp_path / "g"))
+  assert few_runs.returncode == 2 and "--runs 10: at least 20" in few_runs.stderr
+  conf = cli("--set", *keys, "--confidence", "0.9", "--out", str(tmp_path / "g"))
+  assert conf.returncode == 2 and "--confidence is the multi-run bound's" in conf.stderr
+  runs = cli("--set", *keys, "--runs", "20", "--bootstrap", "50", "--confidence", "0.9",
+             "--out", str(tmp_path / "a"))
+  assert runs.returncode == 2 and "is not empty" in runs.stderr
+  assert not (tmp_path / "g").exists()

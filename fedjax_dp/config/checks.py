@@ -138,6 +138,7 @@ _SETUP_KEYS_READ = {
         "'sign_flip', 'scaled', 'gaussian', 'ipm' or 'backdoor'"),
     "audit_canaries": (lambda c: c.dp != "none", "dp 'central' or 'local' (an audit checks "
                        "a guarantee)"),
+    "audit_canary_scale": (lambda c: c.audit_canaries > 0, "audit_canaries > 0"),
     "byzantine_draw": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
     "attack_source_class": (lambda c: c.byzantine_fraction > 0 and
                             c.byzantine_attack == "targeted",

@@ -42,7 +42,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "differential privacy": (
         "dp", "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant",
         "clip_parts", "rest_tier", "tier_noise_multipliers", "adaptive_clipping",
-        "target_quantile", "clip_lr", "clip_count_stddev", "audit_canaries"),
+        "target_quantile", "clip_lr", "clip_count_stddev", "audit_canaries",
+        "audit_canary_scale"),
     "dynamic DP (sensitivity tiers, adaptive noise, budgets)": (
         "tier_source", "analyzer_rule", "analyzer_steps", "noise_schedule",
         "convergence_measure", "convergence_lambda", "convergence_window", "convergence_beta",
@@ -149,6 +150,8 @@ MEANINGS: dict[str, str] = {
                        "backdoor: the upload's boost, model replacement; 1: none)",
     "audit_canaries": "clients whose upload is a fixed random direction of norm clip_norm, "
                       "for an empirical privacy audit (fedjax-dp audit)",
+    "audit_canary_scale": "the canaries' upload norm over clip_norm (0: they upload zeros, "
+                          "the multi-run audit's runs without the canary)",
     "server_clip_l2": "norm bounding: the server clips every upload it receives to this L2 "
                       "norm before the aggregation rule; null: off",
     "attack_source_class": "targeted poisoning: the class the malicious clients relabel",

@@ -44,7 +44,7 @@ class ClientStages(NamedTuple):
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   server_clip: float | None       # norm bounding of every received upload (None: off)
-  canary: Callable | None         # (uploads, ids, clip_norm) -> uploads (privacy/audit.py)
+  canary: Callable | None         # (uploads, ids, norm) -> uploads (privacy/audit.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   shuffle: bool                   # layer-wise shuffled tuples: uniform weights
@@ -98,7 +98,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
   unclipped = jnp.zeros((), jnp.int32)
   if stages.canary is not None:   # before the mechanism, which treats them as any upload
-    deltas = stages.canary(deltas, cohort_ids, clip_norm)
+    deltas = stages.canary(deltas, cohort_ids, clip_norm * client_hp["audit_canary_scale"])
   if stages.dp.per_upload:
     weights = mask_f
     deltas, unclipped, clip_nonfinite = stages.dp.client(deltas, cohort_ids, cohort_mask,
@@ -319,6 +319,8 @@ def client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentu
     out["momentum"] = hp["momentum"]
   if local_dp:
     out["update_noise"] = hp["update_noise"]
+  if "audit_canary_scale" in hp:
+    out["audit_canary_scale"] = hp["audit_canary_scale"]
   return out
 
 

@@ -37,6 +37,7 @@ Entries (all float32; `[orders]`: accounting.DEFAULT_ORDERS):
   convergence_beta, convergence_lambda, noise_ema, noise_ema_rest (1 - noise_ema)
   paper_epsilon_scale       sqrt(2 ln(1.25 / delta)): the dynamic-DP paper's charge
                             of a round is this over its base noise multiplier
+  audit_canary_scale        the canaries' upload norm over clip_norm (audits only)
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
                 "trim_fraction", "outlier_z", "filter_cosine", "cclip_tau", "cclip_iters",
                 "geomed_eps", "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m",
                 # the upload stages' (compression/pipeline.py)
-                "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier")
+                "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier",
+                # the audit's canaries (privacy/audit.py)
+                "audit_canary_scale")
 
 
 # keys after which central DP's calibration to target_epsilon is done again
@@ -100,6 +103,8 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
     hp["server_momentum"] = _f32(cfg.server_momentum)
   hp.update(_term_and_rule_hparams(cfg))
   hp["pipeline"] = _pipeline_hparams(cfg)
+  if cfg.audit_canaries > 0:
+    hp["audit_canary_scale"] = _f32(cfg.audit_canary_scale)
   if privacy.mode == "none":
     return hp
   hp.update(tier_scales=_f32(privacy.tier_scales()),

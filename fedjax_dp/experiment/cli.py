@@ -224,9 +224,25 @@ def _audit(args) -> int:
   if args.out is None:
     raise RunError("fedjax-dp audit: --out is required (the audited run's folder)")
   cfg = load_config(args.config, args.set)
-  report = audit_run.audit(cfg, out=args.out, canaries=args.canaries, held_out=args.held_out,
-                           bootstrap=args.bootstrap, progress=not args.no_progress,
-                           undercharge=args.undercharge)
+  if args.runs is not None:
+    given = [f for f, v in (("--canaries", args.canaries), ("--held-out", args.held_out),
+                            ("--all-iterates", args.all_iterates or None)) if v is not None]
+    if given:
+      raise RunError(f"fedjax-dp audit: {given[0]} with --runs: the multi-run audit has one "
+                     "canary and reads the final model (leave it out, or leave out --runs)")
+    report = audit_run.audit_runs(cfg, out=args.out, runs=args.runs, bootstrap=args.bootstrap,
+                                  confidence=args.confidence, progress=not args.no_progress,
+                                  undercharge=args.undercharge)
+    print(audit_run.format_runs_report(report))
+    print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
+    return 0
+  if args.confidence != 0.95:
+    raise RunError("fedjax-dp audit: --confidence is the multi-run bound's (--runs); the "
+                   "one-shot audit reports a 95 % bootstrap interval")
+  report = audit_run.audit(cfg, out=args.out, canaries=args.canaries or 100,
+                           held_out=args.held_out, bootstrap=args.bootstrap,
+                           progress=not args.no_progress, undercharge=args.undercharge,
+                           all_iterates=args.all_iterates)
   print(audit_run.format_report(report))
   print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
   return 0
@@ -419,8 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
   u = sub.add_parser("audit", help="run with canary clients and estimate the epsilon the "
                      "release shows, beside the accounted one")
   _config_args(u)
-  u.add_argument("--canaries", type=_positive_int, default=100,
+  u.add_argument("--canaries", type=_positive_int, default=None,
                  help="canary clients inserted (default 100; below num_clients)")
+  u.add_argument("--runs", type=_positive_int, default=None,
+                 help="the multi-run audit instead: train this many times (at least 20), "
+                      "one canary in half of them")
+  u.add_argument("--confidence", type=float, default=0.95,
+                 help="the multi-run lower bound's confidence (default 0.95)")
   u.add_argument("--held-out", type=_positive_int, default=None,
                  help="canary directions held out (default: as many as inserted)")
   u.add_argument("--bootstrap", type=_positive_int, default=1000,
@@ -429,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
   u.add_argument("--undercharge", type=float, default=None,
                  help="test mode: the rounds apply this fraction in (0, 1) of the noise the "
                       "accountant charges, to see the audit fail")
+  u.add_argument("--all-iterates", action="store_true",
+                 help="also estimate for an observer of every round's model (rounds run one "
+                      "at a time)")
   u.add_argument("--no-progress", action="store_true", help="no progress bar")
   u.set_defaults(func=_audit)
 

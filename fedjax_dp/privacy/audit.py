@@ -57,17 +57,18 @@ def directions(key: jax.Array, ids: jax.Array, d: int) -> jax.Array:
 
 
 def make_canary_stage(num_clients: int, count: int, seed: int):
-  """The round's stage: (uploads [m, ...], ids [m], clip_norm) -> uploads with each
-  canary's replaced by clip_norm * its direction; None without canaries."""
+  """The round's stage: (uploads [m, ...], ids [m], norm) -> uploads with each
+  canary's replaced by norm * its direction (norm: clip_norm times the config's
+  audit_canary_scale); None without canaries."""
   if count <= 0:
     return None
   table = jnp.asarray(canary_clients(num_clients, count, seed))
   key = canary_key(seed)
 
-  def apply(uploads, ids, clip_norm):
+  def apply(uploads, ids, norm):
     flat = jax.vmap(lambda u: ravel_pytree(u)[0])(uploads)                  # [m, d]
     unravel = ravel_pytree(jax.tree.map(lambda a: a[0], uploads))[1]
-    sent = clip_norm * directions(key, ids, flat.shape[1])
+    sent = norm * directions(key, ids, flat.shape[1])
     flat = jnp.where(table[ids][:, None], sent.astype(flat.dtype), flat)
     return jax.vmap(unravel)(flat)
   return apply
@@ -157,14 +158,109 @@ def estimate(inserted: np.ndarray, held_out: np.ndarray, delta: float,
           "delta": delta, "bootstrap": bootstrap}
 
 
+def direction_matrix(num_clients: int, count: int, held_out: int, seed: int,
+                     d: int) -> jax.Array:
+  """[count + held_out, d]: the inserted canaries' directions (in client order),
+  then the held-out ones."""
+  ids = np.concatenate([np.flatnonzero(canary_clients(num_clients, count, seed)),
+                        num_clients + np.arange(held_out)])
+  return directions(canary_key(seed), jnp.asarray(ids, jnp.int32), d)
+
+
 def cosines(delta_params, num_clients: int, count: int, held_out: int, seed: int):
   """(inserted, held-out) cosines of the model change with the canary directions."""
   flat = np.asarray(ravel_pytree(delta_params)[0], np.float64)
-  ids_in = np.flatnonzero(canary_clients(num_clients, count, seed))
-  ids_out = num_clients + np.arange(held_out)
-  key = canary_key(seed)
-  d = flat.shape[0]
-  unit = flat / max(np.linalg.norm(flat), 1e-300)
-  cos = lambda ids: np.asarray(directions(key, jnp.asarray(ids, jnp.int32), d),
-                               np.float64) @ unit
-  return cos(ids_in), cos(ids_out)
+  dirs = np.asarray(direction_matrix(num_clients, count, held_out, seed, flat.shape[0]),
+                    np.float64)
+  cos = dirs @ (flat / max(np.linalg.norm(flat), 1e-300))
+  return cos[:count], cos[count:]
+
+
+def iterate_tracker(num_clients: int, count: int, held_out: int, seed: int, params0):
+  """The all-iterates statistic (Andrew et al. 2023): an observer of every round's
+  model takes, for each canary direction, the largest cosine it has with one
+  round's model change theta_t - theta_{t-1}.
+
+  Returns (update, result): update(params) after each round; result() ->
+  (inserted [count], held-out [held_out]) maxima, float64. Rounds that left the
+  model unchanged (skipped) are no observation. Holds the directions on the
+  device: (count + held_out) x params floats."""
+  flat0 = ravel_pytree(params0)[0]
+  dirs = direction_matrix(num_clients, count, held_out, seed, flat0.shape[0])
+
+  @jax.jit
+  def step(best, prev, params):
+    now = ravel_pytree(params)[0].astype(jnp.float32)
+    change = now - prev
+    size = jnp.linalg.norm(change)
+    cos = jnp.matmul(dirs, change, precision=jax.lax.Precision.HIGHEST) / size
+    return jnp.where(size > 0, jnp.maximum(best, cos), best), now
+
+  carry = {"best": jnp.full(dirs.shape[0], -jnp.inf, jnp.float32),
+           "prev": flat0.astype(jnp.float32)}
+
+  def update(params) -> None:
+    carry["best"], carry["prev"] = step(carry["best"], carry["prev"], params)
+
+  def result():
+    best = np.asarray(carry["best"], np.float64)
+    return best[:count], best[count:]
+  return update, result
+
+
+# ------------------------------------------------------- the multi-run lower bound
+
+
+def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
+  """The exact one-sided upper confidence bound at level 1 - alpha of a rate seen
+  k times in n trials: the p with P(Binomial(n, p) <= k) = alpha."""
+  from scipy.stats import beta
+  return 1.0 if k >= n else float(beta.ppf(1 - alpha, k + 1, n - k))
+
+
+def _rates_bound(fp: int, n_out: int, fn: int, n_in: int, delta: float, alpha: float) -> float:
+  """epsilon >= the larger of log((1 - delta - FNR) / FPR) and log((1 - delta - FPR) / FNR)
+  at the rates' Clopper-Pearson upper bounds, each at level 1 - alpha / 2; 0 where
+  neither is positive."""
+  fpr = clopper_pearson_upper(fp, n_out, alpha / 2)
+  fnr = clopper_pearson_upper(fn, n_in, alpha / 2)
+  best = 0.0
+  for hit, miss in ((1 - delta - fnr, fpr), (1 - delta - fpr, fnr)):
+    if hit > 0 and miss > 0:
+      best = max(best, math.log(hit / miss))
+  return best
+
+
+def threshold_bound(inserted: np.ndarray, absent: np.ndarray, delta: float,
+                    confidence: float = 0.95, seed: int = 0) -> dict:
+  """A lower bound on epsilon that holds with probability `confidence`, from one
+  statistic per run: runs with the canary (`inserted`) and without (`absent`).
+
+  The test "statistic > t means the canary was there" has false-positive rate FPR
+  and false-negative rate FNR; an (epsilon, delta)-DP release forces
+  1 - FNR <= e^epsilon FPR + delta and 1 - FPR <= e^epsilon FNR + delta. Each
+  set is split in halves at random (seeded): t is the threshold that gives the
+  largest bound on the first halves, and the bound is computed on the second
+  halves alone, with Clopper-Pearson upper bounds on both rates (a union bound
+  over the two), so choosing t costs no validity (Jagielski et al. 2020's
+  audit with a held-out threshold)."""
+  inserted, absent = np.asarray(inserted, np.float64), np.asarray(absent, np.float64)
+  if min(len(inserted), len(absent)) < MIN_CANARIES:
+    raise ValueError(f"a multi-run bound needs at least {MIN_CANARIES} runs with and without "
+                     f"the canary; got {len(inserted)} and {len(absent)}")
+  alpha = 1 - confidence
+  rng = np.random.default_rng(seed)
+  a, b = rng.permutation(inserted), rng.permutation(absent)
+  fit_in, test_in = a[:len(a) // 2], a[len(a) // 2:]
+  fit_out, test_out = b[:len(b) // 2], b[len(b) // 2:]
+
+  def bound(t, ins, outs):
+    return _rates_bound(int(np.sum(outs > t)), len(outs), int(np.sum(ins <= t)), len(ins),
+                        delta, alpha)
+  candidates = np.concatenate([fit_in, fit_out])
+  t = max(candidates, key=lambda c: bound(c, fit_in, fit_out))
+  return {"epsilon_lower_bound": bound(t, test_in, test_out), "confidence": confidence,
+          "threshold": float(t), "runs_fit": [len(fit_in), len(fit_out)],
+          "runs_tested": [len(test_in), len(test_out)],
+          "false_positives": int(np.sum(test_out > t)),
+          "false_negatives": int(np.sum(test_in <= t))}

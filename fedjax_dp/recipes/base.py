@@ -45,7 +45,7 @@ SETUP_KEYS = frozenset({
     # Byzantine clients: which clients of the population are malicious, and how
     "byzantine_fraction", "byzantine_attack", "byzantine_scale", "byzantine_draw",
     "attack_source_class", "attack_target_class", "backdoor_fraction", "server_clip_l2",
-    "audit_canaries",
+    "audit_canaries", "audit_canary_scale",
     # the run and its execution
     "rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
     "devices", "client_parallelism", "client_batch", "eval_batch_size",
