@@ -80,7 +80,8 @@ def test_the_canary_stage_replaces_the_canaries_uploads_alone():
   stage = audit.make_canary_stage(n, count, seed)
   ids = jnp.asarray([3, 0, 11, 5, 8, 1, 2, 4, 6, 7, 9, 10])
   uploads = {"w": jnp.ones((12, 3, 2)), "b": jnp.full((12, 2), 2.0)}
-  out = stage(uploads, ids, jnp.float32(0.5))
+  out, present = stage(uploads, ids, jnp.float32(0.5), jnp.float32(1.0))
+  assert np.all(np.asarray(present))
   # ravel_pytree's order: the leaves by key, "b" then "w"
   flat = np.concatenate([np.asarray(out["b"]), np.asarray(out["w"]).reshape(12, -1)], axis=1)
   is_canary = table[np.asarray(ids)]
@@ -103,18 +104,24 @@ def test_cosines_are_the_model_changes_with_each_direction():
   assert len(held) == 2
 
 
-def test_a_canary_scale_of_zero_uploads_nothing_and_needs_canaries():
+def test_the_canary_scale_flips_the_canaries_or_leaves_them_out_and_needs_canaries():
   from fedjax_dp.config import ConfigError, make_config
   stage = audit.make_canary_stage(10, 3, 2)
   uploads = {"w": jnp.ones((10, 4))}
-  out = np.asarray(stage(uploads, jnp.arange(10), jnp.float32(0.0))["w"])
+  ids = jnp.arange(10)
   is_canary = audit.canary_clients(10, 3, 2)
-  assert np.all(out[is_canary] == 0) and np.all(out[~is_canary] == 1)
+  up, _ = stage(uploads, ids, jnp.float32(2.0), jnp.float32(1.0))
+  down, present = stage(uploads, ids, jnp.float32(2.0), jnp.float32(-1.0))
+  np.testing.assert_array_equal(np.asarray(down["w"]), np.where(
+      is_canary[:, None], -np.asarray(up["w"]), 1.0))
+  assert np.all(np.asarray(present))
+  _, present = stage(uploads, ids, jnp.float32(2.0), jnp.float32(0.0))
+  np.testing.assert_array_equal(np.asarray(present), ~is_canary)
   with pytest.raises(ConfigError, match="'audit_canary_scale'.*audit_canaries > 0"):
     make_config({"dp": "central", "noise_multiplier": 1.0, "audit_canary_scale": 0.0})
   with pytest.raises(ConfigError, match="audit_canary_scale"):
     make_config({"dp": "central", "noise_multiplier": 1.0, "audit_canaries": 2,
-                 "audit_canary_scale": 1.5})
+                 "audit_canary_scale": -1.5})
 
 
 def test_the_iterate_tracker_keeps_each_directions_largest_cosine_with_a_rounds_change():
@@ -166,6 +173,43 @@ def test_the_multi_run_bound_holds_with_its_confidence_and_comes_close():
   assert r["runs_tested"] == [250, 250] and r["runs_fit"] == [250, 250]
   with pytest.raises(ValueError, match="at least 10 runs"):
     audit.threshold_bound(np.ones(5), np.zeros(30), 1e-5)
+  # a NaN is on neither side of a threshold: it would pass for a perfect test
+  with pytest.raises(ValueError, match="finite"):
+    audit.threshold_bound(np.r_[rng.normal(0, 1, 99), np.nan], rng.normal(0, 1, 100), 1e-5)
+  # with no error on 50 + 50 held-out runs, at 95 %: the most 100 runs can show
+  best = audit.threshold_bound(np.full(100, 1.0), np.zeros(100), 1e-5)
+  assert best["false_positives"] == best["false_negatives"] == 0
+  assert best["epsilon_lower_bound"] == best["largest_possible_bound"] == pytest.approx(
+      math.log((1 - 1e-5 - (1 - 0.025 ** (1 / 50))) / (1 - 0.025 ** (1 / 50))))
+
+
+def test_the_multi_run_audit_refuses_what_one_figure_cannot_cover(tmp_path):
+  from fedjax_dp.experiment import audit_run
+  from fedjax_dp.experiment.errors import RunError
+  base = dict(dataset="synthetic", num_clients=20, clients_per_round=10, dp="central",
+              noise_multiplier=1.0)
+  run = lambda cfg, **kw: audit_run.audit_runs(cfg, out=str(tmp_path / "x"),
+                                               **{"runs": 40, **kw})
+  with pytest.raises(RunError, match="--runs 12: at least 20"):
+    run(base, runs=12)
+  with pytest.raises(RunError, match="--confidence 1.5: a probability"):
+    run(base, confidence=1.5)
+  with pytest.raises(RunError, match="noise_schedule 'convergence'"):
+    run({**base, "noise_schedule": "convergence", "target_epsilon": 5.0,
+         "noise_multiplier": None})
+  with pytest.raises(RunError, match="clients_per_round 10 of 20"):
+    run({**base, "dp": "local"})
+  with pytest.raises(RunError, match="'audit_canaries' = 3: the audit sets the canaries"):
+    run({**base, "audit_canaries": 3})
+  (tmp_path / "x").mkdir()
+  (tmp_path / "x" / "keep.txt").write_text("mine")
+  with pytest.raises(RunError, match="is not empty"):
+    run(base)
+  from fedjax_dp.config import make_config
+  assert audit_run.neighbour_scale(make_config({**base, "sampling": "poisson"})) == 0.0
+  assert audit_run.neighbour_scale(make_config({**base, "sampling": "fixed"})) == -1.0
+  assert audit_run.neighbour_scale(make_config({**base, "dp": "local",
+                                                "sampling": "poisson"})) == -1.0
 
 
 def test_running_round_by_round_changes_nothing(tmp_path):
@@ -268,27 +312,35 @@ TINY = dict(dataset="synthetic", synthetic_examples=2400, synthetic_features=100
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("factor", [None, 0.1])
-def test_the_multi_run_audit_bounds_epsilon_and_catches_an_undercharge(tmp_path, factor):
+@pytest.mark.parametrize("keys,factor", [({}, None), ({}, 0.1),
+                                         ({"sampling": "fixed", "accountant": "rdp"}, 0.1),
+                                         ({"dp": "local", "sampling": "fixed"}, None)])
+def test_the_multi_run_audit_bounds_epsilon_and_catches_an_undercharge(tmp_path, keys, factor):
   """200 trainings of a tiny model, one canary in 100 of them: one round at z = 5
   with every client is the Gaussian mechanism at mu = 0.2 (accounted 0.726).
   The 95 % lower bound stays under it; with a tenth of the noise (mu = 2) it is
-  above it, so the audit fails as it should."""
+  above it, so the audit fails as it should. Fixed-size cohorts are charged for
+  replacing a client (the canary's upload negated in the other runs, mu = 0.4),
+  and a tenth of their noise is caught too; local DP's final model hides the
+  canary's upload among the others' noise."""
   import fedjax_dp
   out = tmp_path / "m"
-  report = fedjax_dp.audit_runs(TINY, out=str(out), runs=200, bootstrap=300, progress=False,
-                                log=lambda m: None, undercharge=factor)
+  report = fedjax_dp.audit_runs({**TINY, **keys}, out=str(out), runs=200, bootstrap=300,
+                                progress=False, log=lambda m: None, undercharge=factor)
   acc = report["accounted_epsilon"]
-  assert acc == pytest.approx(0.726, abs=0.005)
+  if not keys:
+    assert acc == pytest.approx(0.726, abs=0.005)
+  assert report["neighbours"].startswith("replace-one" if keys else "add/remove")
   assert report["inserted_runs"] == 100 and report["runs_tested"] == [50, 50]
+  assert report["can_exceed_accounted"]
   if factor is None:
     assert report["epsilon_lower_bound"] <= acc and not report["exceeds_accounted"]
     lo, hi = report["gaussian_fit"]["ci95"]
-    assert lo <= acc <= hi
+    assert lo <= acc and (keys or acc <= hi)
   else:
     assert report["epsilon_lower_bound"] > acc and report["exceeds_accounted"]
   rows = (out / "runs.csv").read_text().splitlines()
-  assert rows[0] == "run,seed,inserted,statistic" and len(rows) == 201
+  assert rows[0] == "run,seed,inserted,statistic,ledger_epsilon" and len(rows) == 201
   assert sum(int(r.split(",")[2]) for r in rows[1:]) == 100
   # run 0 is an ordinary run folder; its statistic is the model it saved
   assert (out / "run" / "summary.json").exists()

@@ -150,8 +150,8 @@ MEANINGS: dict[str, str] = {
                        "backdoor: the upload's boost, model replacement; 1: none)",
     "audit_canaries": "clients whose upload is a fixed random direction of norm clip_norm, "
                       "for an empirical privacy audit (fedjax-dp audit)",
-    "audit_canary_scale": "the canaries' upload norm over clip_norm (0: they upload zeros, "
-                          "the multi-run audit's runs without the canary)",
+    "audit_canary_scale": "the canaries' uploads are this times clip_norm times their "
+                          "direction (0: they take no part; the multi-run audit's runs)",
     "server_clip_l2": "norm bounding: the server clips every upload it receives to this L2 "
                       "norm before the aggregation rule; null: off",
     "attack_source_class": "targeted poisoning: the class the malicious clients relabel",

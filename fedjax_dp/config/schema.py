@@ -105,8 +105,8 @@ class Config:
   byzantine_draw: str = "fixed"
   # privacy audit (privacy/audit.py): clients whose upload is a fixed random direction
   audit_canaries: int = 0
-  # their uploads are this times clip_norm times the direction (0: zeros, the
-  # multi-run audit's runs without the canary)
+  # their uploads are this times clip_norm times the direction (0: they take no
+  # part, the multi-run audit's runs without the canary)
   audit_canary_scale: float = 1.0
   # the server clips every upload it receives to this L2 norm (norm bounding); None: off
   server_clip_l2: float | None = None
@@ -267,7 +267,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     "update_clip_l2": (0, None, False, True),
     "server_clip_l2": (0, None, False, True),
     "audit_canaries": (0, None, True, True),
-    "audit_canary_scale": (0, 1, True, True),
+    "audit_canary_scale": (-1, 1, True, True),
     "final_clip_l2": (0, None, False, True),
     "kept_noise_multiplier": (0, None, True, True),
     "ldp_epsilon": (0, None, False, True),

@@ -44,7 +44,7 @@ class ClientStages(NamedTuple):
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   server_clip: float | None       # norm bounding of every received upload (None: off)
-  canary: Callable | None         # (uploads, ids, norm) -> uploads (privacy/audit.py)
+  canary: Callable | None         # (uploads, ids, clip, scale) -> (uploads, present) (audit.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   shuffle: bool                   # layer-wise shuffled tuples: uniform weights
@@ -98,7 +98,12 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
   unclipped = jnp.zeros((), jnp.int32)
   if stages.canary is not None:   # before the mechanism, which treats them as any upload
-    deltas = stages.canary(deltas, cohort_ids, clip_norm * client_hp["audit_canary_scale"])
+    deltas, present = stages.canary(deltas, cohort_ids, clip_norm,
+                                    client_hp["audit_canary_scale"])
+    cohort_mask = cohort_mask & present    # scale 0: the canaries are absent
+    counts = jnp.where(cohort_mask, counts, 0)
+    mask_f = cohort_mask.astype(jnp.float32)
+    weights = counts.astype(jnp.float32)
   if stages.dp.per_upload:
     weights = mask_f
     deltas, unclipped, clip_nonfinite = stages.dp.client(deltas, cohort_ids, cohort_mask,

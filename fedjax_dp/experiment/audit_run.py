@@ -43,6 +43,11 @@ def _audit_values(config, undercharge: float | None) -> dict:
   """The config's values, or a RunError for what no audit can check."""
   from fedjax_dp.config import Config, make_config
   values = config.to_dict() if isinstance(config, Config) else dict(config)
+  for key in ("audit_canaries", "audit_canary_scale"):
+    if key in values and values[key] != getattr(Config(), key):
+      raise RunError(f"fedjax-dp audit: config key {key!r} = {values[key]!r}: the audit sets "
+                     "the canaries (--canaries, or --runs for the multi-run audit)")
+    values.pop(key, None)
   cfg = make_config(values)
   if cfg.dp == "none":
     raise RunError("fedjax-dp audit: dp 'none' has no differential-privacy mechanism whose "
@@ -135,79 +140,83 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   return report
 
 
+def neighbour_scale(cfg) -> float:
+  """The canary's audit_canary_scale in the multi-run audit's runs without it: 0
+  (the canary absent) where the accountant charges adding or removing a client
+  (central DP, Poisson sampling), -1 (its upload negated, 2 clip_norm away) where
+  it charges replacing one (fixed-size cohorts, local DP)."""
+  return -1.0 if cfg.dp == "local" or cfg.sampling == "fixed" else 0.0
+
+
+def _check_runs(cfg, runs: int, confidence: float, out: str) -> None:
+  """RunErrors for a multi-run audit that could not hold, before anything runs."""
+  from fedjax_dp.privacy import audit as audit_lib
+  if runs < 2 * audit_lib.MIN_CANARIES:
+    raise RunError(f"fedjax-dp audit: --runs {runs}: at least {2 * audit_lib.MIN_CANARIES} "
+                   "(half with the canary, half without)")
+  if not 0 < confidence < 1:
+    raise RunError(f"fedjax-dp audit: --confidence {confidence}: a probability in (0, 1)")
+  if cfg.noise_schedule != "static":
+    raise RunError(f"fedjax-dp audit: --runs with noise_schedule {cfg.noise_schedule!r}: the "
+                   "noise follows each run's releases, so each run is charged its own epsilon "
+                   "and no one figure covers them all (use noise_schedule static)")
+  if cfg.dp == "local" and cfg.clients_per_round < cfg.num_clients:
+    raise RunError(f"fedjax-dp audit: --runs under dp 'local' with clients_per_round "
+                   f"{cfg.clients_per_round} of {cfg.num_clients}: the canary's own epsilon "
+                   "would differ from run to run (set clients_per_round to num_clients)")
+  if os.path.isdir(out) and os.listdir(out):
+    raise RunError(f"fedjax-dp audit: --out {out} is not empty; a multi-run audit writes a "
+                   "new folder (nothing there is overwritten)")
+
+
 def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
                confidence: float = 0.95, log=print, progress: bool = True,
                undercharge: float | None = None) -> dict:
   """The multi-run audit, for models small enough to train `runs` times: run r
-  (seed config seed + r, the data seed fixed) has one canary client that uploads
-  clip_norm times a fixed direction c in a seeded half of the runs and zeros in
-  the other half (the neighbouring dataset without it). Each run's statistic is
-  <theta_T - theta_0, c>. Reports the Gaussian fit of the two sets (as the
-  one-shot audit's) and a lower bound on epsilon that holds with probability
-  `confidence` (privacy/audit.threshold_bound), beside the accounted epsilon.
+  (seed config seed + r, the data seed fixed) has one canary client that
+  uploads clip_norm times a fixed direction c in a seeded half of the runs and
+  is its neighbour in the other half (absent, or its upload negated:
+  neighbour_scale). Each run's statistic is <theta_T - theta_0, c>. Reports the
+  Gaussian fit of the two sets (as the one-shot audit's) and a lower bound on
+  epsilon that holds with probability `confidence`
+  (privacy/audit.threshold_bound), beside the accounted epsilon, which must be
+  the same in every run (checked).
 
   The first run is an ordinary run folder, out/run (its summary.json holds the
-  accountant's report); the others reuse its compiled round. Writes out/audit.json
-  and out/runs.csv (run, seed, inserted, statistic)."""
-  import csv
-  import jax.numpy as jnp
-  import fedjax_dp
+  accountant's report); the others run the same compiled chunks. Writes
+  out/runs.csv (run, seed, inserted, statistic, the ledger's epsilon) as the runs
+  finish, then out/audit.json."""
   from fedjax_dp.config import make_config
   from fedjax_dp.config.schema import data_seed
-  from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.privacy import audit as audit_lib
-  from jax.flatten_util import ravel_pytree
   values = _audit_values(config, undercharge)
-  if runs < 2 * audit_lib.MIN_CANARIES:
-    raise RunError(f"fedjax-dp audit: --runs {runs}: at least {2 * audit_lib.MIN_CANARIES} "
-                   f"(half with the canary, half without)")
-  if not 0 < confidence < 1:
-    raise RunError(f"fedjax-dp audit: confidence {confidence}: a probability in (0, 1)")
-  if os.path.isdir(out) and os.listdir(out):
-    raise RunError(f"fedjax-dp audit: --out {out} is not empty; a multi-run audit writes a "
-                   "new folder (nothing there is overwritten)")
   base = make_config({**values, "audit_canaries": 1})
+  _check_runs(base, runs, confidence, out)
   inserted = np.zeros(runs, bool)
   inserted[np.random.default_rng([data_seed(base), audit_lib.CANARY_DRAW]).permutation(
       runs)[:runs // 2]] = True
-  cfg = make_config({"audit_canary_scale": float(inserted[0])}, base=base)
-  observer, seen = _observer(cfg, 1, 0, False)
-
-  def keep_sim(ctx) -> None:
-    seen["sim"], seen["rounds"] = ctx.sim, ctx.round
-  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge)]) + [
-      fedjax_dp.callbacks.Callback(on_run_end=keep_sim)]
-  first = os.path.join(out, "run")
-  fedjax_dp.run(cfg, out=first, log=log, progress=progress, callbacks=callbacks)
-  flat0 = ravel_pytree(seen["theta0"])[0]
-  canary = np.flatnonzero(audit_lib.canary_clients(cfg.num_clients, 1, data_seed(cfg)))
-  c = np.asarray(audit_lib.directions(audit_lib.canary_key(data_seed(cfg)),
-                                      jnp.asarray(canary, jnp.int32), flat0.shape[0])[0],
-                 np.float64)
-
-  def statistic(theta0, theta):
-    change = (np.asarray(ravel_pytree(theta)[0], np.float64)
-              - np.asarray(ravel_pytree(theta0)[0], np.float64))
-    return float(change @ c)
-  stats = np.zeros(runs)
-  stats[0] = statistic(seen["theta0"], load_params(first))
-  sim0 = seen["sim"]
-  for r in range(1, runs):
-    sim = sim0.with_seed(cfg.seed + r).with_hparams(audit_canary_scale=float(inserted[r]))
-    sim = _undercharged(sim, undercharge)
-    state = sim.init_state()
-    theta0 = jax.device_get(state.params)
-    state, _ = sim.run_rounds(state, seen["rounds"])
-    stats[r] = statistic(theta0, jax.device_get(state.params))
-    if progress and (r + 1) % max(1, runs // 10) == 0:
-      log(f"audit: {r + 1} of {runs} runs")
-  with open(os.path.join(first, "summary.json")) as f:
-    privacy = json.load(f)["privacy"]
-  report = {"method": "multi-run audit: one canary client, inserted in half of the runs "
-                      "(zeros in the others); per run, the final model change's component "
+  other = neighbour_scale(base)
+  scales = np.where(inserted, 1.0, other)
+  cfg = make_config({"audit_canary_scale": float(scales[0])}, base=base)
+  stats, ledger, privacy, rounds = _run_all(cfg, out, scales, undercharge, log, progress)
+  if not np.all(np.isfinite(stats)):
+    bad = np.flatnonzero(~np.isfinite(stats))
+    raise RunError(f"fedjax-dp audit: run {int(bad[0])} (seed {cfg.seed + int(bad[0])}) ended "
+                   f"with a model that is not finite ({bad.size} of {runs} runs): no statistic "
+                   "to test (lower the learning rate)")
+  if not np.allclose(ledger, ledger[0], rtol=1e-9, atol=0):
+    raise RunError("fedjax-dp audit: the runs were charged different epsilons "
+                   f"({ledger.min():.6g} to {ledger.max():.6g}; runs.csv): no one accounted "
+                   "figure to compare with")
+  report = {"method": "multi-run audit: one canary client, in half of the runs, its "
+                      "neighbour in the others; per run, the final model change's component "
                       "along the canary's direction",
-            "runs": runs, "inserted_runs": int(inserted.sum()), "rounds": seen["rounds"],
-            "canary_client": int(canary[0]), "seeds": [cfg.seed, cfg.seed + runs - 1],
+            "neighbours": ("add/remove: the canary absent" if other == 0 else
+                           "replace-one: the canary's upload negated"),
+            "runs": runs, "inserted_runs": int(inserted.sum()), "rounds": rounds,
+            "canary_client": int(np.flatnonzero(audit_lib.canary_clients(
+                cfg.num_clients, 1, data_seed(cfg)))[0]),
+            "seeds": [cfg.seed, cfg.seed + runs - 1],
             "gaussian_fit": audit_lib.estimate(stats[inserted], stats[~inserted], cfg.delta,
                                                bootstrap),
             **audit_lib.threshold_bound(stats[inserted], stats[~inserted], cfg.delta,
@@ -217,16 +226,73 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
             **_test_mode(undercharge)}
   acc = report["accounted_epsilon"]
   report["exceeds_accounted"] = bool(acc is not None and report["epsilon_lower_bound"] > acc)
+  report["can_exceed_accounted"] = bool(acc is None or report["largest_possible_bound"] > acc)
   report["gaussian_fit"]["exceeds_accounted"] = bool(
       acc is not None and report["gaussian_fit"]["ci95"][0] > acc)
-  with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["run", "seed", "inserted", "statistic"])
-    for r in range(runs):
-      w.writerow([r, cfg.seed + r, int(inserted[r]), repr(float(stats[r]))])
   with open(os.path.join(out, "audit.json"), "w") as f:
     json.dump(report, f, indent=2)
   return report
+
+
+def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
+  """Every run's statistic and ledger epsilon (float64 [runs] each), the first
+  run's privacy report and the rounds run. Run 0 through fedjax_dp.run (into
+  out/run), the others on its simulation, in its chunks."""
+  import csv
+  import jax.numpy as jnp
+  from jax.flatten_util import ravel_pytree
+  import fedjax_dp
+  from fedjax_dp.config.schema import data_seed
+  from fedjax_dp.experiment.final_model import load_params
+  from fedjax_dp.experiment.runner import chunk_ends
+  from fedjax_dp.privacy import audit as audit_lib
+  observer, seen = _observer(cfg, 1, 0, False)
+
+  def keep(ctx) -> None:
+    seen["sim"], seen["rounds"], seen["state"] = ctx.sim, ctx.round, ctx.state
+  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge)]) + [
+      fedjax_dp.callbacks.Callback(on_run_end=keep)]
+  first = os.path.join(out, "run")
+  fedjax_dp.run(cfg, out=first, log=log, progress=progress, callbacks=callbacks)
+  canary = np.flatnonzero(audit_lib.canary_clients(cfg.num_clients, 1, data_seed(cfg)))
+  d = ravel_pytree(seen["theta0"])[0].shape[0]
+  c = np.asarray(audit_lib.directions(audit_lib.canary_key(data_seed(cfg)),
+                                      jnp.asarray(canary, jnp.int32), d)[0], np.float64)
+
+  def statistic(theta0, theta) -> float:
+    flat = lambda p: np.asarray(ravel_pytree(p)[0], np.float64)
+    return float((flat(theta) - flat(theta0)) @ c)
+
+  def spent(sim, state) -> float:
+    return float(np.max(sim.epsilons(state)[0]))
+  runs = len(scales)
+  stats, ledger = np.zeros(runs), np.zeros(runs)
+  stats[0] = statistic(seen["theta0"], load_params(first))
+  ledger[0] = spent(seen["sim"], seen["state"])
+  ends = chunk_ends(0, cfg, seen["rounds"])
+  with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
+    rows = csv.writer(f)
+    rows.writerow(["run", "seed", "inserted", "statistic", "ledger_epsilon"])
+
+    def row(r):
+      rows.writerow([r, cfg.seed + r, int(scales[r] == 1), repr(stats[r]), repr(ledger[r])])
+      f.flush()
+    row(0)
+    for r in range(1, runs):
+      sim = _undercharged(seen["sim"].with_seed(cfg.seed + r).with_hparams(
+          audit_canary_scale=float(scales[r])), undercharge)
+      state = sim.init_state()
+      theta0, done = jax.device_get(state.params), 0
+      for end in ends:
+        state, _ = sim.run_rounds(state, end - done)
+        done = end
+      stats[r], ledger[r] = statistic(theta0, jax.device_get(state.params)), spent(sim, state)
+      row(r)
+      if progress and (r + 1) % max(1, runs // 10) == 0:
+        log(f"audit: {r + 1} of {runs} runs")
+  with open(os.path.join(first, "summary.json")) as f:
+    privacy = json.load(f)["privacy"]
+  return stats, ledger, privacy, seen["rounds"]
 
 
 def _all_iterates(result, delta: float, bootstrap: int) -> dict:
@@ -271,7 +337,8 @@ def format_runs_report(report: dict) -> str:
   return "\n".join([
       *([f"TEST MODE: {report['undercharged_test_mode']}"]
         if "undercharged_test_mode" in report else []),
-      f"privacy audit: {report['runs']} runs, the canary in {report['inserted_runs']}",
+      f"privacy audit: {report['runs']} runs, the canary in {report['inserted_runs']} "
+      f"({report['neighbours']} in the others)",
       f"  statistic: with the canary {fit['mu_inserted']:.4g} +- {fit['sd_inserted']:.3g}, "
       f"without {fit['mu_held_out']:.4g} +- {fit['sd_held_out']:.3g}",
       f"  epsilon lower bound {report['epsilon_lower_bound']:.3f} with confidence "
@@ -284,4 +351,7 @@ def format_runs_report(report: dict) -> str:
       "  accounted epsilon: none reported",
       "  " + ("ABOVE the accounted epsilon: the accountant charged less than was released"
               if report["exceeds_accounted"] else "the lower bound is not above the accounted "
-              "epsilon")])
+              "epsilon"),
+      *([] if report["can_exceed_accounted"] else [
+          f"  too few runs to tell: with no error at all the bound would be "
+          f"{report['largest_possible_bound']:.3f}, not above the accounted epsilon"])])

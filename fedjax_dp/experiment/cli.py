@@ -231,12 +231,13 @@ def _audit(args) -> int:
       raise RunError(f"fedjax-dp audit: {given[0]} with --runs: the multi-run audit has one "
                      "canary and reads the final model (leave it out, or leave out --runs)")
     report = audit_run.audit_runs(cfg, out=args.out, runs=args.runs, bootstrap=args.bootstrap,
-                                  confidence=args.confidence, progress=not args.no_progress,
+                                  confidence=0.95 if args.confidence is None else
+                                  args.confidence, progress=not args.no_progress,
                                   undercharge=args.undercharge)
     print(audit_run.format_runs_report(report))
     print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
     return 0
-  if args.confidence != 0.95:
+  if args.confidence is not None:
     raise RunError("fedjax-dp audit: --confidence is the multi-run bound's (--runs); the "
                    "one-shot audit reports a 95 % bootstrap interval")
   report = audit_run.audit(cfg, out=args.out, canaries=args.canaries or 100,
@@ -440,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
   u.add_argument("--runs", type=_positive_int, default=None,
                  help="the multi-run audit instead: train this many times (at least 20), "
                       "one canary in half of them")
-  u.add_argument("--confidence", type=float, default=0.95,
+  u.add_argument("--confidence", type=float, default=None,
                  help="the multi-run lower bound's confidence (default 0.95)")
   u.add_argument("--held-out", type=_positive_int, default=None,
                  help="canary directions held out (default: as many as inserted)")

@@ -14,7 +14,8 @@ each set (N(mu_in, s_in), N(mu_out, s_out)) and reports the epsilon at which
 these two distributions are (epsilon, delta)-indistinguishable, with a bootstrap
 confidence interval over the canaries. For the Gaussian mechanism with every
 client in every round and a plain server step this is the accounted epsilon
-itself (mu_in - mu_out over s is sqrt(T) / z); sampling, other clients'
+itself (Poisson sampling, charged for adding or removing a client: mu_in -
+mu_out over s is sqrt(T) / z); sampling, other clients'
 updates and releasing only the final model make it smaller. It is an estimate,
 not a proof: an estimate above the accounted epsilon beyond its interval says
 the accountant charged less than the mechanism released.
@@ -57,20 +58,24 @@ def directions(key: jax.Array, ids: jax.Array, d: int) -> jax.Array:
 
 
 def make_canary_stage(num_clients: int, count: int, seed: int):
-  """The round's stage: (uploads [m, ...], ids [m], norm) -> uploads with each
-  canary's replaced by norm * its direction (norm: clip_norm times the config's
-  audit_canary_scale); None without canaries."""
+  """The round's stage: (uploads [m, ...], ids [m], clip_norm, scale) ->
+  (uploads, present [m] bool): each canary's upload replaced by scale * clip_norm
+  * its direction (scale: the config's audit_canary_scale, in [-1, 1]); at scale
+  0 the canaries take no part (present False: the multi-run audit's runs
+  without the canary, a neighbouring dataset under add/remove). None without
+  canaries."""
   if count <= 0:
     return None
   table = jnp.asarray(canary_clients(num_clients, count, seed))
   key = canary_key(seed)
 
-  def apply(uploads, ids, norm):
+  def apply(uploads, ids, clip_norm, scale):
     flat = jax.vmap(lambda u: ravel_pytree(u)[0])(uploads)                  # [m, d]
     unravel = ravel_pytree(jax.tree.map(lambda a: a[0], uploads))[1]
-    sent = norm * directions(key, ids, flat.shape[1])
-    flat = jnp.where(table[ids][:, None], sent.astype(flat.dtype), flat)
-    return jax.vmap(unravel)(flat)
+    sent = clip_norm * scale * directions(key, ids, flat.shape[1])
+    is_canary = table[ids]
+    flat = jnp.where(is_canary[:, None], sent.astype(flat.dtype), flat)
+    return jax.vmap(unravel)(flat), ~(is_canary & (scale == 0))
   return apply
 
 
@@ -188,8 +193,8 @@ def iterate_tracker(num_clients: int, count: int, held_out: int, seed: int, para
   flat0 = ravel_pytree(params0)[0]
   dirs = direction_matrix(num_clients, count, held_out, seed, flat0.shape[0])
 
-  @jax.jit
-  def step(best, prev, params):
+  @jax.jit   # dirs an argument: closed over, it would be a constant in the program
+  def step(dirs, best, prev, params):
     now = ravel_pytree(params)[0].astype(jnp.float32)
     change = now - prev
     size = jnp.linalg.norm(change)
@@ -200,7 +205,7 @@ def iterate_tracker(num_clients: int, count: int, held_out: int, seed: int, para
            "prev": flat0.astype(jnp.float32)}
 
   def update(params) -> None:
-    carry["best"], carry["prev"] = step(carry["best"], carry["prev"], params)
+    carry["best"], carry["prev"] = step(dirs, carry["best"], carry["prev"], params)
 
   def result():
     best = np.asarray(carry["best"], np.float64)
@@ -245,6 +250,9 @@ def threshold_bound(inserted: np.ndarray, absent: np.ndarray, delta: float,
   over the two), so choosing t costs no validity (Jagielski et al. 2020's
   audit with a held-out threshold)."""
   inserted, absent = np.asarray(inserted, np.float64), np.asarray(absent, np.float64)
+  if not (np.all(np.isfinite(inserted)) and np.all(np.isfinite(absent))):
+    raise ValueError("a multi-run bound needs finite statistics (a NaN is on neither side of "
+                     "any threshold)")
   if min(len(inserted), len(absent)) < MIN_CANARIES:
     raise ValueError(f"a multi-run bound needs at least {MIN_CANARIES} runs with and without "
                      f"the canary; got {len(inserted)} and {len(absent)}")
@@ -263,4 +271,7 @@ def threshold_bound(inserted: np.ndarray, absent: np.ndarray, delta: float,
           "threshold": float(t), "runs_fit": [len(fit_in), len(fit_out)],
           "runs_tested": [len(test_in), len(test_out)],
           "false_positives": int(np.sum(test_out > t)),
-          "false_negatives": int(np.sum(test_in <= t))}
+          "false_negatives": int(np.sum(test_in <= t)),
+          # with no error at all: what these many runs can show at most
+          "largest_possible_bound": _rates_bound(0, len(test_out), 0, len(test_in), delta,
+                                                 alpha)}
