@@ -33,6 +33,62 @@ def test_healthcare_groups_tiers_and_signal():
                                 tabular.healthcare_data(50, seed=1)[0])
 
 
+def test_the_severity_generator_keeps_the_groups_and_its_signal_runs_through_them():
+  x, y, tiers, names, sensitive = tabular.healthcare_data(3000, seed=1, generator="severity")
+  ref = tabular.healthcare_data(50, seed=1)
+  assert x.shape == (3000, 847) and names == ref[3]
+  np.testing.assert_array_equal(tiers, ref[2])
+  np.testing.assert_array_equal(sensitive, ref[4])
+  assert set(np.unique(x[:, :305])) <= {0.0, 1.0, 2.0}
+  assert x[:, 305:483].min() >= 0 and x[:, 305:483].max() <= 40
+  assert np.all(x[:, 525:] > 0)
+  assert np.bincount(y).tolist() == [1200, 900, 900]          # thresholds at 40 % and 70 %
+  # the stages are ordered: clinical scores rise and imaging volumes shrink with them
+  clin, img = x[:, 305:483].mean(1), np.log(x[:, 525:]).mean(1)
+  assert np.all(np.diff([clin[y == k].mean() for k in range(3)]) > 0)
+  assert np.all(np.diff([img[y == k].mean() for k in range(3)]) < 0)
+  from sklearn.linear_model import LogisticRegression
+  majority = np.bincount(y[2000:]).max() / 1000
+  for lo, hi in [(0, 305), (305, 483), (525, 847)]:   # causes (genotype) and markers
+    xs = (x[:, lo:hi] - x[:2000, lo:hi].mean(0)) / (x[:2000, lo:hi].std(0) + 1e-9)
+    model = LogisticRegression(C=0.05, max_iter=500).fit(xs[:2000], y[:2000])
+    assert model.score(xs[2000:], y[2000:]) > majority + 0.05, lo
+  with pytest.raises(DataError, match="generator 'nope'; allowed: logits, severity"):
+    tabular.healthcare_data(10, generator="nope")
+
+
+def test_an_mlp_learns_the_severity_cohort_centrally():
+  """Issue 23's bar: a 256-128-64 MLP (scikit-learn's, an implementation apart
+  from ours) reaches >= 95 % on held-out patients (96.4 % here; the logits
+  generator's logistic regression reaches 83 % at 5,000)."""
+  import warnings
+  from sklearn.neural_network import MLPClassifier
+  x, y, *_ = tabular.healthcare_data(8000, seed=0, generator="severity")
+  mean, sd = x[:6400].mean(0), x[:6400].std(0) + 1e-9
+  xs = (x - mean) / sd
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")    # 60 epochs: a ConvergenceWarning, and 96 %
+    model = MLPClassifier((256, 128, 64), max_iter=60, random_state=0).fit(xs[:6400], y[:6400])
+  assert model.score(xs[6400:], y[6400:]) >= 0.955
+
+
+def test_federated_training_feels_label_skew_on_the_severity_cohort(tmp_path):
+  """The same FedAvg protocol, IID against Dirichlet 0.01 (each client nearly one
+  stage): IID reaches 94.5 %, the skewed clients 89.7 %."""
+  import fedjax_dp
+  acc = {}
+  for part in ("iid", "dirichlet_client"):
+    cfg = dict(dataset="healthcare", healthcare_examples=3000, healthcare_generator="severity",
+               num_clients=30, clients_per_round=10, partition=part, hidden=[64],
+               local_epochs=2, batch_size=32, lr=0.05, rounds=40, eval_every=40)
+    if part != "iid":
+      cfg["alpha"] = 0.01
+    summary = fedjax_dp.run(cfg, out=str(tmp_path / part), progress=False, log=lambda m: None)
+    acc[part] = summary["final"]["test_accuracy"]
+  assert acc["iid"] >= 0.92
+  assert acc["dirichlet_client"] <= acc["iid"] - 0.015
+
+
 def test_loaders_carry_tiers():
   ds = load_dataset("healthcare", seed=0, num_examples=500)
   assert ds.x_train.shape == (400, 847) and ds.num_classes == 3

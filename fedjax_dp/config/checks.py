@@ -153,6 +153,7 @@ _SETUP_KEYS_READ = {
     "synthetic_features": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
     "synthetic_classes": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
     "healthcare_examples": (lambda c: c.dataset == "healthcare", "dataset 'healthcare'"),
+    "healthcare_generator": (lambda c: c.dataset == "healthcare", "dataset 'healthcare'"),
     "csv_path": (lambda c: c.dataset == "csv", "dataset 'csv'"),
     "label_column": (lambda c: c.dataset == "csv", "dataset 'csv'"),
     "tier_map_path": (lambda c: c.dataset in ("csv", "breast_cancer"),

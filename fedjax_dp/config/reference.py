@@ -18,7 +18,7 @@ from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, CHOICES, PRESETS, RANGES
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": ("dataset", "data_dir", "csv_path", "tier_map_path", "label_column",
              "synthetic_examples", "synthetic_features", "synthetic_classes",
-             "healthcare_examples", "feature_scaling"),
+             "healthcare_examples", "healthcare_generator", "feature_scaling"),
     "federation": ("num_clients", "clients_per_round", "sampling", "max_cohort", "partition",
                    "alpha", "classes_per_client", "quantity_alpha"),
     "model": ("model", "hidden"),
@@ -67,6 +67,9 @@ MEANINGS: dict[str, str] = {
     "synthetic_features": "features per example",
     "synthetic_classes": "classes",
     "healthcare_examples": "patients drawn by the generator",
+    "healthcare_generator": "logits: classes from noisy logits of a few features (hard to "
+                            "learn); severity: a latent disease severity the clinical and "
+                            "imaging markers measure (an MLP learns it to ~96 %)",
     "feature_scaling": "how tabular features are standardised; auto: pooled without DP, "
                        "per_client under DP",
     # federation

@@ -38,6 +38,7 @@ class Config:
   synthetic_features: int = 32
   synthetic_classes: int = 10
   healthcare_examples: int = 5000
+  healthcare_generator: str = "logits"
   feature_scaling: str = "auto"
   # federation
   num_clients: int = 20
@@ -208,6 +209,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "cluster_noise": ("uniform", "equalize"),
     "analyzer_rule": ("fused", "semantic", "statistical"),
     "accountant": ("rdp", "pld"),
+    "healthcare_generator": ("logits", "severity"),
 }
 
 # key -> (low, high, low_inclusive, high_inclusive); None = unbounded

@@ -74,7 +74,7 @@ def _load_raw(name: str, data_dir: str | None, seed: int, options: dict) -> Data
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,
                  feature_scaling: str | None = None, **options) -> Dataset:
   """Loads a dataset by name; options: csv (path, label_column, test_fraction, tier_map),
-  synthetic (num_examples, num_features, num_classes), healthcare (num_examples),
+  synthetic (num_examples, num_features, num_classes), healthcare (num_examples, generator),
   breast_cancer (tier_map).
 
   feature_scaling (tabular datasets): 'pooled' (None: the default) or 'none', applied

@@ -10,10 +10,11 @@ a feature's tier is its index in TIERS). Three sources:
     demographics   42 features of mixed tiers: 10 high (e.g. ethnicity),
                    12 medium, 10 low, 6 public, 4 metadata (site, visit)
     imaging       322 continuous imaging measures (log-normal volumes) low
-  847 features, 3 classes (e.g. healthy / mild / severe) whose logits depend
-  on 20 risk alleles, 30 clinical scores, 40 imaging measures and age, so
-  every group carries signal. `sensitive` marks the demographic columns that
-  are sensitive attributes (the analyzer correlates features with them).
+  847 features, 3 classes (healthy / mild / severe) that depend on several
+  groups, by one of two generators (`generator`: logits, the default, or
+  severity, which an MLP learns as the paper's data is learned; see
+  healthcare_data). `sensitive` marks the demographic columns that are
+  sensitive attributes (the analyzer correlates features with them).
 * `breast_cancer_data`: scikit-learn's shipped breast-cancer set (569 x 30, 2
   classes); its tiers are not known (None).
 * `read_tier_map`: a tier map for CSV input, either a CSV file with columns
@@ -47,22 +48,54 @@ class TierMapError(ValueError):
   """A missing or bad tier map; one line."""
 
 
-def healthcare_data(num_examples: int = 5000, seed: int = 0):
+GENERATORS = ("logits", "severity")
+
+
+def healthcare_data(num_examples: int = 5000, seed: int = 0, generator: str = "logits"):
   """(x float32 [n, 847] raw (unstandardized), y int32 [n], tiers int32 [847],
-  names list[str], sensitive bool [847])."""
-  rng = np.random.default_rng([seed, 847])
-  n = num_examples
+  names list[str], sensitive bool [847]) from one of two generators (GENERATORS):
+
+  logits    the class is the argmax of noisy logits, linear in 20 risk alleles,
+            30 clinical scores, 40 log imaging measures and age (the first
+            generator, the default, which every committed healthcare result
+            used: a centralised logistic regression reaches 83 % on 5,000
+            patients, 91 % on 20,000).
+  severity  a disease process: a latent severity s (12 risk alleles, one of
+            large effect carried dominantly as APOE-e4 is, age, and unmeasured
+            causes) sets the class by thresholds (40 / 30 / 30 %); 140 of the 178
+            clinical scores rise with s and 250 of the 322 imaging volumes
+            shrink with it (atrophy), each with little noise, so the markers
+            measure s closely: a 256-128-64 MLP learns the class to 95.2-95.6 %
+            from 4,000 patients and 96.4 % from 6,400 (scikit-learn's, seeds
+            0-2), where the logits generator's logistic regression stops at 83 %
+            (5,000). Under strong label skew a client sees about one stage of
+            the disease, which federated training feels (tests/test_tabular.py)."""
+  if generator not in GENERATORS:
+    raise DataError(f"healthcare: generator {generator!r}; allowed: {', '.join(GENERATORS)}")
+  rng = np.random.default_rng([seed, 847] if generator == "logits" else [seed, 847, 2])
+  make = _logits_cohort if generator == "logits" else _severity_cohort
+  geno, clinical, demo, imaging, y = make(rng, num_examples)
+  return _cohort(geno, clinical, demo, imaging, y)
+
+
+def _demographics(rng, n: int, age: np.ndarray) -> np.ndarray:
+  demo = rng.normal(size=(n, 42))
+  demo[:, 0] = rng.integers(0, 5, size=n)                      # ethnicity (categorical code)
+  demo[:, 1] = rng.integers(0, 2, size=n)                      # sex
+  demo[:, 10] = age
+  demo[:, 38:42] = rng.integers(0, 12, size=(n, 4))            # site, visit, ...: metadata
+  return demo
+
+
+def _logits_cohort(rng, n: int):
+  """The logits generator's groups and labels (its draws in their first order)."""
   maf = rng.uniform(0.05, 0.5, size=305)                       # minor-allele frequencies
   geno = rng.binomial(2, maf, size=(n, 305)).astype(np.float64)
   latent = rng.normal(size=(n, 4))                              # shared disease factors
   load = rng.normal(size=(4, 178)) * 0.6
   clinical = np.clip(np.round(20 + 5 * (latent @ load + rng.normal(size=(n, 178)))), 0, 40)
   age = rng.uniform(50, 90, size=n)
-  demo = rng.normal(size=(n, 42))
-  demo[:, 0] = rng.integers(0, 5, size=n)                      # ethnicity (categorical code)
-  demo[:, 1] = rng.integers(0, 2, size=n)                      # sex
-  demo[:, 10] = age
-  demo[:, 38:42] = rng.integers(0, 12, size=(n, 4))            # site, visit, ...: metadata
+  demo = _demographics(rng, n, age)
   img_load = rng.normal(size=(4, 322)) * 0.3
   imaging = np.exp(0.5 * (latent @ img_load) + 0.3 * rng.normal(size=(n, 322)) - 0.01 * (age[:, None] - 70))
   # class logits from several groups: risk alleles, clinical scores, imaging, age
@@ -76,6 +109,34 @@ def healthcare_data(num_examples: int = 5000, seed: int = 0):
             + np.outer((age - 70) / 10, [-0.5, 0.0, 0.5]))
   logits += rng.gumbel(size=logits.shape) * 0.5
   y = np.argmax(logits, axis=1).astype(np.int32)
+  return geno, clinical, demo, imaging, y
+
+
+def _severity_cohort(rng, n: int):
+  """The severity generator's groups and labels (healthcare_data)."""
+  maf = rng.uniform(0.05, 0.5, size=305)
+  geno = rng.binomial(2, maf, size=(n, 305)).astype(np.float64)
+  age = rng.uniform(50, 90, size=n)
+  risk = rng.choice(305, 12, replace=False)
+  effect = np.abs(rng.normal(size=12)) * 0.35
+  severity = ((geno[:, risk] - 2 * maf[risk]) @ effect + 0.8 * (geno[:, risk[0]] > 0)
+              + 0.05 * (age - 70) + 0.6 * rng.normal(size=n))
+  y = np.digitize(severity, np.quantile(severity, [0.4, 0.7])).astype(np.int32)
+  s = (severity - severity.mean()) / severity.std()
+  load = np.zeros(178)
+  load[rng.choice(178, 140, replace=False)] = rng.uniform(0.5, 1.5, 140)
+  unrelated = rng.normal(size=(n, 4)) @ (rng.normal(size=(4, 178)) * 0.5)
+  clinical = np.clip(np.round(20 + 6 * (np.outer(s, load)
+                                        + 0.2 * (rng.normal(size=(n, 178)) + unrelated))), 0, 40)
+  shrink = np.zeros(322)
+  shrink[rng.choice(322, 250, replace=False)] = rng.uniform(0.1, 0.3, 250)
+  imaging = np.exp(-np.outer(s, shrink) + 0.04 * rng.normal(size=(n, 322))
+                   - 0.005 * (age[:, None] - 70))
+  return geno, clinical, _demographics(rng, n, age), imaging, y
+
+
+def _cohort(geno, clinical, demo, imaging, y):
+  """The generators' common columns: x, y, tiers, names, sensitive."""
   x = np.concatenate([geno, clinical, demo, imaging], axis=1).astype(np.float32)
   tiers = np.array([HIGH] * 305 + [MEDIUM] * 178 + DEMOGRAPHIC_TIERS + [LOW] * 322, np.int32)
   demo_names = [f"demo_{j}" for j in range(42)]
@@ -141,12 +202,14 @@ def read_tier_map(path: str, features: list[str]) -> np.ndarray:
   return out
 
 
-def load_healthcare(num_examples: int = 5000, seed: int = 0) -> Dataset:
+def load_healthcare(num_examples: int = 5000, seed: int = 0, generator: str = "logits") -> Dataset:
   if num_examples < 10:
     raise DataError(f"healthcare: num_examples={num_examples}; expected >= 10")
-  x, y, tiers, names, sensitive = healthcare_data(num_examples, seed)
+  x, y, tiers, names, sensitive = healthcare_data(num_examples, seed, generator)
   tr, te = train_test_split(len(y), 0.2, seed)
-  return Dataset("healthcare", x[tr], y[tr], x[te], y[te], 3, f"generated (seed {seed})",
+  source = f"generated (seed {seed})" if generator == "logits" else (
+      f"generated ({generator} generator, seed {seed})")
+  return Dataset("healthcare", x[tr], y[tr], x[te], y[te], 3, source,
                  feature_names=tuple(names), feature_tiers=tiers, sensitive=sensitive)
 
 

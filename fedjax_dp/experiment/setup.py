@@ -42,7 +42,7 @@ def load_data(cfg: Config) -> Dataset:
     options = dict(num_examples=cfg.synthetic_examples, num_features=cfg.synthetic_features,
                    num_classes=cfg.synthetic_classes)
   elif cfg.dataset == "healthcare":
-    options = dict(num_examples=cfg.healthcare_examples)
+    options = dict(num_examples=cfg.healthcare_examples, generator=cfg.healthcare_generator)
   elif cfg.dataset == "breast_cancer" and cfg.tier_map_path:
     options = dict(tier_map=cfg.tier_map_path)
   mode = resolved_feature_scaling(cfg)

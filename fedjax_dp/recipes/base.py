@@ -36,7 +36,8 @@ from fedjax_dp.config import Config, ConfigError
 SETUP_KEYS = frozenset({
     # data
     "dataset", "data_dir", "csv_path", "tier_map_path", "label_column", "synthetic_examples",
-    "synthetic_features", "synthetic_classes", "healthcare_examples", "feature_scaling",
+    "synthetic_features", "synthetic_classes", "healthcare_examples", "healthcare_generator",
+    "feature_scaling",
     # population and sampling
     "num_clients", "clients_per_round", "sampling", "max_cohort", "partition", "alpha",
     "classes_per_client", "quantity_alpha",
