@@ -55,7 +55,8 @@ ARMS = {
     "no_privacy": {},
     "static_dp": {"dp": "central", "target_epsilon": 1.9},
     "dynamic_dp": {"dp": "central", "target_epsilon": 1.9, "clip_parts": "tiers",
-                   "tier_source": "analyzer", "noise_schedule": "convergence",
+                   "tier_source": "analyzer", "analyzer_rule": "fused",
+                   "noise_schedule": "convergence",
                    "convergence_measure": "norm_diff"},
 }
 ARMS["dynamic_dp_first"] = ARMS["dynamic_dp"]

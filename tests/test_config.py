@@ -162,7 +162,7 @@ DP_ON = {"dp": "central", "noise_multiplier": 1.0}
     ("noise_ema", 0.5, {}),
     ("convergence_beta", 0.5, {"noise_schedule": "weighted", "clip_parts": "tiers",
                                "dataset": "healthcare"}),
-    ("analyzer_rule", "semantic", {"clip_parts": "tiers", "dataset": "healthcare"}),
+    ("analyzer_rule", "fused", {"clip_parts": "tiers", "dataset": "healthcare"}),
 ])
 def test_a_mechanism_key_its_variant_does_not_read_is_refused(key, value, variant):
   """With dp on, a key read only by another variant of the mechanism (tier multipliers

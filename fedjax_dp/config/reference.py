@@ -184,8 +184,8 @@ MEANINGS: dict[str, str] = {
     # dynamic DP
     "tier_source": "where feature tiers come from: the data's metadata, or the sensitivity "
                    "analyzer",
-    "analyzer_rule": "which analyzer score sets the tiers: fused (the paper's), semantic, "
-                     "statistical",
+    "analyzer_rule": "which analyzer score sets the tiers: semantic (the most accurate), "
+                     "fused (the paper's), statistical",
     "analyzer_steps": "training steps of the analyzer's semantic network",
     "noise_schedule": "static noise, or the convergence / weighted adaptive schedules",
     "convergence_measure": "what the convergence score reads: update differences or norm "

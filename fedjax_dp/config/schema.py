@@ -138,7 +138,7 @@ class Config:
   convergence_beta: float = 0.3
   noise_ema: float = 0.9
   client_budgets: str = "uniform"
-  analyzer_rule: str = "fused"
+  analyzer_rule: str = "semantic"
   analyzer_steps: int = 1500
   adaptive_clipping: bool = False
   target_quantile: float = 0.5
