@@ -152,6 +152,9 @@ class SemanticModel(NamedTuple):
   source: str = "trained"            # 'trained', or 'cache <file>' where it was loaded
 
 
+# float32 products on every platform (a GPU's default is TF32, JAX_NOTES.md): the
+# network and the scores are then the same numbers as on the CPU, to rounding
+@jax.default_matmul_precision("float32")
 def train_semantic_model(seed: int = 0, steps: int = 1500) -> SemanticModel:
   """Teacher, distilled and pruned student, int8 student on `training_set(seed)`."""
   xs, ys = training_set(seed)
@@ -236,6 +239,7 @@ def _score_client(q: semantic.QuantizedMLP, x, mask, sensitive, reference):
 RULES = ("fused", "semantic", "statistical")
 
 
+@jax.default_matmul_precision("float32")
 def analyze_clients(x_train: np.ndarray, parts: list[np.ndarray], sensitive: np.ndarray | None,
                     known_tiers: np.ndarray | None = None, seed: int = 0,
                     semantic_steps: int = 1500, rule: str = "fused") -> dict:
