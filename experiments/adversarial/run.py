@@ -62,7 +62,7 @@ import yaml  # noqa: E402
 
 from fedjax_dp.config import ConfigError, make_config  # noqa: E402
 from fedjax_dp.experiment import reporting  # noqa: E402
-from fedjax_dp.experiment.batch import claim_tree  # noqa: E402
+from fedjax_dp.experiment.batch import add_tree_arguments, check_distinct, claim_tree  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 
 PROTOCOLS = {
@@ -550,21 +550,15 @@ def build_parser() -> OneLineParser:
   ap.add_argument("--grid", default="full", choices=["full", "paper"],
                   help="robustness: every attack x fraction x defense (full), or each attack "
                        "against no defense and the one Table 5 pairs with it (paper)")
-  ap.add_argument("--out", default=os.path.join("runs", "adversarial"),
-                  help="the results tree, one folder per dataset below it (default "
-                       "runs/adversarial; the committed results are experiments/adversarial/results)")
-  ap.add_argument("--overwrite", action="store_true",
-                  help="rerun the cells under --out whose settings differ (else an error)")
+  add_tree_arguments(ap, os.path.join("runs", "adversarial"),
+                     "one folder per dataset below it", "experiments/adversarial/results")
   return ap
 
 
 def main(argv=None):
   ap = build_parser()
   args = ap.parse_args(argv)
-  for name in ("seeds", "attacks", "defenses", "fractions"):
-    values = getattr(args, name)
-    if len(set(values)) < len(values):
-      ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
+  check_distinct(ap, args, ("seeds", "attacks", "defenses", "fractions"))
   bad = [f for f in args.fractions if not 0 < f < 0.5]
   if bad:
     ap.error(f"--fractions {bad[0]:g}: a malicious fraction is in (0, 0.5)")

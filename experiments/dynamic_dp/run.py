@@ -48,7 +48,8 @@ from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # no
 import yaml  # noqa: E402
 
 from fedjax_dp.config import Config, make_config  # noqa: E402
-from fedjax_dp.experiment.batch import check_request, claim_tree  # noqa: E402
+from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # noqa: E402
+                                        check_request, claim_tree)
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 PROTOCOLS = {
@@ -315,19 +316,15 @@ def build_parser() -> OneLineParser:
   ap.add_argument("--rounds", type=int, default=1350)
   ap.add_argument("--analyzer-steps", type=int, default=0,
                   help="training steps of the analyzer's networks (0: the config's)")
-  ap.add_argument("--out", default=os.path.join("runs", "dynamic_dp"),
-                  help="the results tree, one folder per protocol below it (default "
-                       "runs/dynamic_dp; the committed results are experiments/dynamic_dp/results)")
-  ap.add_argument("--overwrite", action="store_true",
-                  help="rerun the runs under --out whose settings differ (else an error)")
+  add_tree_arguments(ap, os.path.join("runs", "dynamic_dp"),
+                     "one folder per protocol below it", "experiments/dynamic_dp/results")
   return ap
 
 
 def main(argv=None):
   ap = build_parser()
   args = ap.parse_args(argv)
-  if len(set(args.seeds)) < len(args.seeds):
-    ap.error(f"--seeds {' '.join(map(str, args.seeds))}: each value at most once")
+  check_distinct(ap, args, ("seeds",))
 
   def go():
     claim_tree(os.path.join(args.out, args.protocol),

@@ -37,7 +37,8 @@ from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import Config, load_config  # noqa: E402
 from fedjax_dp.compression.pipeline import communication  # noqa: E402
-from fedjax_dp.experiment.batch import check_request, claim_tree  # noqa: E402
+from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # noqa: E402
+                                        check_request, claim_tree)
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
@@ -383,16 +384,10 @@ def main(argv=None):
   ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "mnist", "cifar10"])
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--rounds", type=int, default=200)
-  ap.add_argument("--out", default=None,
-                  help="the results tree (default runs/topksdp/DATASET; the committed results "
-                       "are experiments/topksdp/results/DATASET)")
-  ap.add_argument("--overwrite", action="store_true",
-                  help="rerun the runs under --out whose settings differ (else an error)")
+  add_tree_arguments(ap, None, "one per dataset", "experiments/topksdp/results/DATASET",
+                     shown_default="runs/topksdp/DATASET")
   args = ap.parse_args(argv)
-  for name in ("levels", "algorithms", "seeds"):
-    values = getattr(args, name)
-    if len(set(values)) < len(values):
-      ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
+  check_distinct(ap, args, ("levels", "algorithms", "seeds"))
 
   args.out = args.out or os.path.join("runs", "topksdp", args.dataset)
 

@@ -59,3 +59,22 @@ def check_request(cells: list[tuple[str, Config]], overwrite: bool) -> None:
     if not found:
       raise RunError(f"dataset {dataset!r} is not available: {where} (found before any run: "
                      "nothing was run)")
+
+
+def add_tree_arguments(ap, default_out: str | None, layout: str, committed: str,
+                       shown_default: str | None = None) -> None:
+  """An experiment script's --out (its results tree: `layout`) and --overwrite;
+  `shown_default` where the default is worked out later (default_out None)."""
+  ap.add_argument("--out", default=default_out,
+                  help=f"the results tree, {layout} (default {shown_default or default_out}; "
+                       f"the committed results are {committed})")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="rerun the runs under --out whose settings differ (else an error)")
+
+
+def check_distinct(ap, args, names: tuple[str, ...]) -> None:
+  """ap.error (one line, exit 2) where a list option repeats a value."""
+  for name in names:
+    values = getattr(args, name)
+    if len(set(values)) < len(values):
+      ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
