@@ -98,6 +98,7 @@ def test_analyzer_tiers_and_report(analysis):
   assert rep["seconds"]["per_client"] > 0
 
 
+@pytest.mark.slow   # two runs with the analyzer: make test's 10 minutes
 @pytest.mark.parametrize("generator", ["logits", "severity"])
 def test_a_runs_default_rule_is_the_semantic_score_and_gets_nine_in_ten_tiers(tmp_path,
                                                                                generator):

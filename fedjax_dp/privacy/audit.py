@@ -265,7 +265,7 @@ def threshold_bound(inserted: np.ndarray, absent: np.ndarray, delta: float,
   def bound(t, ins, outs):
     return _rates_bound(int(np.sum(outs > t)), len(outs), int(np.sum(ins <= t)), len(ins),
                         delta, alpha)
-  candidates = np.concatenate([fit_in, fit_out])
+  candidates = np.unique(np.concatenate([fit_in, fit_out]))   # ties: one test each
   t = max(candidates, key=lambda c: bound(c, fit_in, fit_out))
   return {"epsilon_lower_bound": bound(t, test_in, test_out), "confidence": confidence,
           "threshold": float(t), "runs_fit": [len(fit_in), len(fit_out)],
