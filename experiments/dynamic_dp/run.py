@@ -155,6 +155,8 @@ def ablations(args):
   arms = [
       ("full", dict(DYNAMIC)),
       ("no_semantic", dict(DYNAMIC, analyzer_rule="statistical")),
+      # ours: the tiers from the semantic score alone (the library's default rule)
+      ("semantic_tiers", dict(DYNAMIC, analyzer_rule="semantic")),
       # a static schedule reads no convergence key: DYNAMIC's measure is left out
       ("no_convergence", dict(STATIC_SCHEDULE, noise_schedule="static")),
       ("no_adaptive_budget", dict(DYNAMIC, tier_noise_multipliers=[1, 1, 1, 1, 1])),
