@@ -239,7 +239,6 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   run's privacy report and the rounds run. Run 0 through fedjax_dp.run (into
   out/run), the others on its simulation, in its chunks."""
   import csv
-  import jax.numpy as jnp
   from jax.flatten_util import ravel_pytree
   import fedjax_dp
   from fedjax_dp.config.schema import data_seed
@@ -254,10 +253,9 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
       fedjax_dp.callbacks.Callback(on_run_end=keep)]
   first = os.path.join(out, "run")
   fedjax_dp.run(cfg, out=first, log=log, progress=progress, callbacks=callbacks)
-  canary = np.flatnonzero(audit_lib.canary_clients(cfg.num_clients, 1, data_seed(cfg)))
   d = ravel_pytree(seen["theta0"])[0].shape[0]
-  c = np.asarray(audit_lib.directions(audit_lib.canary_key(data_seed(cfg)),
-                                      jnp.asarray(canary, jnp.int32), d)[0], np.float64)
+  c = np.asarray(audit_lib.direction_matrix(cfg.num_clients, 1, 0, data_seed(cfg), d)[0],
+                 np.float64)
 
   def statistic(theta0, theta) -> float:
     flat = lambda p: np.asarray(ravel_pytree(p)[0], np.float64)
