@@ -142,7 +142,7 @@ def ldp_fedavg(noise_multiplier: float = 1.0, clip_norm: float = 1.0,
 
 def dynamic_dp(noise_multiplier: float | None = None, target_epsilon: float | None = 2.0,
                clip_norm: float = 0.1, delta: float = 1e-5, tier_source: str = "analyzer",
-               analyzer_rule: str = "fused", rest_tier: str = "medium",
+               analyzer_rule: str = "semantic", rest_tier: str = "medium",
                tier_noise_multipliers: tuple[float, ...] = (2.0, 1.0, 0.5, 0.25, 0.1),
                measure: str = "norm_diff", convergence_lambda: float = 0.1,
                convergence_window: int = 10, convergence_beta: float = 0.3,
