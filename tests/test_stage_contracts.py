@@ -443,8 +443,11 @@ def dp_step(dp, state, ids, mask, deltas, round_key, hp, mode="central"):
   if mode == "none":   # the round runs no client half without DP
     uploads, unclipped, nonfinite = deltas, jnp.int32(0), jnp.zeros(ids.shape, bool)
   else:
-    uploads, unclipped, nonfinite = dp.client(deltas, ids, adm.mask, round_key, clip, hp,
-                                              plan.scales, adm.factor)
+    # the client half is per upload: the round runs it in its client loop or vmapped
+    uploads, norms = jax.vmap(lambda u, c: dp.client(u, c, round_key, clip, hp, plan.scales,
+                                                     adm.factor[c]))(deltas, ids)
+    unclipped = jnp.sum((norms <= clip) & adm.mask, dtype=jnp.int32)
+    nonfinite = ~jnp.isfinite(norms) & adm.mask
   # (the round's own sums are tested with the round; here only admitted slots enter)
   total = jax.tree.map(lambda u: jnp.sum(jnp.where(
       adm.mask.reshape((-1,) + (1,) * (u.ndim - 1)), u, 0.0), axis=0), uploads)

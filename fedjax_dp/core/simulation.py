@@ -334,7 +334,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   per_client_state = bool(jax.tree.leaves(
       jax.eval_shape(lambda: init_state(cfg, model).client_state)))
-  inspects_uploads = (dp.per_upload or byzantine is not None or not aggregator.linear
+  # a stage that needs the cohort's uploads stacked (DP's client half, one upload
+  # at a time, runs inside the client loop's sum)
+  stacks_uploads = (byzantine is not None or not aggregator.linear
                       or cfg.server_clip_l2 is not None or cfg.audit_canaries > 0)
   paged = cfg.client_state_store != "device"
   if paged and not per_client_state:
@@ -351,7 +353,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   width, why = one_step.one_step_width(
       epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
       local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
-      per_client_state=per_client_state, inspects_uploads=inspects_uploads,
+      per_client_state=per_client_state, inspects_uploads=stacks_uploads or dp.per_upload,
       uniform_weights=cfg.shuffle == "layerwise")
   if cfg.client_parallelism == "one_step" and why:
     raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
@@ -360,7 +362,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
       per_client_state=per_client_state, resident=resident_state,
-      refuses_clients=dp.refuses_clients, inspects_uploads=inspects_uploads,
+      refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
       one_step_width=width, paged=paged)
   # a data attack drawn each round: the store holds every client's poisoned data
   # after the clean data (experiment/setup.py), from this row on

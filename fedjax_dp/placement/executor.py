@@ -17,10 +17,11 @@ the stages' properties and the platform (never from feature flags):
                 reads its cohort's rows from and writes them back to (a
                 host table's page of the round's cohort is resident:
                 placement/paged_state.py)
-  fused_sum     whether the aggregate is a weighted sum no stage needs to see
-                upload by upload (no DP client half, no attack, a linear
-                aggregator): then each upload is added into a running sum inside
-                the client loop instead of being stacked [clients, d]
+  fused_sum     whether the aggregate is a weighted sum no stage needs the stacked
+                uploads for (no attack, a linear aggregator, no server clipping,
+                no audit canaries): then each upload, after DP's client half
+                where there is one, is added into a running sum inside the
+                client loop instead of being stacked [clients, d]
   keep_rows     whether a slot that does not take part must return its row
                 unchanged (only a resident table whose clients can be refused)
 
@@ -78,7 +79,7 @@ ONE_STEP_EXAMPLES = 1024    # examples per one_step chunk: activations that stay
 
 def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int,
                   num_clients: int, per_client_state: bool, full_participation: bool,
-                  resident: bool | None, inspects_uploads: bool,
+                  resident: bool | None, stacks_uploads: bool,
                   refuses_clients: bool, one_step_width: int = 0,
                   paged: bool = False) -> Executor:
   """The executor for a round whose stages have these properties.
@@ -90,8 +91,8 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   some stage keeps a per-client row; full_participation: every client takes
   part in every round; resident: None (resident whenever it can be and there is
   state), True (required: an error if the cohort changes) or False;
-  inspects_uploads: a stage reads each upload (DP's client half, an attack, a
-  robust rule); refuses_clients: admission may refuse a drawn client (budgets);
+  stacks_uploads: a stage needs the cohort's uploads stacked (an attack, a
+  robust rule, server clipping, audit canaries); refuses_clients: admission may refuse a drawn client (budgets);
   one_step_width: the largest client's example count where every client's
   local work is one plain SGD step whose upload only the example-weighted sum
   reads (core/one_step.py), else 0; paged: the per-client state is a host
@@ -111,7 +112,7 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   batch = client_batch or {"map": 1, "vmap": min(local, VMAP_GROUP),
                            "one_step": max(1, ONE_STEP_EXAMPLES // max(one_step_width, 1))}[parallelism]
   return Executor(parallelism=parallelism, batch=min(batch, local),
-                  resident=resident, fused_sum=not inspects_uploads,
+                  resident=resident, fused_sum=not stacks_uploads,
                   # only a refused client's row must survive: the replicated table
                   # drops non-participants' writes, resident padding rows are junk
                   keep_rows=resident and refuses_clients,

@@ -8,9 +8,10 @@ local noise) runs in the client phase, its report is privacy_report.py.
                            controller's schedule) and the RDP the accountant will
                            charge for it (one round, or one participation)
   clip_norm(state, hp)  -> this round's clip norm (the state's under adaptive clipping)
-  client(uploads, ids, mask, key, clip_norm, client_hp, scales, factor)
-                        -> the client half in the client phase: clip each upload
-                           (and, local DP, noise it from its client's key)
+  client(upload, id, key, clip_norm, client_hp, scales, factor)
+                        -> (upload, norm): the client half in the client phase:
+                           clip one upload (and, local DP, noise it from its
+                           client's key)
   admit(state, ids, mask, plan, hp)
                         -> Admission: central DP skips a round that would pass
                            target_epsilon; local DP refuses each client whose own
@@ -92,10 +93,11 @@ class DPRound(NamedTuple):
   admit: Callable
   release: Callable
   clip_norm: Callable      # (state, hp) -> this round's clip norm
-  client: Callable         # the client half: clip (and local noise), in the client phase
+  client: Callable         # the client half, per upload: clip (and local noise), in the
+                           # client phase
   # static properties the executor and the round read
   mode: str = "none"       # none | central | local
-  per_upload: bool = False       # the client half reads each upload (uploads are stacked)
+  per_upload: bool = False       # the round has a client half (each upload on its own)
   refuses_clients: bool = False  # admission may refuse a drawn client or skip the round
 
 
@@ -118,7 +120,7 @@ def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise
   mode = privacy.mode
   bind = lambda f: functools.partial(f, setup)   # the round calls them without the set-up
   return DPRound(bind(plan_round), bind(admit_clients), bind(release_update),
-                 bind(round_clip_norm), bind(clip_and_noise_uploads), mode=mode,
+                 bind(round_clip_norm), bind(clip_and_noise_upload), mode=mode,
                  per_upload=mode != "none",
                  refuses_clients=privacy.stop_in_round or (
                      mode == "local" and privacy.target_epsilon is not None))
@@ -210,18 +212,17 @@ def round_clip_norm(setup: DPRoundSetup, state, hp):
   return state.clip_norm if setup.privacy.adaptive else hp["clip_norm"]
 
 
-def clip_and_noise_uploads(setup: DPRoundSetup, deltas, ids, mask, key, clip_norm, client_hp,
-                           scales, factor):
-  """Each upload (leaves [slots, ...]) clipped to clip_norm by the layout; under
-  local DP noised by its client from fold_in(key, tag) and its id. Returns
-  (uploads, unclipped participants int32, [slots] non-finite uploads sent as 0)."""
+def clip_and_noise_upload(setup: DPRoundSetup, delta, cid, key, clip_norm, client_hp, scales,
+                          factor):
+  """One client's upload clipped to clip_norm by the layout and, under local DP,
+  noised from its own stream fold_in(fold_in(key, tag), cid), its std times
+  `factor` (per-cluster noise, else 1). Returns (upload, its norm before the clip:
+  not finite where the upload was sent as zero). Per upload, so the client loop
+  runs it inside its weighted sum (client_phase.py) or vmapped over a stack."""
   layout = setup.privacy.layout
-  deltas, norms = jax.vmap(lambda d: mechanisms.clip_update(d, clip_norm, layout))(deltas)
-  unclipped = jnp.sum((norms <= clip_norm) & mask, dtype=jnp.int32)
-  nonfinite = ~jnp.isfinite(norms) & mask   # sent as zero: clip_update
+  delta, norm = mechanisms.clip_update(delta, clip_norm, layout)
   if setup.privacy.mode == "local":
-    noise_key = jax.random.fold_in(key, setup.local_noise_tag)
-    deltas = mechanisms.add_client_noise(deltas, ids, noise_key,
-                                         client_hp["update_noise"] * clip_norm,
-                                         layout, scales, factor[ids])
-  return deltas, unclipped, nonfinite
+    delta = mechanisms.add_one_client_noise(
+        delta, cid, jax.random.fold_in(key, setup.local_noise_tag),
+        client_hp["update_noise"] * clip_norm, layout, scales, factor)
+  return delta, norm

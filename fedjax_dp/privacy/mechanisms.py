@@ -129,19 +129,25 @@ def clip_update(update, clip_norm: jax.Array, layout: ClipLayout):
 
 def add_client_noise(updates, client_ids: jax.Array, noise_key: jax.Array, std,
                      layout: ClipLayout | None = None, scales=None, client_factor=None):
-  """Local DP: adds N(0, std^2 I) to each client's update (std scaled per part
-  under a layout with noise scales), from the client's own stream
-  fold_in(noise_key, client id). updates: pytree of [clients, ...];
-  client_ids: [clients]; client_factor [clients]: each client's std multiplier
-  (per-cluster noise; default 1). `noise_key` is the round's local-noise key, so no
-  stream repeats across clients or rounds."""
-  def one(u, c, f):
-    s = std * f
-    stds = s if layout is None else noise_std_per_leaf(layout, s, u, scales)
-    return gaussian_noise.add_gaussian_noise(u, jax.random.fold_in(noise_key, c), stds)
+  """Local DP over a stack: add_one_client_noise for each client. updates: pytree
+  of [clients, ...]; client_ids: [clients]; client_factor [clients]: each
+  client's std multiplier (per-cluster noise; default 1)."""
   factor = (jnp.ones(client_ids.shape, jnp.float32) if client_factor is None
             else client_factor)
-  return jax.vmap(one)(updates, client_ids, factor)
+  return jax.vmap(lambda u, c, f: add_one_client_noise(u, c, noise_key, std, layout, scales, f)
+                  )(updates, client_ids, factor)
+
+
+def add_one_client_noise(update, client_id: jax.Array, noise_key: jax.Array, std,
+                         layout: ClipLayout | None = None, scales=None, factor=1.0):
+  """Local DP: adds N(0, (std factor)^2 I) to one client's update (std scaled per
+  part under a layout with noise scales), from the client's own stream
+  fold_in(noise_key, client id). `noise_key` is the round's local-noise key, so no
+  stream repeats across clients or rounds."""
+  s = std * factor
+  stds = s if layout is None else noise_std_per_leaf(layout, s, update, scales)
+  return gaussian_noise.add_gaussian_noise(update, jax.random.fold_in(noise_key, client_id),
+                                           stds)
 
 
 def part_noise_multipliers(layout: ClipLayout, noise_multiplier: float) -> list[float]:
