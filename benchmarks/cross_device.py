@@ -18,7 +18,13 @@ the same 60,000 examples in batches of 64 (no clients, no aggregation; each
 device a half): the most a loop of batch-64 steps gets from this machine,
 the ceiling of any protocol whose clients take many steps.
 
-  python benchmarks/cross_device.py [--protocol 10000x6 ...] [--parallelism auto map] [--json OUT]
+--dp central local also times each protocol under DP (clip 1.0, noise
+multiplier 1.0: central DP's noise on the sum, or each client's own under
+local DP); every run reports the compiled round's temporary memory (XLA's
+memory analysis), which shows whether a round holds a [cohort, d] stack.
+
+  python benchmarks/cross_device.py [--protocol 10000x6 ...] [--parallelism auto map]
+      [--dp none central local] [--json OUT]
 """
 
 from __future__ import annotations
@@ -50,14 +56,22 @@ BASE = dict(dataset="fmnist", partition="iid", model="mlp", hidden=[200, 200], l
             batch_size=64, lr=0.01, momentum=0.5, sampling="fixed", seed=0)
 
 
-def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir) -> dict:
+DP = {"none": {}, "central": dict(dp="central", clip_norm=1.0, noise_multiplier=1.0),
+      "local": dict(dp="local", clip_norm=1.0, noise_multiplier=1.0)}
+
+
+def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir,
+                  dp: str = "none") -> dict:
   cfg = make_config(dict(BASE, num_clients=num_clients, clients_per_round=num_clients,
-                         client_parallelism=parallelism, data_dir=data_dir))
+                         client_parallelism=parallelism, data_dir=data_dir, **DP[dp]))
   _, parts, sim = setup(cfg)
+  compiled = sim.run_chunk.lower(sim.init_state(), sim.store, sim.hparams, 1).compile()
+  temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
   state, compile_s, times = time_rounds(sim, rounds)
   examples = sum(len(p) for p in parts)
   med = statistics.median(times)
-  return {"client_parallelism": sim.client_parallelism, "compile_s": round(compile_s, 2),
+  return {"client_parallelism": sim.client_parallelism, "dp": dp, "temp_mb": round(temp_mb, 1),
+          "compile_s": round(compile_s, 2),
           "round_s": [round(x, 4) for x in times], "median_round_s": round(med, 4),
           "examples_per_round": examples,
           "client_sizes": [min(map(len, parts)), max(map(len, parts))],
@@ -113,6 +127,8 @@ def main(argv=None):
   ap.add_argument("--protocol", nargs="+", default=list(PROTOCOLS), choices=list(PROTOCOLS))
   ap.add_argument("--parallelism", nargs="+", default=["auto"],
                   choices=["auto", "map", "vmap", "one_step"])
+  ap.add_argument("--dp", nargs="+", default=["none"], choices=list(DP),
+                  help="also time the protocols under central or local DP")
   ap.add_argument("--rounds", type=positive_int, default=7, help="timed rounds after compilation")
   ap.add_argument("--sgd-ceiling", action="store_true",
                   help="also time plain batch-64 SGD over the same examples")
@@ -123,8 +139,9 @@ def main(argv=None):
 
   from peak import measure_matmul_peak
   peaks = [measure_matmul_peak()]
-  runs = {f"{p}/{par}": time_protocol(PROTOCOLS[p], par, args.rounds, args.data_dir)
-          for p in args.protocol for par in args.parallelism}
+  runs = {f"{p}/{par}" + ("" if dp == "none" else f"/{dp}"):
+          time_protocol(PROTOCOLS[p], par, args.rounds, args.data_dir, dp)
+          for p in args.protocol for par in args.parallelism for dp in args.dp}
   if args.sgd_ceiling:
     runs["plain_sgd_batch64"] = time_sgd_ceiling(args.rounds)
   peaks.append(measure_matmul_peak())
