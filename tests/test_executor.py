@@ -24,12 +24,13 @@ def plan(**kw):
 
 def test_plan_reads_properties():
   e = plan()
+  auto = "map" if jax.default_backend() == "cpu" else "vmap"   # by platform
   assert (e.parallelism, e.batch, e.resident, e.fused_sum, e.keep_rows) == (
-      "map", 3, False, True, False)                      # CPU: lax.map in groups of client_batch
+      auto, 3, False, True, False)                       # in groups of client_batch
   assert plan(parallelism="vmap").batch == 3              # vmap: groups of client_batch
   assert plan(parallelism="vmap", client_batch=0).batch == 8   # default: up to VMAP_GROUP
   assert plan(parallelism="vmap", client_batch=0, slots=1000).batch == VMAP_GROUP
-  assert plan(client_batch=0).batch == 1                  # map: one client at a time
+  assert plan(parallelism="map", client_batch=0).batch == 1    # map: one client at a time
   e = plan(one_step_width=6, client_batch=0)               # every client one plain step
   assert (e.parallelism, e.width, e.batch) == ("one_step", 6, 8)
   assert plan(one_step_width=6, parallelism="map").width == 0
