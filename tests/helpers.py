@@ -24,7 +24,7 @@ def toy_problem(sizes=(7, 12, 3), features=6, classes=3, seed=0):
 
 
 def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, resident_state=None,
-                   **overrides):
+                   poisoned_offset=None, **overrides):
   values = dict(num_clients=len(parts), clients_per_round=len(parts), hidden=[5],
                 batch_size=4, local_epochs=2, lr=0.1, momentum=0.5, devices=devices)
   values.update(overrides)
@@ -32,7 +32,7 @@ def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, reside
   model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
   return build_simulation(cfg, model, store, make_mesh(devices), feature_tiers,
-                          resident_state=resident_state)
+                          resident_state=resident_state, poisoned_offset=poisoned_offset)
 
 
 def round_zero_deltas(sim, state):

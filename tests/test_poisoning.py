@@ -166,7 +166,7 @@ def test_a_data_attack_drawn_each_round_trains_the_drawn_clients_on_poisoned_dat
   flipped = (2 - y).astype(np.int32)
   sim = toy_simulation(np.concatenate([x, x]), np.concatenate([y, flipped]), parts,
                        hidden=[6], byzantine_fraction=0.2, byzantine_attack="label_flip",
-                       byzantine_draw="round")
+                       byzantine_draw="round", poisoned_offset=len(x))
   s0 = sim.init_state()
   clean = round_zero_deltas(toy_simulation(x, y, parts, hidden=[6]), s0)
   poisoned = round_zero_deltas(toy_simulation(x, flipped, parts, hidden=[6]), s0)
@@ -179,6 +179,15 @@ def test_a_data_attack_drawn_each_round_trains_the_drawn_clients_on_poisoned_dat
   s1, _ = sim.run_rounds(s0, 1)
   np.testing.assert_allclose(flat(s1.params) - p0,
                              (n[:, None] * deltas).sum(0) / n.sum(), rtol=1e-4, atol=1e-7)
+
+
+def test_a_round_drawn_data_attack_needs_the_poisoned_rows_offset():
+  """build_simulation does not guess where the poisoned copy starts: without
+  poisoned_offset a round-drawn data attack is a one-line error."""
+  x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7))
+  with pytest.raises(ConfigError, match="poisoned_offset"):
+    toy_simulation(np.concatenate([x, x]), np.concatenate([y, y]), parts,
+                   byzantine_fraction=0.2, byzantine_attack="label_flip", byzantine_draw="round")
 
 
 def test_setup_keeps_every_clients_poisoned_data_after_the_clean_rows_for_a_round_draw():

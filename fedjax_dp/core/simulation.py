@@ -301,7 +301,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                      mesh: Mesh | None = None, feature_tiers=None,
                      client_budgets=None, resident_state: bool | None = None,
                      calibrated: float | None = None,
-                     task: losses.Task | None = None) -> Simulation:
+                     task: losses.Task | None = None,
+                     poisoned_offset: int | None = None) -> Simulation:
   """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
   `client_budgets` [num_clients]: per-client target epsilons (local DP).
   `task`: the training loss and evaluation metrics (losses.py; default classification).
@@ -314,7 +315,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
   client order (replicated) at the ends of its chunk. Same numbers either
   way; False forces the replicated table (executor.map_clients_with_state).
-  `calibrated`: see make_privacy."""
+  `calibrated`: see make_privacy. `poisoned_offset`: the store's row where the
+  poisoned copy of every client's data starts (a data attack drawn each round:
+  experiment/setup.py puts the copy after the clean rows)."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
   capacity = (cfg.clients_per_round if cfg.sampling == "fixed" else
@@ -364,9 +367,6 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
       one_step_width=width, paged=paged)
-  # a data attack drawn each round: the store holds every client's poisoned data
-  # after the clean data (experiment/setup.py), from this row on
-  poisoned_offset = store.x.shape[0] // 2
   stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
                           byzantine, executor, poisoned_offset)
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
@@ -409,17 +409,23 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
 
 def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,
                    dp: dp_round.DPRound, aggregator, byzantine,
-                   executor: Executor, poisoned_offset: int) -> ClientStages:
+                   executor: Executor, poisoned_offset: int | None) -> ClientStages:
   """The client phase's stages: the recipe's, with this config's set-up."""
   client_pipeline = recipe.client_pipeline()
+  poisoned_rows = attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
+                                           cfg.byzantine_attack, cfg.byzantine_draw,
+                                           poisoned_offset or 0, BYZANTINE_DRAW)
+  if poisoned_rows is not None and poisoned_offset is None:
+    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with "
+                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
+                      "data after the clean rows and build_simulation(poisoned_offset=) to "
+                      "say where it starts (experiment/setup.py builds both)")
   return ClientStages(
       train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
                         batch_size=cfg.batch_size),
       objective=recipe.objective(task.loss, cfg.momentum), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
-      poisoned_rows=attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
-                                             cfg.byzantine_attack, cfg.byzantine_draw,
-                                             poisoned_offset, BYZANTINE_DRAW),
+      poisoned_rows=poisoned_rows,
       canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
       aggregator=None if aggregator.linear else aggregator.aggregate,
       cluster_noise=cfg.cluster_noise == "equalize",

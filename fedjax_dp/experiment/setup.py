@@ -98,7 +98,8 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
                       y_dtype=task.target_dtype)
   tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
   sim = build_simulation(cfg, model, store, mesh, tiers, budgets, calibrated=calibrated,
-                         task=task)
+                         task=task,
+                         poisoned_offset=None if poisoned is None else len(ds.x_train))
   test_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size, task.target_dtype)
   attack_data = (attack_set[0], batch_for_eval(*attack_set[1:], cfg.eval_batch_size,
                                                task.target_dtype)) if attack_set else None
