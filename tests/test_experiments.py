@@ -103,14 +103,29 @@ def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_pat
   assert "| 3 | 0.99 | 70.00 | 37.5 | none (not a complete guarantee) | n/a |" in md
   assert "not a guarantee of this mechanism" in md and (tmp_path / "privacy.png").exists()
 
-  rows = [{"mu1": a, "mu2": b, "seed": seed, "final_accuracy": 0.8 + a + b + 0.001 * seed}
+  rows = [{"form": form, "mu1": a, "mu2": b, "seed": seed,
+           "final_accuracy": 0.8 + a + b + 0.001 * seed - (0.1 if form == "moon_params" else 0)}
+          for form in ("bounded", "moon_params")
           for a in (0.001, 0.01) for b in (0.001, 0.01) for seed in (0, 1)]
   run.write_outputs("mu", rows, args)
   md = (tmp_path / "mu.md").read_text()
   # rows mu1, columns mu2; cell (0.01, 0.01) = 100 * (0.82 + 0.0005) = 82.05
-  assert "| 0.01 | 81.15 | 82.05 |" in md
-  assert "Best cell (ours): 82.05 % at mu1 = 0.01, mu2 = 0.01" in md and "96.61 %" in md
+  assert "| 0.01 | 81.15 | 82.05 |" in md and "| 0.01 | 71.15 | 72.05 |" in md
+  assert "Best cell (bounded): 82.05 % at mu1 = 0.01, mu2 = 0.01; worst 80.25 %" in md
+  assert "Best cell (moon_params): 72.05 %" in md and "96.61 %" in md
   assert (tmp_path / "mu.png").exists()
+
+  # FedADMM's tuning: per (rho, server step), mean ± sd over seeds of each column
+  rows = [{"admm_rho": rho, "server_lr": slr, "seed": seed, "final_accuracy": f,
+           "best_accuracy": f + 0.02, "last_quarter_min": f - 0.1 * rho}
+          for rho, slr, accs in ((0.01, 1.0, (0.70, 0.72)), (0.1, 0.5, (0.80, 0.80)))
+          for seed, f in zip((0, 1), accs)]
+  run.write_outputs("fedadmm", rows, args)
+  md = (tmp_path / "fedadmm.md").read_text()
+  assert "| 0.01 | 1 | 71.00 ± 1.41 | 73.00 ± 1.41 | 70.90 ± 1.41 |" in md
+  assert "| 0.1 | 0.5 | 80.00 ± 0.00 | 82.00 ± 0.00 | 79.00 ± 0.00 |" in md
+  assert "Best setting: rho 0.1, server step 0.5: 80.00 %" in md
+  assert (tmp_path / "fedadmm.png").exists()
 
 
 def _namespace_with(ns, **kw):

@@ -5,6 +5,8 @@
   python experiments/topksdp/run.py sparsity --seeds 0          # Table 1 / Fig. 6
   python experiments/topksdp/run.py privacy --seeds 0           # Fig. 9: epsilon x sparsity
   python experiments/topksdp/run.py mu --seeds 0                # Tables 3-4: the mu grid
+  python experiments/topksdp/run.py mu --forms bounded moon_params --mu-grid 0.01 0.1 1 10
+  python experiments/topksdp/run.py fedadmm --seeds 0 1 2       # FedADMM's rho x server step
   options: --dataset fmnist|mnist|cifar10 --data-dir DIR --rounds N --out DIR --overwrite
 
 Every run is a normal `fedjax-dp run` output folder under --out (default
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -114,7 +117,7 @@ def table2(args):
                {"level": level, "alpha": LEVELS[level], "algorithm": alg, "seed": seed})
 
 
-def table2_row(s: dict) -> dict:
+def table2_row(s: dict, out: str) -> dict:
   return {"final_accuracy": s["final"]["test_accuracy"], "best_accuracy": s["best_test_accuracy"],
           "bytes_up": s["communication"]["bytes_up"],
           "bytes_down": s["communication"]["bytes_down"], "wall_s": s["timing"]["wall_s"]}
@@ -128,7 +131,7 @@ def sparsity(args):
              {"s_global": s_global, "seed": seed})
 
 
-def sparsity_row(s: dict) -> dict:
+def sparsity_row(s: dict, out: str) -> dict:
   c = s["communication"]
   return {"final_accuracy": s["final"]["test_accuracy"],
           "mb_per_round_trip": (c["bytes_per_client_up"] + c["bytes_per_client_down"]) / 1e6,
@@ -145,7 +148,7 @@ def privacy(args):
                {"ldp_epsilon": eps, "s_local": s_local, "seed": seed})
 
 
-def privacy_row(s: dict) -> dict:
+def privacy_row(s: dict, out: str) -> dict:
   kn = s["privacy"]["kept_noise"]
   return {"final_accuracy": s["final"]["test_accuracy"],
           "papers_chain_epsilon": kn.get("papers_chain", {}).get("epsilon"),
@@ -153,21 +156,50 @@ def privacy_row(s: dict) -> dict:
 
 
 def mu(args):
-  grid = [0.001, 0.005, 0.01]
-  for mu1 in grid:
-    for mu2 in grid:
-      for seed in args.seeds:
-        yield (f"mu/mu1_{mu1}/mu2_{mu2}/seed{seed}",
-               dict(algorithm="topksdp", contrastive_mu1=mu1, contrastive_mu2=mu2, seed=seed),
-               {"mu1": mu1, "mu2": mu2, "seed": seed})
+  # the paper's reading ('bounded') keeps the folders it was first run in
+  for form in args.forms:
+    where = "mu" if form == "bounded" else f"mu/{form}"
+    for mu1 in args.mu_grid:
+      for mu2 in args.mu_grid:
+        for seed in args.seeds:
+          yield (f"{where}/mu1_{mu1:g}/mu2_{mu2:g}/seed{seed}",
+                 dict(algorithm="topksdp", contrastive_form=form, contrastive_mu1=mu1,
+                      contrastive_mu2=mu2, seed=seed),
+                 {"form": form, "mu1": mu1, "mu2": mu2, "seed": seed})
 
 
-def mu_row(s: dict) -> dict:
+def mu_row(s: dict, out: str) -> dict:
   return {"final_accuracy": s["final"]["test_accuracy"]}
 
 
+FEDADMM_RHO = [0.001, 0.01, 0.1, 1.0]      # the paper's 0.01 and a decade either side
+FEDADMM_SERVER_LR = [0.25, 0.5, 1.0]       # the server's step on the mean upload
+
+
+def fedadmm(args):
+  for rho in FEDADMM_RHO:
+    for server_lr in FEDADMM_SERVER_LR:
+      for seed in args.seeds:
+        yield (f"fedadmm/rho{rho:g}/server_lr{server_lr:g}/seed{seed}",
+               dict(algorithm="fedadmm", admm_rho=rho, server_lr=server_lr,
+                    alpha=LEVELS["medium"], seed=seed),
+               {"admm_rho": rho, "server_lr": server_lr, "seed": seed})
+
+
+def fedadmm_row(s: dict, out: str) -> dict:
+  """Final and best accuracy, and the lowest test accuracy over the last quarter of
+  the rounds: a run that is stable at the end has it close to the final one."""
+  with open(os.path.join(out, "metrics.jsonl")) as f:
+    evals = [json.loads(line) for line in f]
+  last = max(e["round"] for e in evals)
+  tail = [e["test_accuracy"] for e in evals if e["round"] > 0.75 * last]
+  return {"final_accuracy": s["final"]["test_accuracy"],
+          "best_accuracy": s["best_test_accuracy"], "last_quarter_min": min(tail)}
+
+
 KINDS = {"table2": (table2, table2_row), "sparsity": (sparsity, sparsity_row),
-         "privacy": (privacy, privacy_row), "mu": (mu, mu_row)}
+         "privacy": (privacy, privacy_row), "mu": (mu, mu_row),
+         "fedadmm": (fedadmm, fedadmm_row)}
 
 
 def run_kind(args) -> list[dict]:
@@ -177,7 +209,8 @@ def run_kind(args) -> list[dict]:
   cells = [(os.path.join(args.out, name), name, cell_config(sets, args), keys)
            for name, sets, keys in cells_of(args)]
   check_request([(out, cfg) for out, _, cfg, _ in cells], args.overwrite)
-  return [{**keys, **row_of(run_cell(out, name, cfg, args))} for out, name, cfg, keys in cells]
+  return [{**keys, **row_of(run_cell(out, name, cfg, args), out)}
+          for out, name, cfg, keys in cells]
 
 
 def write_outputs(kind: str, rows: list[dict], args) -> None:
@@ -204,10 +237,10 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
         lines.append(f"| {level} ({LEVELS[level]}) | {alg} | {statistics.mean(acc):.2f}{sd} | "
                      f"{statistics.mean(best):.2f} | {p if p is not None else 'n/a'} |")
   else:
-    lines += {"sparsity": sparsity_lines, "privacy": privacy_lines, "mu": mu_lines}[kind](
-        rows, args.dataset)
+    lines += {"sparsity": sparsity_lines, "privacy": privacy_lines, "mu": mu_lines,
+              "fedadmm": fedadmm_lines}[kind](rows, args.dataset)
   {"table2": plot_table2, "sparsity": plot_sparsity, "privacy": plot_privacy,
-   "mu": plot_mu}[kind](rows, args)
+   "mu": plot_mu, "fedadmm": plot_fedadmm}[kind](rows, args)
   reporting.write_text_atomic(path, reporting.csv_text(rows))
   reporting.write_text_atomic(os.path.join(args.out, f"{kind}.md"), "\n".join(lines) + "\n")
   print(f"results: {path}, {os.path.join(args.out, kind + '.md')}")
@@ -264,21 +297,52 @@ def privacy_lines(rows, dataset: str) -> list[str]:
 
 
 def mu_lines(rows, dataset: str) -> list[str]:
-  cells = {k: statistics.mean(100 * r["final_accuracy"] for r in g)
-           for k, g in _groups(rows, "mu1", "mu2").items()}
-  mu2s = sorted({k[1] for k in cells})
   lines = ["TopkSDP-FL's test accuracy % at the last round (mean over seeds) over the "
            "contrastive weights mu1 (pull to the global model, rows) and mu2 (push from the "
-           "previous local model, columns).", "",
-           "| mu1 \\ mu2 | " + " | ".join(f"{m:g}" for m in mu2s) + " |",
-           "| --- |" + " --- |" * len(mu2s)]
-  for mu1 in sorted({k[0] for k in cells}):
-    lines.append(f"| {mu1:g} | " + " | ".join(f"{cells[(mu1, m)]:.2f}" for m in mu2s) + " |")
-  (b1, b2), best = max(cells.items(), key=lambda kv: kv[1])
+           "previous local model, columns), for each reading of the contrastive term "
+           "(`contrastive_form`: 'bounded', the paper's, on the bounded distances; "
+           "'moon_params', MOON's form on the parameters; README, Algorithms)."]
   paper = PAPER_MU_BEST.get(dataset)
-  lines += ["", f"Best cell (ours): {best:.2f} % at mu1 = {b1:g}, mu2 = {b2:g}. The paper's "
-            f"best (Table 4): {f'{paper} %' if paper is not None else 'n/a'}, at a pair its "
-            "text no longer names (lost in extraction)."]
+  for (form,), group in _groups(rows, "form").items():
+    cells = _mu_cells(group)
+    mu2s = sorted({k[1] for k in cells})
+    lines += ["", f"**{form}**", "", "| mu1 \\ mu2 | " + " | ".join(f"{m:g}" for m in mu2s) + " |",
+              "| --- |" + " --- |" * len(mu2s)]
+    for mu1 in sorted({k[0] for k in cells}):
+      lines.append(f"| {mu1:g} | " + " | ".join(f"{cells[(mu1, m)]:.2f}" for m in mu2s) + " |")
+    (b1, b2), best = max(cells.items(), key=lambda kv: kv[1])
+    (w1, w2), worst = min(cells.items(), key=lambda kv: kv[1])
+    lines += ["", f"Best cell ({form}): {best:.2f} % at mu1 = {b1:g}, mu2 = {b2:g}; worst "
+              f"{worst:.2f} % at mu1 = {w1:g}, mu2 = {w2:g}."]
+  lines += ["", f"The paper's best (Table 4): {f'{paper} %' if paper is not None else 'n/a'}, "
+            "at a pair its text no longer names (lost in extraction)."]
+  return lines
+
+
+def _mu_cells(rows) -> dict:
+  return {k: statistics.mean(100 * r["final_accuracy"] for r in g)
+          for k, g in _groups(rows, "mu1", "mu2").items()}
+
+
+def fedadmm_lines(rows, dataset: str) -> list[str]:
+  lines = ["FedADMM at medium heterogeneity (alpha 0.5) over its penalty rho and the "
+           "server's step on the mean upload: test accuracy % at the last round and at the "
+           "best evaluated round, and the lowest over the last quarter of the rounds (a "
+           "stable run has it close to the final one); mean ± sd over seeds. Table 2 runs "
+           "the paper's rho 0.01 with server step 1.", "",
+           "| rho | server step | final % | best round % | lowest in the last quarter % |",
+           "| --- | --- | --- | --- | --- |"]
+  means = {}
+  for (rho, slr), group in _groups(rows, "admm_rho", "server_lr").items():
+    means[(rho, slr)] = statistics.mean(100 * r["final_accuracy"] for r in group)
+    lines.append(f"| {rho:g} | {slr:g} | {_mean_sd(100 * r['final_accuracy'] for r in group)} | "
+                 f"{_mean_sd(100 * r['best_accuracy'] for r in group)} | "
+                 f"{_mean_sd(100 * r['last_quarter_min'] for r in group)} |")
+  (rho, slr), best = max(means.items(), key=lambda kv: kv[1])
+  paper = PAPER_TABLE2.get((dataset, "medium"), {}).get("fedadmm")
+  lines += ["", f"Best setting: rho {rho:g}, server step {slr:g}: {best:.2f} %. The paper's "
+            f"FedADMM at medium: {f'{paper} %' if paper is not None else 'n/a'} (its own "
+            "protocol)."]
   return lines
 
 
@@ -333,24 +397,43 @@ def plot_privacy(rows, args) -> None:
 
 def plot_mu(rows, args) -> None:
   plt = _figure()
-  cells = {k: statistics.mean(100 * r["final_accuracy"] for r in g)
-           for k, g in _groups(rows, "mu1", "mu2").items()}
-  mu1s, mu2s = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
-  grid = [[cells[(a, b)] for b in mu2s] for a in mu1s]
-  fig, ax = plt.subplots(figsize=(5.5, 4.5))
-  im = ax.imshow(grid, origin="lower", cmap="viridis")
-  ax.set_xticks(range(len(mu2s)), [f"{m:g}" for m in mu2s])
-  ax.set_yticks(range(len(mu1s)), [f"{m:g}" for m in mu1s])
-  ax.set_xlabel("mu2 (push from the previous local model)")
-  ax.set_ylabel("mu1 (pull to the global model)")
-  middle = (max(map(max, grid)) + min(map(min, grid))) / 2
-  for i, row in enumerate(grid):
-    for j, v in enumerate(row):   # dark text on the light (high) cells
-      ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
-              color="black" if v > middle else "white")
-  fig.colorbar(im, label="test accuracy %")
-  ax.set_title(f"{args.dataset}: TopkSDP-FL over the mu grid")
+  forms = _groups(rows, "form")
+  fig, axes = plt.subplots(1, len(forms), figsize=(5.5 * len(forms), 4.5), squeeze=False)
+  for ax, ((form,), group) in zip(axes[0], forms.items()):
+    cells = _mu_cells(group)
+    mu1s, mu2s = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
+    grid = [[cells[(a, b)] for b in mu2s] for a in mu1s]
+    im = ax.imshow(grid, origin="lower", cmap="viridis")
+    ax.set_xticks(range(len(mu2s)), [f"{m:g}" for m in mu2s])
+    ax.set_yticks(range(len(mu1s)), [f"{m:g}" for m in mu1s])
+    ax.set_xlabel("mu2 (push from the previous local model)")
+    ax.set_ylabel("mu1 (pull to the global model)")
+    middle = (max(map(max, grid)) + min(map(min, grid))) / 2
+    for i, row in enumerate(grid):
+      for j, v in enumerate(row):   # dark text on the light (high) cells
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=9,
+                color="black" if v > middle else "white")
+    fig.colorbar(im, ax=ax, label="test accuracy %")
+    ax.set_title(f"{args.dataset}: TopkSDP-FL, contrastive_form {form}")
   _save(plt, fig, os.path.join(args.out, "mu.png"))
+
+
+def plot_fedadmm(rows, args) -> None:
+  plt = _figure()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for slr in FEDADMM_SERVER_LR:
+    groups = _groups([r for r in rows if r["server_lr"] == slr], "admm_rho")
+    if groups:
+      ax.plot([k[0] for k in groups],
+              [statistics.mean(100 * r["final_accuracy"] for r in g) for g in groups.values()],
+              "o-", label=f"server step {slr:g}")
+  ax.set_xscale("log")
+  ax.set_xlabel("rho")
+  ax.set_ylabel("test accuracy % at the last round (mean over seeds)")
+  ax.set_title(f"{args.dataset}: FedADMM at medium heterogeneity")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  _save(plt, fig, os.path.join(args.out, "fedadmm.png"))
 
 
 def plot_table2(rows, args) -> None:
@@ -377,17 +460,27 @@ def plot_table2(rows, args) -> None:
 
 def main(argv=None):
   ap = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-  ap.add_argument("kind", choices=["table2", "sparsity", "privacy", "mu"])
+  ap.add_argument("kind", choices=list(KINDS))
   ap.add_argument("--levels", nargs="+", default=["medium"], choices=list(LEVELS))
   ap.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
   ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
   ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "mnist", "cifar10"])
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--rounds", type=int, default=200)
+  ap.add_argument("--forms", nargs="+", default=["bounded"], choices=["bounded", "moon_params"],
+                  help="mu: the contrastive term's readings (contrastive_form)")
+  ap.add_argument("--mu-grid", nargs="+", type=float, default=[0.001, 0.005, 0.01],
+                  help="mu: the values of mu1 and of mu2 (each >= 0)")
   add_tree_arguments(ap, None, "one per dataset", "experiments/topksdp/results/DATASET",
                      shown_default="runs/topksdp/DATASET")
   args = ap.parse_args(argv)
-  check_distinct(ap, args, ("levels", "algorithms", "seeds"))
+  check_distinct(ap, args, ("levels", "algorithms", "seeds", "forms", "mu_grid"))
+  if any(not (m >= 0 and math.isfinite(m)) for m in args.mu_grid):
+    ap.error(f"--mu-grid {' '.join(f'{m:g}' for m in args.mu_grid)}: each value must be a "
+             "finite number >= 0")
+  if args.kind != "mu" and (args.forms != ["bounded"]
+                            or args.mu_grid != [0.001, 0.005, 0.01]):
+    ap.error(f"--forms and --mu-grid are read by the mu kind only, not {args.kind!r}")
 
   args.out = args.out or os.path.join("runs", "topksdp", args.dataset)
 

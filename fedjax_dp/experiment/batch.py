@@ -77,4 +77,4 @@ def check_distinct(ap, args, names: tuple[str, ...]) -> None:
   for name in names:
     values = getattr(args, name)
     if len(set(values)) < len(values):
-      ap.error(f"--{name} {' '.join(map(str, values))}: each value at most once")
+      ap.error(f"--{name.replace('_', '-')} {' '.join(map(str, values))}: each value at most once")
