@@ -116,15 +116,16 @@ def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_pat
   assert (tmp_path / "mu.png").exists()
 
   # FedADMM's tuning: per (rho, server step), mean ± sd over seeds of each column
-  rows = [{"admm_rho": rho, "server_lr": slr, "seed": seed, "final_accuracy": f,
-           "best_accuracy": f + 0.02, "last_quarter_min": f - 0.1 * rho}
-          for rho, slr, accs in ((0.01, 1.0, (0.70, 0.72)), (0.1, 0.5, (0.80, 0.80)))
+  rows = [{"admm_upload": up, "admm_rho": rho, "server_lr": slr, "seed": seed,
+           "final_accuracy": f, "best_accuracy": f + 0.02, "last_quarter_min": f - 0.1 * rho}
+          for up, rho, slr, accs in (("augmented", 0.01, 1.0, (0.70, 0.72)),
+                                     ("change", 0.1, 0.5, (0.80, 0.80)))
           for seed, f in zip((0, 1), accs)]
   run.write_outputs("fedadmm", rows, args)
   md = (tmp_path / "fedadmm.md").read_text()
-  assert "| 0.01 | 1 | 71.00 ± 1.41 | 73.00 ± 1.41 | 70.90 ± 1.41 |" in md
-  assert "| 0.1 | 0.5 | 80.00 ± 0.00 | 82.00 ± 0.00 | 79.00 ± 0.00 |" in md
-  assert "Best setting: rho 0.1, server step 0.5: 80.00 %" in md
+  assert "| augmented | 0.01 | 1 | 71.00 ± 1.41 | 73.00 ± 1.41 | 70.90 ± 1.41 |" in md
+  assert "| change | 0.1 | 0.5 | 80.00 ± 0.00 | 82.00 ± 0.00 | 79.00 ± 0.00 |" in md
+  assert "Best setting: upload change, rho 0.1, server step 0.5: 80.00 %" in md
   assert (tmp_path / "fedadmm.png").exists()
 
 

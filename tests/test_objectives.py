@@ -236,8 +236,13 @@ def reference_rounds(sim, x, y, parts, rounds):
         dc_sum = jax.tree.map(lambda s, a, b: s + a - b, dc_sum, new_c, c_client[c])
         c_client[c] = new_c
       if term == "fedadmm":
+        old = dual[c]
         dual[c] = jax.tree.map(lambda yv, d: yv + cfg.admm_rho * d, dual[c], delta)
-        upload = jax.tree.map(lambda d, yv: d + yv / cfg.admm_rho, delta, dual[c])
+        if cfg.admm_upload == "change":   # the augmented model's change
+          upload = jax.tree.map(lambda d, yn, yo: d + (yn - yo) / cfg.admm_rho, delta,
+                                dual[c], old)
+        else:                             # the augmented model less w^t
+          upload = jax.tree.map(lambda d, yv: d + yv / cfg.admm_rho, delta, dual[c])
       if term == "feddyn":
         dyn_g[c] = jax.tree.map(lambda g, d: g - cfg.feddyn_alpha * d, dyn_g[c], delta)
       if term == "contrastive":
@@ -263,6 +268,7 @@ def reference_rounds(sim, x, y, parts, rounds):
 
 TERMS = [dict(algorithm="fedprox", prox_mu=0.5), dict(algorithm="scaffold"),
          dict(algorithm="fedadmm", admm_rho=0.5),
+         dict(algorithm="fedadmm", admm_rho=0.5, admm_upload="change"),
          dict(algorithm="contrastive", contrastive_mu1=0.3, contrastive_mu2=0.2,
               contrastive_radius=0.5)]
 
@@ -274,7 +280,8 @@ IN_MAKE_TEST = {"1-fedprox", "1-scaffold", "1-contrastive", "2-scaffold"}
 
 
 @pytest.mark.parametrize("devices, overrides", [
-    pytest.param(d, o, id=f"{d}-{o['algorithm']}",
+    pytest.param(d, o, id=f"{d}-{o['algorithm']}" + (f"-{o['admm_upload']}" if "admm_upload" in o
+                                                      else ""),
                  marks=() if f"{d}-{o['algorithm']}" in IN_MAKE_TEST else pytest.mark.slow)
     for d in (1, 2) for o in TERMS])
 def test_partial_cohorts_equal_plain_loops(overrides, devices):

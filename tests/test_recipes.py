@@ -81,6 +81,13 @@ def _leaves(tree):
   return [np.asarray(a) for a in jax.tree.leaves(tree)]
 
 
+def test_fedadmm_recipe_names_its_upload():
+  recipe = recipes.fedadmm(rho=0.5, upload="change")
+  recipe.validate()
+  assert recipe.to_config(**SETUP) == make_config(
+      {**SETUP, "algorithm": "fedadmm", "admm_rho": 0.5, "admm_upload": "change"})
+
+
 def test_every_named_recipe_is_listed_here():
   assert set(NAMED) == set(recipes.NAMED)
   assert fedjax_dp.recipes.fedavg is recipes.fedavg   # a public name of the package

@@ -1,8 +1,17 @@
 """FedADMM (Gong, Li, Freris 2022).
 
 The client adds <y_i, w - w^t> + rho/2 ||w - w^t||^2; after training
-y_i <- y_i + rho (w_i - w^t), and it uploads (w_i - w^t) + y_i / rho (its
-augmented model less w^t). The dual y_i stays on the client.
+y_i <- y_i + rho (w_i - w^t). The dual y_i stays on the client. What it
+uploads, `admm_upload` (a static choice, one term each):
+
+  augmented   (w_i - w^t) + y_i / rho: its augmented model w_i + y_i / rho less
+              w^t, so the server's mean is ADMM's consensus step under full
+              participation; under partial participation the cohort's duals do
+              not sum to zero, and their mean / rho moves w^t every round
+  change      (w_i - w^t) + (y_i - y_i^old) / rho = 2 (w_i - w^t): the change of
+              its augmented model, as the authors' code sends it
+              (github.com/YonghaiGong/FedADMM, src/update.py), which vanishes
+              at a fixed point whoever takes part
 """
 
 import jax
@@ -26,6 +35,25 @@ def _finish(inputs, upload, state, hp):
   return upload, {**state, "dual": new_dual}, {}
 
 
-TERM = LocalTerm(name="fedadmm", hparams=lambda cfg: {"rho": cfg.admm_rho},
-                 init_client=lambda params: {"dual": zeros_like_tree(params)},
-                 loss=_loss, finish=_finish, keys=("admm_rho",))
+def _finish_change(inputs, upload, state, hp):
+  new_dual = inputs.keep(jax.tree.map(lambda y, d: y + hp["rho"] * d, state["dual"],
+                                      inputs.delta), state["dual"])
+  # (y_new - y_old) / rho = delta exactly: the upload is 2 delta, not a rounded quotient
+  upload = jax.tree.map(lambda d: d + d, inputs.delta)
+  return upload, {**state, "dual": new_dual}, {}
+
+
+KEYS = ("admm_rho", "admm_upload")
+AUGMENTED = LocalTerm(name="fedadmm", hparams=lambda cfg: {"rho": cfg.admm_rho},
+                      init_client=lambda params: {"dual": zeros_like_tree(params)},
+                      loss=_loss, finish=_finish, keys=KEYS)
+CHANGE = AUGMENTED._replace(finish=_finish_change)
+UPLOADS = {"augmented": AUGMENTED, "change": CHANGE}
+
+
+def configure(cfg) -> LocalTerm:
+  """The upload `admm_upload` picks (structure, not a number: a static choice)."""
+  return UPLOADS[cfg.admm_upload]
+
+
+TERM = AUGMENTED._replace(configure=configure)

@@ -27,7 +27,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "algorithm", "server_optimizer", "server_lr", "server_momentum", "server_beta1",
         "server_beta2", "server_eps", "prox_mu", "contrastive_form", "contrastive_mu1",
         "contrastive_mu2", "contrastive_radius", "contrastive_tau", "moon_mu", "moon_tau",
-        "admm_rho", "feddyn_alpha"),
+        "admm_rho", "admm_upload", "feddyn_alpha"),
     "update pipeline (top-k, kept noise, shuffling)": (
         "s_local", "s_global", "index_selection", "topk_kernel", "error_feedback",
         "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise",
@@ -111,6 +111,9 @@ MEANINGS: dict[str, str] = {
     "moon_mu": "MOON's contrastive weight",
     "moon_tau": "MOON's temperature",
     "admm_rho": "FedADMM's penalty",
+    "admm_upload": "what a FedADMM client uploads: augmented (delta + y_i / rho: its augmented "
+                   "model less w^t) or change (delta + the dual's change / rho = 2 delta: the "
+                   "authors' code)",
     "feddyn_alpha": "FedDyn's regulariser weight",
     # update pipeline
     "s_local": "upload sparsity: fraction of coordinates each client drops (0: dense)",

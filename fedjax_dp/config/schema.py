@@ -71,6 +71,7 @@ class Config:
   moon_mu: float = 1.0
   moon_tau: float = 0.5
   admm_rho: float = 0.01
+  admm_upload: str = "augmented"
   feddyn_alpha: float = 0.01
   # update pipeline (TopkSDP-FL's SparseRandom and its variants)
   s_local: float = 0.0
@@ -185,6 +186,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "cosine"),
     "server_optimizer": ("auto", "sgd", "momentum", "adam"),
     "contrastive_form": ("bounded", "moon_params"),
+    "admm_upload": ("augmented", "change"),
     "index_selection": ("topk", "random_k", "public_topk"),
     "topk_kernel": ("exact", "approx", "threshold", "bisect"),
     "noise_seed": ("config", "secret"),

@@ -52,10 +52,13 @@ def moon(mu: float = 1.0, tau: float = 0.5, server_lr: float = 1.0) -> Recipe:
   return compose("moon", st.term("moon", moon_mu=mu, moon_tau=tau), st.sgd(server_lr))
 
 
-def fedadmm(rho: float = 0.01, server_lr: float = 1.0) -> Recipe:
+def fedadmm(rho: float = 0.01, server_lr: float = 1.0, upload: str = "augmented") -> Recipe:
   """FedADMM (Gong, Li, Freris 2022): the client adds <y_i, w - w^t> + rho/2
-  ||w - w^t||^2, uploads delta_i + y_i / rho and updates y_i <- y_i + rho delta_i."""
-  return compose("fedadmm", st.term("fedadmm", admm_rho=rho), st.sgd(server_lr))
+  ||w - w^t||^2, updates y_i <- y_i + rho delta_i and uploads delta_i + y_i / rho
+  (upload 'augmented') or 2 delta_i, its augmented model's change ('change', the
+  authors' code; algorithms/fedadmm.py)."""
+  return compose("fedadmm", st.term("fedadmm", admm_rho=rho, admm_upload=upload),
+                 st.sgd(server_lr))
 
 
 def feddyn(alpha: float = 0.01, server_lr: float = 1.0) -> Recipe:
