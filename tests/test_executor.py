@@ -72,6 +72,13 @@ def test_a_user_rule_runs_stacked_and_agrees_with_the_fused_mean(user_mean):
                                                                  out["mean"])))
 
 
+def _two_example_clients(clients: int, rng):
+  """(x, y, parts): `clients` clients of 2 random examples of 100 features, 3 classes."""
+  x = rng.normal(size=(2 * clients, 100)).astype(np.float32)
+  y = rng.integers(0, 3, size=2 * clients).astype(np.int32)
+  return x, y, np.split(np.arange(2 * clients), clients)
+
+
 def _temp_bytes(sim) -> int:
   """The compiled round's temporary buffers (XLA's own memory analysis)."""
   state = sim.init_state()
@@ -87,9 +94,7 @@ def test_vmap_memory_is_set_by_the_group_not_the_cohort():
   rng = np.random.default_rng(0)
   temps = {}
   for clients in (10000, 100000):
-    x = rng.normal(size=(2 * clients, 100)).astype(np.float32)
-    y = rng.integers(0, 3, size=2 * clients).astype(np.int32)
-    parts = np.split(np.arange(2 * clients), clients)
+    x, y, parts = _two_example_clients(clients, rng)
     sim = toy_simulation(x, y, parts, client_parallelism="vmap", hidden=[200], batch_size=2)
     assert sim.cfg.client_batch == 0
     temps[clients] = _temp_bytes(sim)
@@ -129,9 +134,7 @@ def test_dp_round_memory_is_set_by_the_group_not_the_cohort(dp):
   rng = np.random.default_rng(0)
   temps = {}
   for clients in (2000, 20000):
-    x = rng.normal(size=(2 * clients, 100)).astype(np.float32)
-    y = rng.integers(0, 3, size=2 * clients).astype(np.int32)
-    parts = np.split(np.arange(2 * clients), clients)
+    x, y, parts = _two_example_clients(clients, rng)
     sim = toy_simulation(x, y, parts, hidden=[200], batch_size=2, dp=dp, noise_multiplier=1.0,
                          clip_norm=1.0, sampling="fixed")
     temps[clients] = _temp_bytes(sim)
