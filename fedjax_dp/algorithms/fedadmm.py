@@ -26,18 +26,21 @@ def _loss(inputs, hp):
       + 0.5 * hp["rho"] * sq_dist(p, w_t)
 
 
+def _new_dual(inputs, state, rho):
+  """y_i + rho (w_i - w^t) where the client took part, else its old dual."""
+  return inputs.keep(jax.tree.map(lambda y, d: y + rho * d, state["dual"], inputs.delta),
+                     state["dual"])
+
+
 def _finish(inputs, upload, state, hp):
-  rho = hp["rho"]
-  new_dual = inputs.keep(jax.tree.map(lambda y, d: y + rho * d, state["dual"], inputs.delta),
-                         state["dual"])
-  inv_rho = reciprocal(rho)
+  new_dual = _new_dual(inputs, state, hp["rho"])
+  inv_rho = reciprocal(hp["rho"])
   upload = jax.tree.map(lambda d, y: d + y * inv_rho, inputs.delta, new_dual)
   return upload, {**state, "dual": new_dual}, {}
 
 
 def _finish_change(inputs, upload, state, hp):
-  new_dual = inputs.keep(jax.tree.map(lambda y, d: y + hp["rho"] * d, state["dual"],
-                                      inputs.delta), state["dual"])
+  new_dual = _new_dual(inputs, state, hp["rho"])
   # (y_new - y_old) / rho = delta exactly: the upload is 2 delta, not a rounded quotient
   upload = jax.tree.map(lambda d: d + d, inputs.delta)
   return upload, {**state, "dual": new_dual}, {}
