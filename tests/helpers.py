@@ -1,5 +1,7 @@
 """Small in-memory problems shared by the tests, and which cases `make test` runs."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,13 @@ def experiment_script(name: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def one_device_env() -> dict:
+  """The environment for a subprocess on one CPU device, as FEDJAX_DP_CPU_DEVICES=1
+  asks. conftest's XLA_FLAGS device count (8) would win over it (host.py), and on 8
+  devices a partial cohort's per-client table is held once per device: TopkSDP-FL on
+  CIFAR-10's CNN took 8 x 1.6 GB and was killed in CI."""
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  return dict(os.environ, XLA_FLAGS=" ".join(flags), FEDJAX_DP_CPU_DEVICES="1")

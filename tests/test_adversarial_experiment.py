@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import experiment_script
+from tests.helpers import experiment_script, one_device_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 RUN = experiment_script("adversarial")
@@ -107,7 +107,7 @@ def test_table5_end_to_end_on_the_healthcare_protocol_and_reuse(tmp_path):
          "--dataset", "healthcare", "--seeds", "0", "--rounds", "3", "--attacks", "gaussian",
          "backdoor", "targeted", "--defenses", "mean", "median", "norm_bound", "--fractions",
          "0.2", "--out", str(tmp_path)]
-  env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="1")
+  env = one_device_env()
   first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert first.returncode == 0, first.stderr[-2000:]
   root = tmp_path / "healthcare"

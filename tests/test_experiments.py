@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from fedjax_dp.data import load_dataset, DataError
+from tests.helpers import one_device_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -28,7 +29,7 @@ def _fmnist_available():
 def test_table2_script_writes_tables_and_reuses_runs(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "topksdp", "run.py"), "table2",
          "--algorithms", "fedavg", "--seeds", "0", "--rounds", "2", "--out", str(tmp_path)]
-  env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="1")
+  env = one_device_env()
   first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
   assert first.returncode == 0, first.stderr[-2000:]
   rows = list(csv.DictReader(open(tmp_path / "table2.csv")))
@@ -61,7 +62,7 @@ def test_table2_script_reads_mnist_and_cifar_from_data_dir(dataset, tmp_path):
          "--dataset", dataset, "--data-dir", str(data), "--algorithms", "fedavg", "topksdp",
          "--seeds", "0", "--rounds", "1", "--out", str(out)]
   done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, FEDJAX_DP_CPU_DEVICES="1"))
+                        env=one_device_env())
   assert done.returncode == 0, done.stderr[-2000:]
   rows = list(csv.DictReader(open(out / "table2.csv")))
   assert sorted(r["algorithm"] for r in rows) == ["fedavg", "topksdp"]
@@ -138,7 +139,7 @@ def _namespace_with(ns, **kw):
 def test_dynamic_dp_script_writes_tables_with_both_epsilons(tmp_path):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "dynamic_dp", "run.py"), "table4",
          "--rounds", "3", "--analyzer-steps", "20", "--out", str(tmp_path)]
-  env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="1")
+  env = one_device_env()
   first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert first.returncode == 0, first.stderr[-2000:]
   rows = {r["run"]: r for r in csv.DictReader(open(tmp_path / "paper" / "table4.csv"))}
@@ -217,7 +218,7 @@ def _regression_example(out, *extra):
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "own_model_regression.py"),
          "--out", str(out), "--no-progress", "--clients", "30", "--clients-per-round", "10",
          "--eval-every", "2", "--checkpoint-every", "2", "--noise-multiplier", "0.5", *extra]
-  env = dict(os.environ, FEDJAX_DP_CPU_DEVICES="1")
+  env = one_device_env()
   return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
