@@ -21,6 +21,21 @@ def test_digest_is_over_dtype_shape_and_bytes():
       {"w": jnp.zeros((3, 4))})
 
 
+def test_digest_matches_a_plain_sha256_over_each_leafs_bytes():
+  """The digest hashes the leaves' buffers in place; it must stay the digest that
+  checkpoints already on disk were saved with: dtype, shape (as np.ascontiguousarray
+  gives it: a scalar's is (1,)), then tobytes()."""
+  import hashlib
+  import ml_dtypes
+  state = {"a": jnp.arange(12, dtype=jnp.float32).reshape(3, 4), "b": jnp.zeros((0, 3)),
+           "c": jnp.asarray(2.5, ml_dtypes.bfloat16), "d": jnp.asarray([True, False])}
+  h = hashlib.sha256()
+  for leaf in [state[k] for k in "abcd"]:
+    a = np.ascontiguousarray(leaf)
+    h.update(f"{a.dtype.str}{a.shape}".encode() + a.tobytes())
+  assert checkpoint.state_digest(state) == h.hexdigest()
+
+
 def test_a_checkpoint_whose_state_no_longer_matches_its_digest_is_skipped(tmp_path):
   d = str(tmp_path / "ckpt")
   checkpoint.save(d, 1, _state(1), {"round": 1})
