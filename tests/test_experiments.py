@@ -104,16 +104,21 @@ def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_pat
   assert "| 3 | 0.99 | 70.00 | 37.5 | none (not a complete guarantee) | n/a |" in md
   assert "not a guarantee of this mechanism" in md and (tmp_path / "privacy.png").exists()
 
+  # moon_params reads mu1 alone: its runs are at the grid's first mu2 only (run.mu)
   rows = [{"form": form, "mu1": a, "mu2": b, "seed": seed,
-           "final_accuracy": 0.8 + a + b + 0.001 * seed - (0.1 if form == "moon_params" else 0)}
+           "final_accuracy": 0.8 + a + b + 0.001 * seed - (0.1 if form == "moon_params" else 0),
+           "diverged": form == "bounded" and a == b == 0.001 and seed == 1}
           for form in ("bounded", "moon_params")
-          for a in (0.001, 0.01) for b in (0.001, 0.01) for seed in (0, 1)]
+          for a in (0.001, 0.01) for b in ((0.001, 0.01) if form == "bounded" else (0.001,))
+          for seed in (0, 1)]
   run.write_outputs("mu", rows, args)
   md = (tmp_path / "mu.md").read_text()
   # rows mu1, columns mu2; cell (0.01, 0.01) = 100 * (0.82 + 0.0005) = 82.05
-  assert "| 0.01 | 81.15 | 82.05 |" in md and "| 0.01 | 71.15 | 72.05 |" in md
+  assert "| 0.01 | 81.15 | 82.05 |" in md and "| 0.001 | 80.25 (diverged) | 81.15 |" in md
   assert "Best cell (bounded): 82.05 % at mu1 = 0.01, mu2 = 0.01; worst 80.25 %" in md
-  assert "Best cell (moon_params): 72.05 %" in md and "96.61 %" in md
+  # moon_params: one column, 100 * (0.7 + 0.01 + 0.001 + 0.0005) = 71.15
+  assert "| mu1 | accuracy % |" in md and "| 0.01 | 71.15 |" in md
+  assert "Best (moon_params): 71.15 % at mu1 = 0.01; worst 70.25 %" in md and "96.61 %" in md
   assert (tmp_path / "mu.png").exists()
 
   # FedADMM's tuning: per (rho, server step), mean ± sd over seeds of each column
@@ -128,6 +133,25 @@ def test_topksdp_sweeps_write_tables_beside_the_papers_figures_and_plots(tmp_pat
   assert "| change | 0.1 | 0.5 | 80.00 ± 0.00 | 82.00 ± 0.00 | 79.00 ± 0.00 |" in md
   assert "Best setting: upload change, rho 0.1, server step 0.5: 80.00 %" in md
   assert (tmp_path / "fedadmm.png").exists()
+
+
+def test_topksdp_cells_of_the_acting_mu_arm_and_of_moon_params():
+  """Table 2's topksdp_mu2_1 arm is TopkSDP-FL at mu2 = 1 in its own folders; the mu
+  grid runs moon_params (which reads mu1 alone) at one mu2, bounded at every pair."""
+  import argparse
+  run = _topksdp_script()
+  args = argparse.Namespace(levels=["high"], algorithms=["topksdp", "topksdp_mu2_1", "moon"],
+                            seeds=[0])
+  cells = {name: sets for name, sets, _ in run.table2(args)}
+  assert cells["table2/high/topksdp_mu2_1/seed0"] == dict(
+      algorithm="topksdp", contrastive_mu2=1.0, alpha=0.1, seed=0)
+  assert cells["table2/high/topksdp/seed0"] == dict(algorithm="topksdp", alpha=0.1, seed=0)
+  assert cells["table2/high/moon/seed0"]["moon_mu"] == 1.0
+  names = [name for name, _, _ in run.mu(argparse.Namespace(
+      forms=["bounded", "moon_params"], mu_grid=[0.1, 1.0, 10.0], seeds=[0]))]
+  assert len(names) == 9 + 3 and "mu/mu1_10/mu2_0.1/seed0" in names
+  assert [n for n in names if "moon" in n] == [f"mu/moon_params/mu1_{m}/mu2_0.1/seed0"
+                                               for m in ("0.1", "1", "10")]
 
 
 def _namespace_with(ns, **kw):

@@ -5,7 +5,7 @@
   python experiments/topksdp/run.py sparsity --seeds 0          # Table 1 / Fig. 6
   python experiments/topksdp/run.py privacy --seeds 0           # Fig. 9: epsilon x sparsity
   python experiments/topksdp/run.py mu --seeds 0                # Tables 3-4: the mu grid
-  python experiments/topksdp/run.py mu --forms bounded moon_params --mu-grid 0.01 0.1 1 10
+  python experiments/topksdp/run.py mu --forms bounded moon_params --mu-grid 0.01 0.1 1 10 100
   python experiments/topksdp/run.py fedadmm --seeds 0 1 2       # FedADMM's rho x server step
   options: --dataset fmnist|mnist|cifar10 --data-dir DIR --rounds N --out DIR --overwrite
 
@@ -45,12 +45,17 @@ from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # n
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
 
 LEVELS = {"low": 1.0, "medium": 0.5, "high": 0.1}   # Dirichlet alpha: our reading
-ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo"]
+ALGORITHMS = ["topksdp", "fedavg", "fedprox", "scaffold", "moon", "fedadmm", "solo",
+              "topksdp_mu2_1"]
 # FedADMM uploads its augmented model's change, as the authors' code does, with their
 # later server step 0.5 (the change is 2 delta): the library's default upload (the
 # augmented model) is unstable under partial cohorts at every rho and step (fedadmm.md)
 PAPER_OVERRIDES = {"fedprox": {"prox_mu": 0.001}, "moon": {"moon_mu": 1.0, "moon_tau": 0.5},
                    "fedadmm": {"admm_upload": "change", "server_lr": 0.5}}
+# Table 2's arms that are not the paper's: (the algorithm, its keys). TopkSDP-FL with
+# the push from the previous local model at mu2 = 1, where the mu grid finds the
+# bounded term acting (mu.md); the paper's Table 2 weights are (0.01, 0.005).
+VARIANTS = {"topksdp_mu2_1": ("topksdp", {"contrastive_mu2": 1.0})}
 
 # The paper's Table 2 (test accuracy %, 200 rounds), as its text states them: TopkSDP-FL's
 # figures directly, the others from the stated differences (e.g. "84.83 %, surpassing
@@ -116,7 +121,8 @@ def table2(args):
   for level in args.levels:
     for alg in args.algorithms:
       for seed in args.seeds:
-        sets = dict(PAPER_OVERRIDES.get(alg, {}), algorithm=alg, alpha=LEVELS[level], seed=seed)
+        algorithm, keys = VARIANTS.get(alg, (alg, PAPER_OVERRIDES.get(alg, {})))
+        sets = dict(keys, algorithm=algorithm, alpha=LEVELS[level], seed=seed)
         yield (f"table2/{level}/{alg}/seed{seed}", sets,
                {"level": level, "alpha": LEVELS[level], "algorithm": alg, "seed": seed})
 
@@ -163,8 +169,9 @@ def mu(args):
   # the paper's reading ('bounded') keeps the folders it was first run in
   for form in args.forms:
     where = "mu" if form == "bounded" else f"mu/{form}"
+    # moon_params reads mu1 alone (algorithms/contrastive.py): one mu2, the grid's first
     for mu1 in args.mu_grid:
-      for mu2 in args.mu_grid:
+      for mu2 in (args.mu_grid if form == "bounded" else args.mu_grid[:1]):
         for seed in args.seeds:
           yield (f"{where}/mu1_{mu1:g}/mu2_{mu2:g}/seed{seed}",
                  dict(algorithm="topksdp", contrastive_form=form, contrastive_mu1=mu1,
@@ -173,7 +180,7 @@ def mu(args):
 
 
 def mu_row(s: dict, out: str) -> dict:
-  return {"final_accuracy": s["final"]["test_accuracy"]}
+  return {"final_accuracy": s["final"]["test_accuracy"], "diverged": bool(s.get("diverged"))}
 
 
 FEDADMM_RHO = [0.001, 0.01, 0.1, 1.0]      # the paper's 0.01 and a decade either side
@@ -232,7 +239,10 @@ def write_outputs(kind: str, rows: list[dict], args) -> None:
               "paper's Table 2 where its text gives the number (directly, or by the "
               "differences it states). The paper's figures are its own, from its own "
               "protocol; ours are from `base.yaml` (FedADMM with `admm_upload: change` and "
-              "server step 0.5, the authors' code's upload and step: fedadmm.md).", "",
+              "server step 0.5, the authors' code's upload and step: fedadmm.md). "
+              "topksdp_mu2_1 is not the paper's: TopkSDP-FL with the push from the previous "
+              "local model at mu2 = 1 (the paper's weights are mu1 0.01, mu2 0.005), where "
+              "the mu grid finds the term acting (mu.md).", "",
               "| heterogeneity (alpha) | algorithm | ours | best round (ours) | paper |",
               "| --- | --- | --- | --- | --- |"]
     for level in args.levels:
@@ -315,18 +325,34 @@ def mu_lines(rows, dataset: str) -> list[str]:
   paper = PAPER_MU_BEST.get(dataset)
   for (form,), group in _groups(rows, "form").items():
     cells = _mu_cells(group)
+    (b1, b2), best = max(cells.items(), key=lambda kv: kv[1])
+    (w1, w2), worst = min(cells.items(), key=lambda kv: kv[1])
+    if form == "moon_params":   # one weight: mu1 (mu2 is not read)
+      lines += ["", f"**{form}** (reads mu1 alone; mu2 is not read)", "",
+                "| mu1 | accuracy % |", "| --- | --- |"]
+      lines += [f"| {m1:g} | {_mu_cell(acc, group, m1, m2)} |"
+                for (m1, m2), acc in sorted(cells.items())]
+      lines += ["", f"Best ({form}): {best:.2f} % at mu1 = {b1:g}; worst {worst:.2f} % at "
+                f"mu1 = {w1:g}."]
+      continue
     mu2s = sorted({k[1] for k in cells})
     lines += ["", f"**{form}**", "", "| mu1 \\ mu2 | " + " | ".join(f"{m:g}" for m in mu2s) + " |",
               "| --- |" + " --- |" * len(mu2s)]
     for mu1 in sorted({k[0] for k in cells}):
-      lines.append(f"| {mu1:g} | " + " | ".join(f"{cells[(mu1, m)]:.2f}" for m in mu2s) + " |")
-    (b1, b2), best = max(cells.items(), key=lambda kv: kv[1])
-    (w1, w2), worst = min(cells.items(), key=lambda kv: kv[1])
+      lines.append(f"| {mu1:g} | " + " | ".join(_mu_cell(cells[(mu1, m)], group, mu1, m)
+                                                 for m in mu2s) + " |")
     lines += ["", f"Best cell ({form}): {best:.2f} % at mu1 = {b1:g}, mu2 = {b2:g}; worst "
               f"{worst:.2f} % at mu1 = {w1:g}, mu2 = {w2:g}."]
   lines += ["", f"The paper's best (Table 4): {f'{paper} %' if paper is not None else 'n/a'}, "
             "at a pair its text no longer names (lost in extraction)."]
   return lines
+
+
+def _mu_cell(acc: float, rows, mu1: float, mu2: float) -> str:
+  """A cell's mean accuracy, marked where a seed's run diverged (stopped at a
+  non-finite model: its accuracy is the last evaluation's)."""
+  n = sum(r.get("diverged", False) for r in rows if r["mu1"] == mu1 and r["mu2"] == mu2)
+  return f"{acc:.2f}" + (f" (diverged{f': {n} seeds' if n > 1 else ''})" if n else "")
 
 
 def _mu_cells(rows) -> dict:
@@ -417,6 +443,14 @@ def plot_mu(rows, args) -> None:
   for ax, ((form,), group) in zip(axes[0], forms.items()):
     cells = _mu_cells(group)
     mu1s, mu2s = sorted({k[0] for k in cells}), sorted({k[1] for k in cells})
+    if form == "moon_params":   # one weight: accuracy against mu1
+      ax.plot(range(len(mu1s)), [cells[(m, mu2s[0])] for m in mu1s], "o-")
+      ax.set_xticks(range(len(mu1s)), [f"{m:g}" for m in mu1s])
+      ax.set_xlabel("mu1 (MOON's weight; mu2 is not read)")
+      ax.set_ylabel("test accuracy %")
+      ax.grid(alpha=0.3)
+      ax.set_title(f"{args.dataset}: TopkSDP-FL, contrastive_form {form}")
+      continue
     grid = [[cells[(a, b)] for b in mu2s] for a in mu1s]
     im = ax.imshow(grid, origin="lower", cmap="viridis")
     ax.set_xticks(range(len(mu2s)), [f"{m:g}" for m in mu2s])
