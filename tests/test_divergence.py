@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 from fedjax_dp.experiment import checkpoint
 from fedjax_dp.experiment import divergence as div
@@ -74,6 +76,7 @@ DIVERGING = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=
              "checkpoint_every=1"]
 
 
+@pytest.mark.slow   # ~13 s: make test-slow, so make test stays under 10 minutes
 def test_a_diverged_run_stops_with_one_line_and_exit_three(tmp_path):
   out = str(tmp_path / "run")
   done = subprocess.run([FEDJAX_DP, "run", "--no-progress", "--out", out, "--set", *DIVERGING],

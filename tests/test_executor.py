@@ -86,6 +86,7 @@ def _temp_bytes(sim) -> int:
   return compiled.memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow   # ~13 s: make test-slow, so make test stays under 10 minutes
 def test_vmap_memory_is_set_by_the_group_not_the_cohort():
   """A vmap round holds [VMAP_GROUP, d] per-client copies, never [cohort, d]: the
   compiled round's temporary memory (XLA's analysis) at 100,000 clients stays

@@ -246,6 +246,7 @@ def _regression_example(out, *extra):
   return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow   # ~17 s: make test-slow, so make test stays under 10 minutes
 def test_own_model_regression_example_writes_full_outputs(tmp_path):
   """experiments/own_model_regression.py: a flax regressor with the MSE loss on numpy data
   through fedjax_dp.run under central DP."""

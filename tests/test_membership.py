@@ -117,6 +117,7 @@ def cli(*args):
   return subprocess.run([exe, "attack", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow   # ~22 s: make test-slow, so make test stays under 10 minutes
 def test_cli_attacks_a_run_and_refuses_bad_input(tmp_path):
   run = tmp_path / "run"
   fedjax_dp.run({**OVERFIT, "rounds": 2, "eval_every": 2, "local_epochs": 1}, out=str(run),

@@ -88,6 +88,7 @@ def test_a_run_without_epsilon_says_why_in_one_field(tmp_path, sets, why):
     assert "epsilon" not in line
 
 
+@pytest.mark.slow   # ~12 s: make test-slow, so make test stays under 10 minutes
 def test_local_dp_rows_carry_the_largest_clients_figure(tmp_path):
   line, rows, summary, _ = run(tmp_path, "dp=local", "noise_multiplier=2.0")
   p = summary["privacy"]

@@ -149,6 +149,7 @@ def test_a_run_with_a_host_table_resumes_from_its_checkpoints_to_the_same_number
   assert not [n for n in os.listdir(out / "checkpoints") if n.startswith(".")]
 
 
+@pytest.mark.slow   # ~11 s: make test-slow, so make test stays under 10 minutes
 def test_a_damaged_table_falls_back_to_the_previous_checkpoint(tmp_path):
   want = _run_cli_rounds(tmp_path / "device", 6)
   out = tmp_path / "host"

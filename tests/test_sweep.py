@@ -92,6 +92,7 @@ def test_a_bad_sweep_is_one_line_naming_the_problem(raw, fragment):
 # ------------------------------------------------------------------------------ the replicas
 
 
+@pytest.mark.slow   # ~19 s: make test-slow, so make test stays under 10 minutes
 def test_replicas_one_at_a_time_are_bit_for_bit_the_standalone_runs(tmp_path):
   # replica_batch 1: one compiled program, each cell exactly its own `fedjax-dp run`
   spec = {"config": {**BASE, **DP}, "seeds": 2, "grid": {"noise_multiplier": [0.8, 1.5]}}

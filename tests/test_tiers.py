@@ -80,6 +80,7 @@ def test_tiered_accounting_equals_dp_accountings_composition():
   assert eps_ours > least
 
 
+@pytest.mark.slow   # ~12 s: make test-slow, so make test stays under 10 minutes
 def test_tiered_central_pld_report_uses_the_composed_multiplier():
   from dp_accounting.pld import pld_privacy_accountant
   from fedjax_dp.privacy.privacy_report import privacy_report
