@@ -8,6 +8,7 @@ import pytest
 from fedjax_dp.config import make_config
 from fedjax_dp.models import make_model
 from fedjax_dp.core.simulation import build_simulation, make_mesh
+from fedjax_dp.placement.host import _FLAG as DEVICE_COUNT_FLAG
 from fedjax_dp.placement.store import build_store
 
 
@@ -101,5 +102,5 @@ def one_device_env() -> dict:
   devices a partial cohort's per-client table is held once per device: TopkSDP-FL on
   CIFAR-10's CNN took 8 x 1.6 GB and was killed in CI."""
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
+           if not f.startswith(DEVICE_COUNT_FLAG)]
   return dict(os.environ, XLA_FLAGS=" ".join(flags), FEDJAX_DP_CPU_DEVICES="1")
