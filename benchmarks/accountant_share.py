@@ -23,9 +23,9 @@ import time
 
 from cli_args import new_file, write_results
 
-from fedjax_dp.placement.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices_or_exit
 
-use_cpu_devices()
+use_cpu_devices_or_exit()
 
 import jax
 import jax.numpy as jnp

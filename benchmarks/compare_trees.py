@@ -37,8 +37,8 @@ VARIANTS = {"fedavg": {},
 def worker(variant: str, chunk_rounds: int) -> None:
   """Compiles the variant, then times one chunk per 'run' line on stdin."""
   import time
-  from fedjax_dp.placement.host import use_cpu_devices
-  use_cpu_devices()
+  from fedjax_dp.placement.host import use_cpu_devices_or_exit
+  use_cpu_devices_or_exit()
   import jax
   from fedjax_dp.config import make_config
   try:

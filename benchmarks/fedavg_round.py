@@ -24,9 +24,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fedjax_dp.placement.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices_or_exit
 
-use_cpu_devices()  # as the CLI does: one XLA CPU device per core
+use_cpu_devices_or_exit()  # as the CLI does: one XLA CPU device per core
 
 import jax
 

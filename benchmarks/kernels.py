@@ -44,9 +44,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices_or_exit  # noqa: E402
 
-use_cpu_devices()
+use_cpu_devices_or_exit()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

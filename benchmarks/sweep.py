@@ -60,7 +60,7 @@ def cli_runs(seeds: int, tmp: str) -> float:
 def in_process(seeds: int, tmp: str) -> float:
   """Runs in a child process (fresh memos and compiles), timed from inside."""
   code = (f"import sys, time; sys.path.insert(0, {ROOT!r})\n"
-          "from fedjax_dp.placement.host import use_cpu_devices; use_cpu_devices()\n"
+          "from fedjax_dp.placement.host import use_cpu_devices_or_exit; use_cpu_devices_or_exit()\n"
           "t = time.perf_counter()\n"
           "from fedjax_dp.config import load_config, make_config\n"
           "from fedjax_dp.experiment.runner import run_experiment\n"
@@ -114,8 +114,8 @@ def demo_arms(seeds: int, repeats: int, chosen=ARMS) -> dict:
 
 def fmnist_arm(replicas: int, rounds: int, repeats: int) -> dict:
   """Seconds per replica-round: a single run's chunk against `replicas` vmapped."""
-  from fedjax_dp.placement.host import use_cpu_devices
-  use_cpu_devices()
+  from fedjax_dp.placement.host import use_cpu_devices_or_exit
+  use_cpu_devices_or_exit()
   import jax
   import jax.numpy as jnp
   from fedavg_round import PROTOCOL

@@ -34,9 +34,9 @@ import json
 import statistics
 import time
 
-from fedjax_dp.placement.host import use_cpu_devices
+from fedjax_dp.placement.host import use_cpu_devices_or_exit
 
-use_cpu_devices()
+use_cpu_devices_or_exit()
 
 import jax
 import numpy as np

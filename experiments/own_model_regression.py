@@ -23,9 +23,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices_or_exit  # noqa: E402
 
-use_cpu_devices()   # before JAX starts: one CPU device per core
+use_cpu_devices_or_exit()   # before JAX starts: one CPU device per core
 
 import flax.linen as nn  # noqa: E402
 import numpy as np  # noqa: E402

@@ -18,6 +18,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# 8 CPU devices through XLA_FLAGS; a FEDJAX_DP_CPU_DEVICES of the caller's own would
+# disagree with it (host.py refuses that), so it is dropped
+os.environ.pop("FEDJAX_DP_CPU_DEVICES", None)
 # LLVM's optimization level 0 for the compiled tests: XLA's own passes (fusion,
 # layout, sharding) still run and no float semantics change (no fast-math at any
 # level), but a cold compile of the suite is about a quarter shorter (124 -> 95 s

@@ -24,6 +24,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers import cpu_devices_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 BIN = os.path.dirname(sys.executable)
@@ -124,8 +126,10 @@ def workdir(tmp_path_factory):
   rng = np.random.default_rng(0)
   write_idx(str(data / "mnist"), "train", 2000, rng)
   write_idx(str(data / "mnist"), "t10k", 500, rng)
-  env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", README_DATA=str(data),
-             PYTHONPATH=ROOT)
+  # the suite's 8 CPU devices, asked through FEDJAX_DP_CPU_DEVICES so that a command
+  # setting it itself gets its own count
+  env = cpu_devices_env(8, PATH=f"{BIN}:{os.environ['PATH']}", README_DATA=str(data),
+                        PYTHONPATH=ROOT)
   return work, env
 
 

@@ -54,9 +54,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
-from fedjax_dp.placement.host import use_cpu_devices  # noqa: E402
+from fedjax_dp.placement.host import use_cpu_devices_or_exit  # noqa: E402
 
-use_cpu_devices()
+use_cpu_devices_or_exit()
 
 import yaml  # noqa: E402
 

@@ -545,8 +545,8 @@ def main(argv: list[str] | None = None) -> int:
   _INTERRUPTED_RUN.clear()
   args = build_parser().parse_args(argv)
   from fedjax_dp.placement import processes
-  from fedjax_dp.placement.host import use_cpu_devices
-  use_cpu_devices()  # before JAX starts: one CPU device per core
+  from fedjax_dp.placement.host import use_cpu_devices_or_exit
+  use_cpu_devices_or_exit()  # before JAX starts: one CPU device per core
 
   def start_and_run() -> int:
     if args.command == "run":   # also before JAX starts
