@@ -360,7 +360,7 @@ def write_row(ctx: RunContext) -> None:
   row = {"round": ctx.round, **{f"test_{k}": v for k, v in ctx.test_metrics.items()},
          **(ctx.attack_metrics or {}),
          "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
-         **spent_epsilon(sim, client_order(ctx), ctx.plog),
+         **spent_epsilon(sim, state, ctx.plog),   # the working layout: no table moved a row
          **({"clip_norm": float(state.clip_norm),
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}

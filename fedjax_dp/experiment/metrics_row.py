@@ -48,7 +48,8 @@ def spent_epsilon(sim: Simulation, state, plog: dict | None) -> dict:
   """The run's guarantee so far, for metrics.jsonl: the privacy report's headline
   (privacy_report.headline: the same code, so the last row and summary.json agree),
   composed from the rounds' record `plog`; local DP gives the largest client's, and
-  how many clients can no longer take part. `state` in client order."""
+  how many clients can no longer take part. `state` in either layout (Simulation.
+  to_working): the per-client table is not read."""
   cfg = sim.cfg
   if cfg.dp == "none" and cfg.kept_noise == "none":
     return {"epsilon": None, "delta": None}
