@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.core.simulation import make_mesh
+from fedjax_dp.placement import executor as executor_lib
 from fedjax_dp.placement.executor import VMAP_GROUP, plan_executor
 from fedjax_dp.robust import AGGREGATORS, register_aggregator
 from fedjax_dp.robust.base import Aggregator, metrics
@@ -43,6 +44,13 @@ def test_plan_reads_properties():
   assert not plan(full_participation=True, per_client_state=True, resident=False).resident
   with pytest.raises(ValueError, match="num_clients = 8"):
     plan(resident=True)
+  # a table that is not resident: sharded in blocks of ids over several devices
+  assert plan(per_client_state=True).table_rows == 0       # one device: replicated (all of it)
+  two = lambda **kw: plan_executor(make_mesh(2), **{**BASE, "slots": 8, **kw})
+  assert two(per_client_state=True, num_clients=9).table_rows == 5   # ceil(9 / 2)
+  assert two(per_client_state=True, shard_table=False).table_rows == 0
+  assert two(per_client_state=False).table_rows == 0       # no table
+  assert two(per_client_state=True, full_participation=True).table_rows == 0   # resident
 
 
 def _weighted_mean(u, mask, weights, state, hp):
@@ -160,20 +168,22 @@ def test_vmap_in_groups_on_8_devices_equals_the_map_loop():
   np.testing.assert_allclose(out["vmap"][1], out["map"][1], rtol=1e-4)
 
 
-@pytest.mark.parametrize("resident", [None, False])
-def test_the_client_loop_never_copies_the_per_client_table(resident):
+@pytest.mark.parametrize("table", ["resident", "sharded", "replicated"])
+def test_the_client_loop_never_copies_the_per_client_table(table, monkeypatch):
   """SCAFFOLD reads each client's old control variate after writing the new one
   (c_i^+ - c_i); XLA used to keep the old row by copying the whole [clients, d]
   table in every step of the client loop, so a round cost O(clients^2). The
   compiled round must hold no copy of a table-sized buffer (executor._read_rows)."""
   n = 64
   x, y, parts = toy_problem(sizes=(2,) * n, seed=4)
+  if table == "replicated":
+    monkeypatch.setattr(executor_lib, "table_rows", lambda mesh, num_clients: 0)
   sim = toy_simulation(x, y, parts, devices=2, algorithm="scaffold", local_epochs=1,
-                       resident_state=resident)
+                       resident_state=None if table == "resident" else False)
   assert sim.client_parallelism == "map"
   state = sim.to_working(sim.init_state())
   hlo = sim.run_chunk.lower(state, sim.store, sim.hparams, 1).compile().as_text()
-  local = n // 2 if resident is None else n      # the table's rows on one device
+  local = n if table == "replicated" else n // 2     # the table's rows on one device
   shapes = {"f32[%s]" % ",".join(map(str, (local,) + leaf.shape[1:]))
             for leaf in jax.tree.leaves(state.client_state)}
   assert len(shapes) == 4                           # SCAFFOLD's c_i: 2 kernels, 2 biases

@@ -7,6 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from fedjax_dp.core.simulation import make_mesh
+from fedjax_dp.placement import executor as executor_lib
 from fedjax_dp.placement.executor import map_clients_with_resident_state, map_clients_with_state
 from tests.helpers import toy_problem, toy_simulation
 
@@ -112,12 +113,13 @@ def test_resident_state_rows_follow_their_slots_like_a_plain_loop():
 # ~11 s: `make test-slow` (CI runs it); resident rows on 8 devices against 1 are also
 # test_eight_devices_equal_one_with_per_client_state
 @pytest.mark.slow
-def test_resident_state_equals_the_replicated_table():
+def test_resident_state_equals_the_replicated_table(monkeypatch):
   """Full participation keeps each client's state on its device inside a chunk;
   it must give the replicated table's numbers, rows in client order after every
   chunk, and 8 devices must give 1 device's."""
   x, y, parts = toy_problem(sizes=tuple(range(3, 23)))   # 20 clients over 8 devices: padded
   out = {}
+  monkeypatch.setattr(executor_lib, "table_rows", lambda mesh, num_clients: 0)   # replicated
   for devices, resident in ((8, True), (8, False), (1, True)):
     sim = toy_simulation(x, y, parts, devices=devices, resident_state=resident,
                          algorithm="scaffold+contrastive", s_local=0.5)
@@ -136,6 +138,36 @@ def test_resident_state_equals_the_replicated_table():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
       else:
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cohort", [
+    dict(clients_per_round=7),
+    dict(clients_per_round=6, sampling="poisson", max_cohort=12)])
+def test_sharded_table_equals_the_replicated_table(cohort, monkeypatch):
+  """A partial cohort's per-client table sharded over 8 devices in blocks of ids
+  (each device holds ceil(20 / 8) = 3 rows, not 20): the same rows read and
+  written as from the replicated table, so the same bits, chunk after chunk."""
+  x, y, parts = toy_problem(sizes=tuple(range(3, 23)))   # 20 clients: the last block padded
+  kw = dict(devices=8, algorithm="scaffold+contrastive", s_local=0.5, **cohort)
+  sim = toy_simulation(x, y, parts, **kw)
+  working = sim.to_working(sim.init_state())
+  for leaf in jax.tree.leaves(working.client_state):
+    assert leaf.shape[0] == 24 and leaf.sharding.spec == P("clients")
+    assert {s.data.shape[0] for s in leaf.addressable_shards} == {3}
+  out = {}
+  for table in ("sharded", "replicated"):
+    if table == "replicated":
+      monkeypatch.setattr(executor_lib, "table_rows", lambda mesh, num_clients: 0)
+      sim = toy_simulation(x, y, parts, **kw)
+    state, s1 = sim.run_rounds(sim.init_state(), 2)   # two chunks: the layout goes back and forth
+    state, s2 = sim.run_rounds(state, 3)
+    assert all(a.sharding.is_fully_replicated and a.shape[0] == 20
+               for a in jax.tree.leaves(state.client_state))
+    out[table] = (state, s1, s2)
+  seen = np.asarray(out["sharded"][0].client_state["seen"])
+  assert 0 < seen.sum() < 20            # some rows written, some never: both must agree
+  for a, b in zip(jax.tree.leaves(out["sharded"]), jax.tree.leaves(out["replicated"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_working_layout_kept_between_chunks_equals_run_rounds():

@@ -143,9 +143,11 @@ def test_vmapped_replicas_match_the_standalone_runs_and_stop_on_their_own_budget
   assert len(rounds) == 2   # the low-noise replicas stopped earlier
 
 
-def test_vmapped_replicas_on_eight_devices_equal_one_device(tmp_path):
-  # resident per-client state (SCAFFOLD, every client every round), sharded over 8
-  spec = {"config": {**BASE, "algorithm": "scaffold", "clients_per_round": 8, "devices": 0},
+@pytest.mark.parametrize("cohort", [8, 3])
+def test_vmapped_replicas_on_eight_devices_equal_one_device(tmp_path, cohort):
+  # SCAFFOLD's per-client table over 8 devices: resident (every client every round),
+  # or sharded in blocks of ids (a cohort of 3 of the 8 drawn each round)
+  spec = {"config": {**BASE, "algorithm": "scaffold", "clients_per_round": cohort, "devices": 0},
           "seeds": 2, "grid": {"lr": [0.05, 0.1]}}
   results = []
   for devices in (1, 8):

@@ -85,7 +85,7 @@ class Simulation:
   hparams: Any = None         # the round's numeric hyperparameters (hparams.py), replicated
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
   # client order <-> the layout the compiled rounds keep the per-client state in
-  # (identity but with resident state; see build_simulation)
+  # (identity but with resident state or a sharded table; see build_simulation)
   to_working: Callable = lambda state: state
   to_client_order: Callable = lambda state: state
   feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
@@ -398,7 +398,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   store = jax.device_put(store, NamedSharding(mesh, P()))
   host_hp = hparams_lib.round_hparams(cfg, privacy)
   hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), NamedSharding(mesh, P()))
-  layouts = cohort_lib.resident_layout(mesh, home) if home is not None else {}
+  layouts = (cohort_lib.resident_layout(mesh, home) if home is not None else
+             cohort_lib.sharded_layout(mesh, cfg.num_clients, executor.table_rows)
+             if executor.table_rows else {})
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,

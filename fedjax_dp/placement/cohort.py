@@ -5,6 +5,8 @@
                         devices by size (deal_by_size)
   resident_layout(...)  the per-client table in client order <-> resident order
                         (each device holds the rows of the clients it trains)
+  sharded_layout(...)   the per-client table in client order <-> blocks of ids
+                        sharded over the devices (executor.table_rows)
 """
 
 from __future__ import annotations
@@ -80,4 +82,22 @@ def resident_layout(mesh: Mesh, home) -> dict:
       table))
   return dict(
       to_working=lambda state: state._replace(client_state=to_slots(state.client_state)),
+      to_client_order=lambda state: state._replace(client_state=to_clients(state.client_state)))
+
+
+def sharded_layout(mesh: Mesh, num_clients: int, rows: int) -> dict:
+  """{to_working, to_client_order} for a table sharded in blocks of `rows` ids
+  (executor.table_rows): padded to [devices * rows, ...] and sharded over
+  "clients" for the rounds; trimmed to [num_clients, ...] and replicated, as
+  the other layouts give it, for whoever reads it between chunks."""
+  pad = mesh.devices.size * rows - num_clients
+  to_blocks = jax.jit(lambda table: jax.tree.map(
+      lambda a: jax.lax.with_sharding_constraint(
+          jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1)), NamedSharding(mesh, P("clients"))),
+      table), donate_argnums=(0,))
+  to_clients = jax.jit(lambda table: jax.tree.map(
+      lambda a: jax.lax.with_sharding_constraint(a[:num_clients], NamedSharding(mesh, P())),
+      table))
+  return dict(
+      to_working=lambda state: state._replace(client_state=to_blocks(state.client_state)),
       to_client_order=lambda state: state._replace(client_state=to_clients(state.client_state)))

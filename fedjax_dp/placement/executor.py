@@ -13,10 +13,13 @@ the stages' properties and the platform (never from feature flags):
                 of `batch` clients (core/one_step.py)
   resident      whether per-client state rows live on the device that trains them
                 (every client in every round: the cohort and its dealing never
-                change), or in a replicated [num_clients, ...] table each device
-                reads its cohort's rows from and writes them back to (a
-                host table's page of the round's cohort is resident:
-                placement/paged_state.py)
+                change), or in a [num_clients, ...] table each device reads its
+                cohort's rows from and writes them back to (a host table's page
+                of the round's cohort is resident: placement/paged_state.py)
+  table_rows    with such a table on several devices, the rows each device holds:
+                the table is sharded over "clients" in blocks of client ids, so
+                its memory is split over the devices instead of copied on each
+                (0: replicated, one device or several processes)
   fused_sum     whether the aggregate is a weighted sum no stage needs the stacked
                 uploads for (no attack, a linear aggregator, no server clipping,
                 no audit canaries): then each upload, after DP's client half
@@ -49,11 +52,12 @@ class Executor(NamedTuple):
   fused_sum: bool
   keep_rows: bool
   width: int = 0     # one_step: the example rows' width (the largest client)
+  table_rows: int = 0   # rows of a sharded (non-resident) table on each device; 0: replicated
 
   @property
   def client_state_spec(self) -> P:
     """The per-client table's sharding inside the round."""
-    return P("clients") if self.resident else P()
+    return P("clients") if self.resident or self.table_rows else P()
 
   def map_clients(self, fn: Callable, args, client_state, cohort_ids: jax.Array,
                   cohort_mask: jax.Array, num_clients: int, sums=None):
@@ -64,6 +68,10 @@ class Executor(NamedTuple):
     if self.resident:
       return map_clients_with_resident_state(fn, args, client_state, self.batch, sums)
     # refused and padded slots write nothing back (a padded slot may repeat a real id)
+    if self.table_rows:   # (num_clients could be a padding row of the last device's block)
+      write_ids = jnp.where(cohort_mask, cohort_ids, jnp.iinfo(jnp.int32).max)
+      return map_clients_with_sharded_state(fn, args, client_state, cohort_ids, write_ids,
+                                            self.batch, self.table_rows, sums)
     write_ids = jnp.where(cohort_mask, cohort_ids, num_clients)
     return map_clients_with_state(fn, args, client_state, cohort_ids, write_ids, self.batch,
                                   sums)
@@ -81,7 +89,7 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
                   num_clients: int, per_client_state: bool, full_participation: bool,
                   resident: bool | None, stacks_uploads: bool,
                   refuses_clients: bool, one_step_width: int = 0,
-                  paged: bool = False) -> Executor:
+                  paged: bool = False, shard_table: bool = True) -> Executor:
   """The executor for a round whose stages have these properties.
 
   parallelism: 'auto' (one_step where the clients allow it, else map on CPU and
@@ -97,7 +105,9 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   local work is one plain SGD step whose upload only the example-weighted sum
   reads (core/one_step.py), else 0; paged: the per-client state is a host
   table whose cohort rows each round places in slot order (paged_state.py), so
-  they are resident whoever the cohort is."""
+  they are resident whoever the cohort is; shard_table: a table that is not
+  resident is sharded over the devices (table_rows) where there are several
+  and one process (else replicated)."""
   if parallelism == "auto":
     parallelism = ("one_step" if one_step_width else
                    "map" if mesh.devices.flat[0].platform == "cpu" else "vmap")
@@ -116,7 +126,20 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
                   # only a refused client's row must survive: the replicated table
                   # drops non-participants' writes, resident padding rows are junk
                   keep_rows=resident and refuses_clients,
-                  width=one_step_width if parallelism == "one_step" else 0)
+                  width=one_step_width if parallelism == "one_step" else 0,
+                  table_rows=table_rows(mesh, num_clients) if (
+                      shard_table and per_client_state and not resident) else 0)
+
+
+def table_rows(mesh: Mesh, num_clients: int) -> int:
+  """Rows of a sharded per-client table on each device: device d holds clients
+  d * rows ... (d + 1) * rows - 1 (the last device's tail is padding). 0 (the
+  table replicated) on one device, and across processes, where the table's
+  exchange (an all-to-all) is not yet tested."""
+  n_dev = mesh.devices.size
+  if n_dev == 1 or jax.process_count() > 1:
+    return 0
+  return -(-num_clients // n_dev)
 
 
 def sum_over_devices(tree):
@@ -207,6 +230,11 @@ def _read_rows(table, start, size: int, ids=None):
       return jax.tree.map(lambda a: a[ids], t)
     return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), t)
   empty = lambda t: jax.tree.map(jnp.zeros_like, read(t))   # never taken (start >= 0)
+  if ids is not None:
+    # a replicated table read at varying ids: made varying before the cond, not
+    # inside its branches (vmapped replicas batch the predicate, and the batched
+    # cond then met a pvary of an already varying table)
+    table = jax.lax.pcast(table, "clients", to="varying")
   return jax.lax.cond(start >= 0, read, empty, table)
 
 
@@ -259,3 +287,58 @@ def map_clients_with_resident_state(fn: Callable, args, local_state, batch: int,
 
   local = jax.tree.leaves(args)[0].shape[0]
   return _map_with_table(step, local_state, (args, jnp.arange(local)), batch, sums)
+
+
+def map_clients_with_sharded_state(fn: Callable, args, local_table, read_ids: jax.Array,
+                                   write_ids: jax.Array, batch: int, rows: int, sums=None):
+  """map_clients_with_state for a table sharded over "clients" in blocks of ids:
+  local_table leaves [rows, ...], this device's clients d * rows ... (d + 1) *
+  rows - 1. Every slot's row is fetched before the loop, in one exchange
+  (_fetch_rows: an exchange per group of clients made the round 1.7x the
+  replicated table's on 2 CPU devices, each collective a synchronisation); the
+  new rows are all-gathered after each group, as with the replicated table, and
+  each device writes the ones it owns. A real client is in a cohort once, so no
+  slot reads a row the round wrote: the same rows are read and written as from a
+  replicated table, and the numbers are the same bits. A device holds 1 / devices
+  of the table, and its slots' rows (a [local, ...] page) for the round."""
+  page = _fetch_rows(local_table, read_ids, rows)
+
+  def step(table, chunk):
+    chunk_args, slot, writes = chunk
+    out, new_rows = _vmap_clients(fn)(chunk_args, jax.tree.map(
+        lambda a: jax.lax.dynamic_slice_in_dim(a, slot[0], slot.shape[0]), page))
+    if jax.tree.leaves(table):
+      local = _owned_index(gather_over_devices(writes), rows)
+      table = jax.tree.map(lambda a, r: a.at[local].set(gather_over_devices(r), mode="drop"),
+                           table, new_rows)
+    return table, out
+
+  local = read_ids.shape[0]
+  return _map_with_table(step, local_table, (args, jnp.arange(local), write_ids), batch, sums)
+
+
+def _owned_index(ids: jax.Array, rows: int) -> jax.Array:
+  """Each id's row in this device's block, or `rows` (out of range) where another
+  device holds it or the id is padding's."""
+  local = ids - jax.lax.axis_index("clients") * rows
+  return jnp.where((local >= 0) & (local < rows), local, rows)
+
+
+def _fetch_rows(table, reads: jax.Array, rows: int):
+  """The rows `reads` [group] name, from a table sharded in blocks of `rows` ids
+  -> leaves [group, ...]. Every device serves its own rows of every device's
+  reads (zeros for the others) and an all-to-all hands each reader the block its
+  rows' owners served; the reader picks its row from the owner's block. The
+  exchange holds [devices * group, ...] rows on each device while it runs."""
+  asked = gather_over_devices(reads)                  # [devices * group]
+  n_dev, group = asked.shape[0] // reads.shape[0], reads.shape[0]
+  local = _owned_index(asked, rows)
+  owned = local < rows
+
+  def serve(a):
+    got = a[jnp.minimum(local, rows - 1)]
+    got = jnp.where(owned.reshape((-1,) + (1,) * (a.ndim - 1)), got, jnp.zeros_like(got))
+    # [reader, group, ...] -> [owner, group, ...]: block j comes from device j
+    got = jax.lax.all_to_all(got.reshape((n_dev, group) + a.shape[1:]), "clients", 0, 0)
+    return got[reads // rows, jnp.arange(group)]
+  return jax.tree.map(serve, table)
