@@ -8,7 +8,8 @@ of min(clients, --cohort-max) drawn each round. Two kinds of run:
   stateless   FedAvg (the executor takes the one-step path: every client's
               local work is one step)
   stateful    SCAFFOLD: a [clients, d] control-variate table, read and written for
-              the cohort each round: on every device (--store device, replicated),
+              the cohort each round: on the devices (--store device: sharded over
+              them in blocks of client ids, replicated before b8cd2c2),
               or in a host table paged onto the device round by round (--store
               host: host memory; disk: files read and written by row; --store-dtype
               bfloat16 halves it). Each point reports the table's size.
@@ -96,10 +97,10 @@ def one_point(clients: int, cohort: int, kind: str, rounds: int, store: str = "d
 
 def run_point(clients: int, cohort: int, kind: str, rounds: int, max_table_gb: float,
               timeout_s: int, store: str = "device", dtype: str = "float32") -> dict:
-  table_gb = clients * PARAMS * 4 / 2**30 * max(os.cpu_count() or 1, 1)
+  table_gb = clients * PARAMS * 4 / 2**30   # sharded over the devices (all of them: one host)
   if kind == "stateful" and store == "device" and table_gb > max_table_gb:
     return {"clients": clients, "cohort": cohort, "kind": kind,
-            "skipped": f"the replicated [clients, d] table would need {table_gb:.1f} GB "
+            "skipped": f"the [clients, d] table would need {table_gb:.1f} GB "
                        f"(> --max-table-gb {max_table_gb})"}
   try:
     out = subprocess.run([sys.executable, __file__, "--one", str(clients), str(cohort), kind,

@@ -19,10 +19,12 @@ import pytest
 from fedjax_dp.experiment.cli import main
 
 # local DP (per-client ledgers and budgets, sharded over every process's devices),
-# Poisson cohorts, a robust rule (it gathers the uploads), checkpoints
-RUN = ["dataset=synthetic", "num_clients=16", "clients_per_round=8", "sampling=poisson",
+# Poisson cohorts, a robust rule (it gathers the uploads), FedDyn's per-client table
+# (sharded in blocks of ids: rows cross processes in the all-to-all), checkpoints
+RUN = ["dataset=synthetic", "num_clients=18", "clients_per_round=8", "sampling=poisson",
        "max_cohort=12", "rounds=4", "eval_every=2", "checkpoint_every=2", "dp=local",
-       "noise_multiplier=1.0", "target_epsilon=30", "aggregator=trimmed_mean"]
+       "noise_multiplier=1.0", "target_epsilon=30", "aggregator=trimmed_mean",
+       "algorithm=feddyn"]
 DEVICES = 4
 
 

@@ -19,7 +19,7 @@ the stages' properties and the platform (never from feature flags):
   table_rows    with such a table on several devices, the rows each device holds:
                 the table is sharded over "clients" in blocks of client ids, so
                 its memory is split over the devices instead of copied on each
-                (0: replicated, one device or several processes)
+                (0: one device, which holds it whole)
   fused_sum     whether the aggregate is a weighted sum no stage needs the stacked
                 uploads for (no attack, a linear aggregator, no server clipping,
                 no audit canaries): then each upload, after DP's client half
@@ -106,8 +106,7 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   reads (core/one_step.py), else 0; paged: the per-client state is a host
   table whose cohort rows each round places in slot order (paged_state.py), so
   they are resident whoever the cohort is; shard_table: a table that is not
-  resident is sharded over the devices (table_rows) where there are several
-  and one process (else replicated)."""
+  resident is sharded over the devices (table_rows) where there are several."""
   if parallelism == "auto":
     parallelism = ("one_step" if one_step_width else
                    "map" if mesh.devices.flat[0].platform == "cpu" else "vmap")
@@ -133,11 +132,12 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
 
 def table_rows(mesh: Mesh, num_clients: int) -> int:
   """Rows of a sharded per-client table on each device: device d holds clients
-  d * rows ... (d + 1) * rows - 1 (the last device's tail is padding). 0 (the
-  table replicated) on one device, and across processes, where the table's
-  exchange (an all-to-all) is not yet tested."""
+  d * rows ... (d + 1) * rows - 1 (the last device's tail is padding); 0 (the
+  table whole) on one device. Across processes the all-to-all goes through the
+  processes' collectives like the others (gloo on CPU: tests/test_processes.py;
+  NCCL on GPUs not yet run)."""
   n_dev = mesh.devices.size
-  if n_dev == 1 or jax.process_count() > 1:
+  if n_dev == 1:
     return 0
   return -(-num_clients // n_dev)
 
