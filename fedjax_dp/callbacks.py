@@ -194,6 +194,9 @@ def after_chunk(ctx: RunContext, callbacks: list[Callback], state, stats, end: i
   for cb in callbacks:
     if cb.after_chunk is not None and cb.after_chunk(ctx, stats):
       ctx.stop = True   # the callbacks after it see it (evaluate, checkpoint)
+  # the client-order copy (checkpoints, SOLO evaluation) is replicated on every device:
+  # freed here, not kept beside the working table through the next chunk
+  ctx.ordered = None
   interrupts.check()   # a Ctrl-C some library swallowed ends the run here
   return ctx.stop
 

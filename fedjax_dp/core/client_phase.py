@@ -59,12 +59,13 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   """Runs on each device over its slice of the cohort; returns psum'd totals.
 
   cohort_ids, cohort_mask: [local_cohort]; client_state: every client's state,
-  leaves [num_clients, ...], replicated: each client reads its own row where it
+  leaves [num_clients, ...], replicated (one device): each client reads its own row where it
   trains (a gather of the cohort's rows beforehand would copy them all once
   more) and its new row is written back batch by batch (map_clients_with_state).
   With a resident executor, client_state is instead this device's rows in the
   resident layout, [local_cohort, ...], row i that of slot i, and comes back the
-  same way (placement/executor.py).
+  same way; with a sharded table (executor.table_rows) this device's block of
+  ids, [table_rows, ...] (placement/executor.py).
   guard_nonfinite: an upload's NaN or inf coordinates enter the client pipeline
   (its clips, noise and residual) as zero; under DP, clip_update sends an update
   whose norm is not finite as zero. Both are counted.

@@ -314,7 +314,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   order) and no row crosses devices. That is the simulation's working layout:
   `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
   client order (replicated) at the ends of its chunk. Same numbers either
-  way; False forces the replicated table (executor.map_clients_with_state).
+  way; False forces the table that follows the cohort: sharded in blocks of ids
+  over several devices, whole on one (executor.map_clients_with_sharded_state,
+  map_clients_with_state).
   `calibrated`: see make_privacy. `poisoned_offset`: the store's row where the
   poisoned copy of every client's data starts (a data attack drawn each round:
   experiment/setup.py puts the copy after the clean rows)."""

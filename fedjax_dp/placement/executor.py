@@ -29,8 +29,9 @@ the stages' properties and the platform (never from feature flags):
                 unchanged (only a resident table whose clients can be refused)
 
 and the cohort's placement: `make_sampler` draws the round's cohort and deals it
-to the devices (cohort.deal_by_size); `resident_layout` converts the per-client
-table between client order and the resident (dealing) order.
+to the devices (cohort.deal_by_size); `resident_layout` and `sharded_layout`
+convert the per-client table between client order and the resident (dealing)
+order or the blocks of ids.
 
 Everything here runs inside shard_map over the mesh axis "clients".
 """
