@@ -34,7 +34,7 @@ WHOLE = "allowed are whole numbers >= 1"
 
 @pytest.mark.parametrize("script", ["fedavg_round.py", "topksdp_round.py", "compare_trees.py",
                                     "accountant_share.py", "cross_device.py", "scaling.py",
-                                    "sweep.py", "kernels.py"])
+                                    "sweep.py", "kernels.py", "sharded_table.py"])
 def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_path):
   old = tmp_path / "old.json"
   old.write_text("{}")
@@ -56,7 +56,11 @@ def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_p
     ("kernels.py", ["--repeats", "0"], WHOLE),
     ("kernels.py", ["--sizes", "huge"], "--sizes 'huge': allowed are small, medium, large "
                                         "(comma-separated)"),
-    ("scaling.py", ["--max-table-gb", "-1"], "allowed are finite numbers > 0")])
+    ("scaling.py", ["--max-table-gb", "-1"], "allowed are finite numbers > 0"),
+    ("sharded_table.py", ["--repeats", "0"], WHOLE),
+    ("sharded_table.py", ["--points", "100:100"], "'100:100': allowed is CLIENTS:COHORT, whole "
+     "numbers with 1 <= COHORT < CLIENTS (a partial cohort: with every client, the table is "
+     "resident)")])
 def test_scripts_refuse_a_bad_count_with_exit_2(script, args, allowed):
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
                        capture_output=True, text=True, timeout=120)
