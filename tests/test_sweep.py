@@ -143,7 +143,8 @@ def test_vmapped_replicas_match_the_standalone_runs_and_stop_on_their_own_budget
   assert len(rounds) == 2   # the low-noise replicas stopped earlier
 
 
-@pytest.mark.parametrize("cohort", [8, 3])
+# the sharded table's replicas: 9 s, `make test-slow` (test_sharding checks the table itself)
+@pytest.mark.parametrize("cohort", [8, pytest.param(3, marks=pytest.mark.slow)])
 def test_vmapped_replicas_on_eight_devices_equal_one_device(tmp_path, cohort):
   # SCAFFOLD's per-client table over 8 devices: resident (every client every round),
   # or sharded in blocks of ids (a cohort of 3 of the 8 drawn each round)
