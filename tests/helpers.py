@@ -38,6 +38,15 @@ def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, reside
                           resident_state=resident_state, poisoned_offset=poisoned_offset)
 
 
+def keyed_state(sim, key=None):
+  """sim's round-0 state with the run key `key` (default PRNGKey(0)), replicated: for
+  tests that compare two configs' rounds on the same draws, which their own keys
+  would not be (privacy/release_identity.py: releases that differ draw afresh)."""
+  import jax
+  key = jax.random.PRNGKey(0) if key is None else key
+  return sim.replicate(sim.init_state()._replace(key=np.asarray(key)))
+
+
 def round_zero_deltas(sim, state):
   """Each client's local-training delta in round 0, computed outside the round
   (the same local_train and keys), as a list of param pytrees of numpy arrays."""

@@ -115,18 +115,18 @@ def test_feddyn_under_dp_corrects_the_released_mean(dp):
   """Under DP the server's h is built from the released (noised) mean alone: in
   round one the model moves by mean - h / alpha with h = -alpha (m / N) mean
   (m: the participants under local DP, clients_per_round under central DP)."""
-  from tests.helpers import flat, toy_problem, toy_simulation
+  from tests.helpers import flat, keyed_state, toy_problem, toy_simulation
   x, y, parts = toy_problem(sizes=(5, 9, 4, 13))
   fedprox = toy_simulation(x, y, parts, clients_per_round=2, algorithm="fedprox", prox_mu=0.2,
                            **dp)
   dyn = toy_simulation(x, y, parts, clients_per_round=2, algorithm="feddyn", feddyn_alpha=0.2,
                        **dp)
-  s0 = dyn.init_state()
+  s0 = keyed_state(dyn)
   p0 = flat(s0.params)
   s1, stats = dyn.run_rounds(s0, 1)
   # round one: g_i = 0, so the local objective and the released mean are FedProx's with
   # mu = alpha (same keys, same noise)
-  f1, _ = fedprox.run_rounds(fedprox.init_state(), 1)
+  f1, _ = fedprox.run_rounds(keyed_state(fedprox), 1)
   released = flat(f1.params) - p0
   h = flat(s1.server_state["feddyn_h"])
   np.testing.assert_allclose(h, -0.2 * (2 / 4) * released, rtol=1e-5, atol=1e-7)

@@ -11,6 +11,13 @@ says so in its commit and regenerates the file in that commit only:
 
   FEDJAX_DP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q -m "slow or not slow" tests/test_golden.py
 
+The state and stats digests are the XLA:CPU bits of an x86 machine with AVX-512
+(CI's kind, and an Intel Xeon's with jax 0.11.2 alike); an AMD EPYC without
+AVX-512 computes other bits for every case (measured 2026-11-27: all 52 differ,
+with or without --xla_cpu_max_isa=AVX2). On such a machine this test fails for
+every case; regenerate the file from states computed on a machine of the
+recorded kind with tests/golden/regenerate.py (its docstring).
+
 (`make test` runs every configuration on 1 device and a third of them on 2; see
 TWO_DEVICES_IN_MAKE_TEST. Run all of them with `make test-slow` before and after
 moving code.)
@@ -106,25 +113,48 @@ def _digest(chunks) -> str:
   return h.hexdigest()[:20]
 
 
-def run_golden(name: str, devices: int) -> dict:
-  """The three digests of `name` run for 2 + 2 rounds on `devices` devices."""
+def state_digest(state) -> str:
+  return _digest(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(state))
+
+
+def stats_digest(stats) -> str:
+  return _digest(np.asarray(getattr(s, f)).tobytes() for s in stats for f in s._fields)
+
+
+def report_digest(sim, state, stats) -> str:
+  """The privacy report composed from the rounds' statistics (its privacy log)."""
+  plog = privacy_log.empty()
+  for s in stats:
+    plog = privacy_log.append(plog, s, sim.privacy.event_multipliers)
+  report = privacy_report(sim.cfg, sim, state, plog)
+  return _digest([json.dumps(report, sort_keys=True, default=str).encode()])
+
+
+def case_simulation(name: str, devices: int):
   x, y, parts = toy_problem(sizes=SIZES)
   sim = toy_simulation(x, y, parts, devices=devices, rounds=4,
                        feature_tiers=FEATURE_TIERS if name in TIERED else None, **CONFIGS[name])
   if name in BUDGETS:
     sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh, client_budgets=BUDGETS[name])
-  state, plog, stats = sim.init_state(), privacy_log.empty(), []
+  return sim
+
+
+def run_case(name: str, devices: int):
+  """(simulation, final state, [RoundStats of each chunk]) of `name` run for 2 + 2
+  rounds on `devices` devices."""
+  sim = case_simulation(name, devices)
+  state, stats = sim.init_state(), []
   for _ in range(2):
     state, s = sim.run_rounds(state, 2)
-    plog = privacy_log.append(plog, s, sim.privacy.event_multipliers)
     stats.append(s)
-  report = privacy_report(sim.cfg, sim, state, plog)
-  return {
-      "state": _digest(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(state)),
-      "stats": _digest(np.asarray(getattr(s, f)).tobytes()
-                       for s in stats for f in s._fields),
-      "report": _digest([json.dumps(report, sort_keys=True, default=str).encode()]),
-  }
+  return sim, state, stats
+
+
+def run_golden(name: str, devices: int) -> dict:
+  """The three digests of `name` run for 2 + 2 rounds on `devices` devices."""
+  sim, state, stats = run_case(name, devices)
+  return {"state": state_digest(state), "stats": stats_digest(stats),
+          "report": report_digest(sim, state, stats)}
 
 
 def _golden() -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.placement.paged_state import FileRows, HostTable
-from tests.helpers import make_test_runs, toy_problem, toy_simulation
+from tests.helpers import keyed_state, make_test_runs, toy_problem, toy_simulation
 
 SIZES = tuple(range(2, 26))   # 24 clients, 2 to 25 examples
 
@@ -20,7 +20,8 @@ def run(rounds_per_call, **overrides):
   rounds_per_call rounds (a store off the device pages each round of a call)."""
   x, y, parts = toy_problem(sizes=SIZES, features=5, seed=1)
   sim = toy_simulation(x, y, parts, devices=2, **overrides)
-  state, losses, spent = sim.init_state(), [], 0
+  # one key for every table's run: a bfloat16 table is another release (its own draws)
+  state, losses, spent = keyed_state(sim), [], 0
   for n in rounds_per_call:
     state, stats = sim.run_rounds(state, n)
     losses.append(np.asarray(stats.loss_sum))

@@ -202,8 +202,8 @@ MEANINGS: dict[str, str] = {
     # run
     "rounds": "federated rounds",
     "eval_every": "evaluation (and metrics line) period in rounds",
-    "seed": "the run key: model initialisation, cohorts, local training, noise (and the data's, "
-            "unless data_seed)",
+    "seed": "model initialisation; with the release's settings and data, the run key: cohorts, "
+            "local training, noise (and the data's, unless data_seed)",
     "data_seed": "the data's split, the partition, the Byzantine clients, the analyzer; null: "
                  "seed (a sweep's seeds share it, so they differ only in the run key)",
     "noise_seed": "secret: the run key comes from the operating system, never from seed",

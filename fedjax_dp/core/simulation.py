@@ -49,6 +49,7 @@ from fedjax_dp.privacy import audit
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.privacy import noise_control
+from fedjax_dp.privacy import release_identity
 from fedjax_dp.privacy.setup import Privacy, make_privacy
 from fedjax_dp.robust import attacks
 from fedjax_dp.training import client as client_lib
@@ -90,9 +91,10 @@ class Simulation:
   to_client_order: Callable = lambda state: state
   feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
   calibrated: float | None = None   # as given to build_simulation
-  # digests of the hyperparameter pytrees this simulation made (run_rounds refuses others:
-  # an edited pytree could change the noise applied but not the RDP charged)
-  issued: set = dataclasses.field(default_factory=set)
+  # digests of the hyperparameter pytrees this simulation made -> the config each stands
+  # for (run_rounds refuses others: an edited pytree could change the noise applied but
+  # not the RDP charged; init_state(hparams) takes the run key of that config's release)
+  issued: dict = dataclasses.field(default_factory=dict)
   _privacy_cache: dict = dataclasses.field(default_factory=dict)   # (cfg, calibrated) -> Privacy
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
@@ -102,6 +104,9 @@ class Simulation:
   paging: paged_state.Paging | None = None   # client_state_store host/disk (paged_state.py)
   # run_chunk vmapped over stacked replicas: ([R] states, store, [R] hparams, length)
   run_replica_chunk: Callable | None = None
+  # the release's inputs (data, own model and loss, tiers, budgets): with the config,
+  # the run key's identity (privacy/release_identity.py)
+  inputs_digest: str = ""
 
   @property
   def noise_multiplier(self) -> float:
@@ -114,13 +119,24 @@ class Simulation:
     return jax.device_put(tree, NamedSharding(self.mesh, P()))
 
   def init_state(self, hparams: dict | None = None) -> SimState:
-    """Round 0's state. With noise_seed 'secret' the run key (cohorts, training,
-    noise) comes from the operating system's entropy: neither the seed nor
-    config.json then tells the noise; the model's initialisation stays seeded.
-    `hparams` (hparams_for): the clip norm the run starts from."""
-    state = init_state(self.cfg, self.model, self.paging and self.paging.make_table)
-    if self.cfg.noise_seed == "secret":
-      state = state._replace(key=secret_run_key())
+    """Round 0's state. The run key (cohorts, training, noise) is the release's:
+    the seed with the digest of this simulation's settings and inputs folded in
+    (privacy/release_identity.py), so that with_hparams or another config draws
+    afresh. With noise_seed 'secret' it comes from the operating system's
+    entropy: neither the seed nor config.json then tells the noise; the model's
+    initialisation stays seeded.
+    `hparams` (hparams_for): the run key of the release they stand for and the clip
+    norm the run starts from."""
+    cfg = self.cfg
+    if hparams is not None:   # the release those numbers are (hparams_for's config)
+      cfg = self.issued.get(hparams_lib.digest(hparams))
+      if cfg is None:
+        raise ConfigError("init_state: these hyperparameters were not made by this "
+                          "simulation's hparams_for or with_hparams (the run key is the "
+                          "release's, and these name none)")
+    key = (secret_run_key() if cfg.noise_seed == "secret" else
+           release_identity.run_key(cfg, self.inputs_digest))
+    state = init_state(self.cfg, self.model, key, self.paging and self.paging.make_table)
     if hparams is not None:
       state = state._replace(clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32))
     return self.replicate(state)
@@ -172,7 +188,7 @@ class Simulation:
     is recorded, so that run_rounds accepts it."""
     cfg, privacy = self._config_and_privacy(overrides)
     hp = hparams_lib.round_hparams(cfg, privacy)
-    self.issued.add(hparams_lib.digest(hp))
+    self.issued[hparams_lib.digest(hp)] = cfg
     return cfg, privacy, hp
 
   def privacy_for(self, **overrides) -> Privacy:
@@ -322,6 +338,9 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   experiment/setup.py puts the copy after the clean rows)."""
   mesh = mesh or make_mesh(cfg.devices)
   n_dev = mesh.devices.size
+  # before the store is placed: one pass over the host's copy of the data
+  inputs = release_identity.inputs_digest(store, model if cfg.model == "custom" else None, task,
+                                          feature_tiers, client_budgets)
   capacity = (cfg.clients_per_round if cfg.sampling == "fixed" else
               cfg.max_cohort or default_max_cohort(cfg.num_clients, cfg.clients_per_round))
   slots = int(math.ceil(capacity / n_dev) * n_dev)
@@ -338,7 +357,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                                      cfg.byzantine_draw, BYZANTINE_DRAW)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   per_client_state = bool(jax.tree.leaves(
-      jax.eval_shape(lambda: init_state(cfg, model).client_state)))
+      jax.eval_shape(lambda: init_state(cfg, model, jax.random.PRNGKey(0)).client_state)))
   # a stage that needs the cohort's uploads stacked (DP's client half, one upload
   # at a time, runs inside the client loop's sum)
   stacks_uploads = (byzantine is not None or not aggregator.linear
@@ -408,7 +427,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     run_replica_chunk=run_replica_chunk,
                     evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
-                    issued={hparams_lib.digest(host_hp)}, paging=paging, **layouts)
+                    issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
+                    inputs_digest=inputs, **layouts)
 
 
 def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,

@@ -1,8 +1,10 @@
 """The simulation's state, a round's statistics, the key tags, and round 0's state.
 
-Keys: round r uses fold_in(run_key, r); within it, purpose tags separate the
-cohort draw from client training, and client c trains with
-fold_in(fold_in(round_key, CLIENT_TRAINING), c). No key is used twice.
+Keys: the run key is the release's (privacy/release_identity.py: the seed with
+the digest of the settings and inputs folded in, so that releases that differ
+in anything never share a draw); round r uses fold_in(run_key, r); within it,
+purpose tags separate the cohort draw from client training, and client c trains
+with fold_in(fold_in(round_key, CLIENT_TRAINING), c). No key is used twice.
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ def secret_run_key() -> jax.Array:
   return jnp.asarray(from_primary(np.frombuffer(os.urandom(8), np.uint32).copy()))
 
 
-def init_state(cfg: Config, model: Model, client_table=None) -> SimState:
-  """Round 0's state. `client_table(one_client_row) -> client_state` holds the
-  per-client rows (default: a dense [num_clients, ...] device table; a HostTable
-  for client_state_store host/disk, placement/paged_state.py)."""
-  key = jax.random.PRNGKey(cfg.seed)
-  params = model.init(jax.random.fold_in(key, MODEL_INIT))
+def init_state(cfg: Config, model: Model, run_key: jax.Array, client_table=None) -> SimState:
+  """Round 0's state with `run_key` (release_identity.run_key). The model's
+  initialisation is the seed's alone (it reads no data). `client_table(one_client_row)
+  -> client_state` holds the per-client rows (default: a dense [num_clients, ...]
+  device table; a HostTable for client_state_store host/disk, placement/paged_state.py)."""
+  params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
   objective = algorithms.make_objective(cfg)
@@ -104,7 +106,7 @@ def init_state(cfg: Config, model: Model, client_table=None) -> SimState:
                                one_client))
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
                   client_state=client_state, server_state=server_state,
-                  key=key, participations=jnp.int32(0),
+                  key=run_key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
                   ledger=accounting.init_ledger(shape=ledger_shape),
                   clip_norm=jnp.float32(cfg.clip_norm))

@@ -17,6 +17,7 @@ from fedjax_dp import losses
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.experiment.errors import RunError
 from fedjax_dp.models import Model, num_params
+from fedjax_dp.privacy.release_identity import loss_digest
 
 INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run): what they were
 
@@ -27,7 +28,7 @@ def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> 
   if model is None and data is None and task == losses.CLASSIFICATION:
     return None
   inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
-                     "metrics": list(task.metrics), "sha256": _loss_digest(task)}}
+                     "metrics": list(task.metrics), "sha256": loss_digest(task)}}
   if data is not None:
     h = hashlib.sha256()
     for a in (data.x_train, data.y_train, data.x_test, data.y_test,
@@ -49,22 +50,6 @@ def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> 
                        "params": num_params(shapes),
                        "with_features": model.apply_with_features is not None}
   return inputs
-
-
-def _loss_digest(task: losses.Task) -> str:
-  """SHA-256 of the loss's traced program on small examples (two lambdas with the
-  same name differ), or of its code where it cannot be traced on them."""
-  import jax.numpy as jnp
-  y = jnp.zeros((2,), task.target_dtype)
-  mask = jnp.ones((2,), bool)
-  for outputs in (jnp.zeros((2, 3)), jnp.zeros((2, 1)), jnp.zeros((2,))):
-    try:
-      return hashlib.sha256(str(jax.make_jaxpr(task.loss)(outputs, y, mask)).encode()).hexdigest()
-    except Exception:   # shapes this loss does not take: try the next
-      continue
-  code = getattr(task.loss, "__code__", None)
-  text = repr(task.loss) if code is None else repr((code.co_code, code.co_consts, code.co_names))
-  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def check_inputs(out: str, inputs: dict | None) -> None:

@@ -17,12 +17,13 @@ from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
 from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+from fedjax_dp.privacy.release_identity import RELEASE_NEUTRAL_KEYS
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
 # how a run is executed, not what it computes (beyond float rounding): a finished
-# run is reused by run_or_reuse whatever these were
-EXECUTION_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "devices",
-                  "client_parallelism", "client_batch", "eval_batch_size")
+# run is reused by run_or_reuse whatever these were (the release-neutral keys but
+# eval_every, which decides which rows metrics.jsonl holds)
+EXECUTION_KEYS = tuple(k for k in RELEASE_NEUTRAL_KEYS if k != "eval_every")
 
 
 def saved_config(path: str) -> Config:
