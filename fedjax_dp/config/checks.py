@@ -254,13 +254,15 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
                       f"{cfg.num_clients} clients that is no malicious client (floor of "
                       f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
-  if cfg.byzantine_fraction > 0 and cfg.byzantine_attack in ("alie", "ipm") and \
-      cfg.dp == "central":
-    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with dp "
-                      "'central': the colluders read the honest clipped uploads before the "
-                      "server's noise, which only the trusted server sees, and their copies "
-                      "would carry each honest update into the sum unclipped (use dp 'local', "
-                      "where they read noised uploads)")
+  if cfg.byzantine_fraction > 0 and cfg.dp != "none":
+    # the attack's placement against the mechanism's trust boundary (privacy/boundary.py)
+    from fedjax_dp.privacy import boundary, dp_round
+    from fedjax_dp.robust import attacks
+    why = boundary.problem(dp_round.MECHANISMS[cfg.dp].boundary,
+                           attacks.placement(cfg.byzantine_attack))
+    if why:
+      raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with dp "
+                        f"{cfg.dp!r}: {why}")
   if cfg.server_clip_l2 is not None and cfg.kept_noise != "none" and \
       cfg.kept_noise_draw == "aggregate":
     raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with server_clip_l2 "

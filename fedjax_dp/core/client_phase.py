@@ -6,10 +6,17 @@ the cohort, in the stages' order:
   local training on the objective (its local terms)    ClientStages.train_one
   the terms' after-training step (upload, state)       objective.finish
   the upload pipeline (clips, top-k, kept noise)       ClientStages.pipeline
-  the DP mechanism's client half (clip, local noise)   ClientStages.dp.client
-  Byzantine clients' replacement                       ClientStages.byzantine
+  Byzantine clients' replacement, under central DP     ClientStages.byzantine
+  the DP mechanism's clip (and local noise)            ClientStages.dp.client
+  Byzantine clients' replacement, otherwise            ClientStages.byzantine
+  the server's norm bound                              ClientStages.server_clip
   the aggregate: a robust rule over the gathered       ClientStages.aggregator
   uploads, or the weighted sum over the devices
+
+The mechanism's clip sits at its trust boundary (privacy/boundary.py): central
+DP's trusted server clips every upload it receives, a malicious client's
+replacement included; under local DP each client clips and noises its report
+before it leaves, and a malicious client's replacement acts on that report.
 
 How the clients run (map or vmap, state layout, the fused sum) is the
 executor's (placement/executor.py).
@@ -42,6 +49,8 @@ class ClientStages(NamedTuple):
   pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
   dp: DPRound                     # the mechanism; its client half where dp.per_upload
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
+  byzantine_before_mechanism: bool  # the mechanism's boundary is the server's: attacks
+                                    # run before its clip (privacy/boundary.py)
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   server_clip: float | None       # norm bounding of every received upload (None: off)
   canary: Callable | None         # (uploads, ids, clip, scale) -> (uploads, present) (audit.py)
@@ -109,14 +118,17 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
     counts = jnp.where(cohort_mask, counts, 0)
     mask_f = cohort_mask.astype(jnp.float32)
     weights = counts.astype(jnp.float32)
+  attack = lambda d: stages.byzantine(d, cohort_ids, cohort_mask, round_key, sum_over_devices)
+  if stages.byzantine is not None and stages.byzantine_before_mechanism:
+    deltas = attack(deltas)   # what the trusted server receives, which it clips below
   if stages.dp.per_upload:
     weights = mask_f
     if sums is None:   # the uploads are stacked (a later stage reads them): over the stack
       deltas, dp_norms = jax.vmap(dp_client)(deltas, cohort_ids)
     unclipped = jnp.sum((dp_norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
     nonfinite = nonfinite | (~jnp.isfinite(dp_norms) & cohort_mask)   # sent as zero
-  if stages.byzantine is not None:
-    deltas = stages.byzantine(deltas, cohort_ids, cohort_mask, round_key, sum_over_devices)
+  if stages.byzantine is not None and not stages.byzantine_before_mechanism:
+    deltas = attack(deltas)
   bounded = jnp.zeros((), jnp.int32)
   if stages.server_clip is not None:   # what the server received, the attackers' included
     deltas, norms = jax.vmap(lambda u: clipping.l2_clip(u, stages.server_clip))(deltas)

@@ -46,6 +46,7 @@ from fedjax_dp.placement import paged_state
 from fedjax_dp.placement.executor import Executor, plan_executor
 from fedjax_dp.placement.store import FederatedStore, default_max_cohort
 from fedjax_dp.privacy import audit
+from fedjax_dp.privacy import boundary
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.privacy import noise_control
@@ -449,6 +450,10 @@ def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: loss
                         batch_size=cfg.batch_size),
       objective=recipe.objective(task.loss, cfg.momentum), model=model,
       pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
+      # an attack acts on the report sent: before a server's clip, after a client's
+      byzantine_before_mechanism=byzantine is not None and boundary.before_boundary(
+          recipe.privacy.stage.boundary if recipe.privacy is not None else None,
+          attacks.placement(cfg.byzantine_attack)),
       poisoned_rows=poisoned_rows,
       canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
       aggregator=None if aggregator.linear else aggregator.aggregate,

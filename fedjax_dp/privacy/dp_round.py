@@ -56,11 +56,15 @@ class Mechanism(NamedTuple):
   per_client_ledgers: bool = False  # each client accounts its own epsilon (per-client budgets)
   calibrates_to_target: bool = False  # can set its noise from target_epsilon
   clips_after_pipeline: bool = True   # its clip follows the upload pipeline's stages
+  boundary: str = "server"          # where its clip and noise sit (privacy/boundary.py):
+                                    # 'server' clips what arrives; 'client' before it leaves
 
 
 MECHANISMS = {
-    "central": Mechanism("central", noises_sum=True, calibrates_to_target=True),
-    "local": Mechanism("local", noises_each_upload=True, per_client_ledgers=True),
+    "central": Mechanism("central", noises_sum=True, calibrates_to_target=True,
+                         boundary="server"),
+    "local": Mechanism("local", noises_each_upload=True, per_client_ledgers=True,
+                       boundary="client"),
 }
 
 

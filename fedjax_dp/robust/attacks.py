@@ -3,8 +3,11 @@
 A `byzantine_fraction` of the clients, floor(fraction N) of them, is malicious:
 drawn once from the data seed (`byzantine_draw: fixed`), or afresh each round
 from the round key (`round`). Whenever one of them takes part, the server
-receives, instead of its honest upload u (after its pipeline and any DP
-mechanism: a malicious client follows no protocol):
+receives, instead of its honest upload u (after its pipeline: a malicious client
+follows no protocol), the attack below. Each attack acts on the report the client
+sends (`placement`, privacy/boundary.py): under central DP before the trusted
+server's clip and noise, which bound it as any upload; under local DP after the
+client's own clip and noise, as post-processing of its report:
 
   sign_flip   -s u
   scaled      s u                                   (model boosting)
@@ -31,11 +34,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.privacy.boundary import StagePlacement
+
 ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm")
 DRAWS = ("fixed", "round")
 COLLUDING = ("alie", "ipm")    # they read the honest uploads' statistics
 Z_CAP_P = 0.999                # ALIE's z at most Phi^-1(0.999)
 MALICIOUS_DRAW = 2**20 + 1  # folded into the data seed, apart from the round keys
+
+
+def placement(kind: str) -> StagePlacement:
+  """Where the attack `kind` acts: on the report its client sends; the colluding
+  ones read the other clients' uploads (privacy/boundary.py). A data attack's
+  poisoning is inside local training ('protocol'); its boost acts on the report."""
+  return StagePlacement(acts_on="sent", reads_other_uploads=kind in COLLUDING)
 
 
 def malicious_clients(num_clients: int, fraction: float, seed: int) -> np.ndarray:
