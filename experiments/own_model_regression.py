@@ -5,7 +5,9 @@
 
 The data is synthetic and yours to replace: y = x . w + b + noise over
 `--features` features, split over `--clients` clients of different sizes, each
-with its own shift of the features (mildly non-IID). The model is a small MLP
+with its own shift of the features (mildly non-IID); a fifth as many clients
+more, none of them training, give the test set (under DP the test metrics are
+published unnoised, so they must come from data that is no client's). The model is a small MLP
 regressor (a flax.linen module), trained with the mean squared error under
 central DP (DP-FedAvg: clip each client's update, noise the sum). The run folder
 gets what `fedjax-dp run` writes: metrics.jsonl (test_mse, test_mae, train_loss,
@@ -74,8 +76,13 @@ def parse_args(argv=None):
 
 
 def main(args) -> int:
-  x, y, ids = synthetic_clients(args.clients, args.features, args.seed)
-  data = fedjax_dp.data.from_arrays(x, y, client_ids=ids, test_fraction=0.2, seed=args.seed,
+  # a fifth more clients than train, whose rows are the test set: under DP the test
+  # metrics are published unnoised, so they come from data that is no client's
+  x, y, ids = synthetic_clients(args.clients + max(1, args.clients // 5), args.features,
+                                args.seed)
+  train = ids < args.clients
+  data = fedjax_dp.data.from_arrays(x[train], y[train], client_ids=ids[train],
+                                    test=(x[~train], y[~train]), seed=args.seed,
                                     name="synthetic linear regression")
   model = fedjax_dp.models.from_flax(Regressor(), x[:1], name="mlp_regressor")
   summary = fedjax_dp.run(

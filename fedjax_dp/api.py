@@ -1,7 +1,7 @@
 """`fedjax_dp.run` and `fedjax_dp.simulate`: your model, loss and data through the simulator.
 
     import fedjax_dp
-    data = fedjax_dp.data.from_arrays(x, y, client_ids=ids, test_fraction=0.2)
+    data = fedjax_dp.data.from_arrays(x, y, client_ids=ids, test=(x_test, y_test))
     model = fedjax_dp.models.from_flax(MyModule(), x[:1], name="mine")
     summary = fedjax_dp.run("dp_fedavg", model=model, data=data, loss="mse", rounds=50,
                             out="runs/mine", noise_multiplier=1.0, clients_per_round=5)
@@ -120,7 +120,8 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
       state, stats = sim.run_rounds(state, 5)             # 5 rounds, one compiled scan
       metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
 
-  Writes nothing; the privacy report of a state: runner.privacy_report(sim.cfg, sim, state)."""
+  Writes nothing; the privacy report of a state:
+  fedjax_dp.privacy.privacy_report.privacy_report(sim.cfg, sim, state)."""
   from fedjax_dp.experiment.setup import setup
   task = losses.get(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)

@@ -27,12 +27,18 @@ class Classifier(nn.Module):
     return nn.Dense(3)(nn.tanh(nn.Dense(8)(x)))
 
 
-def blobs(clients=5, n=12, seed=0):
-  """Three Gaussian classes in 4-D, n rows per client, int labels."""
+def blobs(clients=5, n=12, seed=0, test=0):
+  """Three Gaussian classes in 4-D, n rows per client, int labels. test > 0: that many
+  more rows, no client's, as test=(x, y) (a run under DP refuses the default holdout
+  of the clients' own rows); else a quarter of each client's rows."""
   rng = np.random.default_rng(seed)
   means = rng.normal(size=(3, 4)) * 2
-  y = rng.integers(0, 3, size=clients * n)
+  y = rng.integers(0, 3, size=clients * n + test)
   x = (means[y] + rng.normal(size=(len(y), 4))).astype(np.float32)
+  m = clients * n
+  if test:
+    return fedjax_dp.data.from_arrays(x[:m], y[:m], client_ids=np.arange(m) % clients,
+                                      test=(x[m:], y[m:]), name="blobs")
   return fedjax_dp.data.from_arrays(x, y, client_ids=np.arange(len(y)) % clients,
                                     test_fraction=0.25, seed=seed, name="blobs")
 
@@ -95,7 +101,7 @@ def test_simulate_evaluates_your_classifier_as_numpy_does():
 
 
 def test_simulate_with_central_dp_gives_a_privacy_report():
-  ds = blobs()
+  ds = blobs(test=15)
   model = fedjax_dp.models.from_flax(Classifier(), ds.x_train[:1])
   sim = fedjax_dp.simulate("dp_fedavg", model=model, data=ds, noise_multiplier=2.0, delta=1e-3,
                            rounds=4, devices=1)

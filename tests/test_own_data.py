@@ -1,13 +1,19 @@
 """data.from_arrays and data.from_clients: partitions against manual construction, targets
-kept as they are, and one-line errors naming the bad value."""
+kept as they are, one-line errors naming the bad value, and where the test set came
+from (test_source): a run under DP refuses a holdout of the clients' own rows."""
 
+import dataclasses
+
+import jax
 import numpy as np
 import pytest
 
+import fedjax_dp
 from fedjax_dp import data
 from fedjax_dp.data import DataError, from_arrays, from_clients
 from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
+from fedjax_dp.experiment.setup import setup
 
 
 def _xy(n=40, d=3, seed=0, real=True):
@@ -142,3 +148,146 @@ def test_bad_data_is_a_one_line_error_naming_the_value(call, message):
   with pytest.raises(DataError, match=message) as e:
     call()
   assert "\n" not in str(e.value)
+
+
+# --- test_source, and the refusal of a holdout of the clients' own rows under DP ---------
+
+FAST = dict(rounds=1, hidden=[4], batch_size=4, clients_per_round=3, lr=0.1, devices=1)
+# the runs with a privacy guarantee, and the name the refusal gives each
+GUARANTEES = [
+    (dict(dp="central", noise_multiplier=1.0), "dp 'central'"),
+    (dict(dp="local", noise_multiplier=1.0), "dp 'local'"),
+    (dict(s_local=0.5, kept_noise="multiplier", kept_noise_multiplier=1.0, final_clip_l2=1.0),
+     "kept_noise 'multiplier'"),
+]
+
+
+def _blobs(clients=3, n=8, extra=0, seed=0):
+  """(x [clients n + extra, 4] float32, y int32 in 0..2, client ids of the first
+  clients n rows): three Gaussian classes."""
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, 3, size=clients * n + extra).astype(np.int32)
+  x = (2 * rng.normal(size=(3, 4))[y] + rng.normal(size=(len(y), 4))).astype(np.float32)
+  return x, y, np.arange(clients * n) % clients
+
+
+def _held_out(x, y, ids, seed=0):
+  """from_arrays with the default holdout: a quarter of each client's own rows."""
+  return from_arrays(x, y, client_ids=ids, test_fraction=0.25, seed=seed, name="blobs")
+
+
+def test_test_source_says_where_the_test_set_came_from():
+  x, y, ids = _blobs(extra=6)
+  xc, yc = x[:24], y[:24]
+  given = (x[24:], y[24:])
+  parts = [np.flatnonzero(ids == k) for k in range(3)]
+  cases = {
+      "client_rows": [from_arrays(xc, yc, client_ids=ids),
+                      from_arrays(xc, yc, client_ids=ids, test_fraction=0.25),
+                      from_arrays(xc, yc, partition=parts, test_fraction=0.25),
+                      from_clients([(xc[p], yc[p]) for p in parts]),
+                      from_clients([(xc[p], yc[p]) for p in parts], test_fraction=0.25)],
+      "given": [from_arrays(xc, yc, client_ids=ids, test=given),
+                from_arrays(xc, yc, partition=parts, test=given),
+                from_arrays(xc, yc, partition="iid", num_clients=3, test=given),
+                from_clients([(xc[p], yc[p]) for p in parts], test=given)],
+      "split": [from_arrays(x, y, partition="iid", num_clients=3),
+                from_arrays(x, y, partition="dirichlet", num_clients=3, alpha=1.0,
+                            test_fraction=0.2),
+                data.load_dataset("synthetic", None, seed=0, num_examples=40, num_features=4,
+                                  num_classes=3)],
+  }
+  for want, datasets in cases.items():
+    assert [ds.test_source for ds in datasets] == [want] * len(datasets)
+  assert set(cases) == set(data.dataset.TEST_SOURCES)
+  assert data.Dataset("d", x, y, x, y, 3, "here").test_source == "split"   # the default
+  # setup's feature scaling (dataclasses.replace) keeps it
+  from fedjax_dp.api import recipe_config
+  ds, _, _ = setup(recipe_config("fedavg", data=cases["given"][0], **FAST), cases["given"][0])
+  assert ds.test_source == "given"
+
+
+@pytest.mark.parametrize("guarantee, named", GUARANTEES, ids=["central", "local", "kept"])
+def test_a_run_under_dp_refuses_a_test_set_of_the_clients_own_rows(guarantee, named, tmp_path):
+  """The holdout's test_loss and accuracy are published unnoised: under a guarantee
+  they would release the clients' rows outside it. Refused in one line, naming the
+  value, why and the fix, before the output folder is made."""
+  ds = _held_out(*_blobs())
+  message = (rf"^data 'blobs' has test_source 'client_rows' .* with {named}: the published "
+             r"test_loss and test metrics would be unnoised functions of those clients' rows, "
+             r"outside the privacy guarantee; .*pass test=\(x_test, y_test\) of data that is no "
+             r"client's, or a partition by name with test_fraction")
+  with pytest.raises(DataError, match=message) as e:
+    fedjax_dp.simulate("fedavg", data=ds, **FAST, **guarantee)
+  assert "\n" not in str(e.value)
+  out = tmp_path / "run"
+  with pytest.raises(DataError, match=message):
+    fedjax_dp.run("fedavg", data=ds, out=str(out), progress=False, **FAST, **guarantee)
+  assert not out.exists()
+  with pytest.raises(DataError, match=message):
+    fedjax_dp.profile("fedavg", data=ds, out=str(tmp_path / "profile"), **FAST, **guarantee)
+  assert not (tmp_path / "profile").exists()
+  from_clients_ds = from_clients([(ds.x_train[p], ds.y_train[p]) for p in ds.client_parts])
+  with pytest.raises(DataError, match=message.replace("'blobs'", "'clients'")):
+    fedjax_dp.simulate("fedavg", data=from_clients_ds, **FAST, **guarantee)
+
+
+def test_a_sweep_with_a_dp_cell_refuses_the_clients_own_rows_before_any_cell_runs(tmp_path):
+  ds = _held_out(*_blobs())
+  spec = {"config": {**FAST, "dp": "central", "noise_multiplier": 1.0}, "seeds": 1}
+  with pytest.raises(DataError, match="test_source 'client_rows' .* with dp 'central'"):
+    fedjax_dp.sweep(spec, out=str(tmp_path / "s"), data=ds, progress=False, log=lambda m: None)
+  assert not (tmp_path / "s").exists()   # refused before anything is written
+
+
+def test_dp_none_keeps_the_holdout_of_the_clients_own_rows():
+  sim = fedjax_dp.simulate("fedavg", data=_held_out(*_blobs()), **FAST)   # no guarantee
+  state, _ = sim.run_rounds(sim.init_state(), 1)
+  assert np.isfinite(sim.evaluate(state.params, *sim.test_data)["loss"])
+
+
+@pytest.mark.parametrize("guarantee", [g for g, _ in GUARANTEES], ids=["central", "local", "kept"])
+def test_under_dp_a_given_test_set_and_a_partition_names_holdout_run(guarantee):
+  """test=(x, y) of rows no client holds, and a partition name's test_fraction (held out
+  before partitioning): the test set is no client's, so the guarantee stands."""
+  x, y, ids = _blobs(extra=6)
+  given = from_arrays(x[:24], y[:24], client_ids=ids, test=(x[24:], y[24:]))
+  by_name = from_arrays(x, y, partition="iid", num_clients=3, test_fraction=0.2)
+  for ds in (given, by_name):
+    sim = fedjax_dp.simulate("fedavg", data=ds, **FAST, **guarantee)
+    assert sim.cfg.dp == guarantee.get("dp", "none") and sim.cfg.kept_noise == guarantee.get(
+        "kept_noise", "none")
+  state, _ = sim.run_rounds(sim.init_state(), 1)
+  assert np.isfinite(sim.evaluate(state.params, *sim.test_data)["loss"])
+
+
+def test_a_bad_test_source_is_refused_in_one_line():
+  ds = dataclasses.replace(_held_out(*_blobs()), test_source="clients")
+  with pytest.raises(DataError, match="^data 'blobs' has test_source 'clients': allowed are "
+                                      "'split', 'given', 'client_rows'$"):
+    fedjax_dp.simulate("fedavg", data=ds, **FAST)
+
+
+def test_the_holdout_leaks_one_clients_row_that_the_model_never_saw():
+  """Why the refusal: with dp none (where the holdout is allowed), changing one
+  held-out row of one client leaves every trained model bit-identical and moves the
+  published test_loss. Under DP the same run would publish that move unnoised."""
+  x, y, ids = _blobs()
+  ds = _held_out(x, y, ids)
+  row = int(np.flatnonzero((x == ds.x_test[0]).all(axis=1))[0])   # held out of its client
+  x2 = x.copy()
+  x2[row] += 5.0
+  ds2 = _held_out(x2, y, ids)
+  np.testing.assert_array_equal(ds2.x_train, ds.x_train)   # the same split: training unchanged
+  for a, b in zip(ds.client_parts, ds2.client_parts):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(ds2.x_test, ds.x_test)
+  results = []
+  for d in (ds, ds2):
+    sim = fedjax_dp.simulate("fedavg", data=d, **FAST)
+    state, _ = sim.run_rounds(sim.init_state(), 1)
+    results.append((state.params, sim.evaluate(state.params, *sim.test_data)))
+  (p1, m1), (p2, m2) = results
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # the released model
+  assert float(m1["loss"]) != float(m2["loss"])                   # the published metric

@@ -3,7 +3,9 @@
 A Dataset holds numpy arrays plus metadata: images as float32 [N, H, W, C] in
 [0, 1], tabular data as float32 [N, d], labels as int32 [N] in
 0..num_classes-1, or, for your own data (own_data.py), real targets as float32
-[N] or [N, k] (num_classes 0).
+[N] or [N, k] (num_classes 0). Its test set's provenance is `test_source`: a
+loader's split ('split'), the caller's ('given') or the clients' own rows
+('client_rows', refused under a privacy guarantee: experiment/setup.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import numpy as np
 
 class DataError(ValueError):
   """A missing, truncated or corrupt data file, or a bad data option; one line."""
+
+
+TEST_SOURCES = ("split", "given", "client_rows")   # Dataset.test_source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +41,11 @@ class Dataset:
   # the data's own split over clients (from_arrays, from_clients): one index array
   # into x_train per client; None: the config's `partition` splits the data
   client_parts: tuple[np.ndarray, ...] | None = None
+  # where x_test, y_test came from (TEST_SOURCES): 'split', a loader's test split or
+  # rows held out before partitioning (no client's); 'given', the caller's
+  # test=(x_test, y_test); 'client_rows', rows held out of the clients' own rows,
+  # whose test metrics a privacy guarantee does not cover (setup refuses them under DP)
+  test_source: str = "split"
 
   @property
   def input_shape(self) -> tuple[int, ...]:

@@ -3,7 +3,11 @@
 Both check the arrays and return a Dataset that carries its own client
 partition (`client_parts`); integer targets stay int32 class labels, real
 targets float32 (regression), from here to the store and the evaluation.
-Every bad value is a one-line DataError.
+Its `test_source` says where the test set came from: 'given' (test=), 'split'
+(a partition name's test_fraction, held out before partitioning: no client's
+rows) or 'client_rows' (client_ids or index lists with test_fraction: each
+client's own rows, which a run under dp or kept noise refuses:
+experiment/setup.py check_test_source). Every bad value is a one-line DataError.
 """
 
 from __future__ import annotations
@@ -136,9 +140,11 @@ def _test_arrays(test, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
   return xt, yt
 
 
-def _own_dataset(name: str, source: str, x, y, parts, test_rows, test) -> Dataset:
+def _own_dataset(name: str, source: str, x, y, parts, test_rows, test,
+                 held_from: str) -> Dataset:
   """The Dataset of rows not in test_rows (or all rows, with test arrays given),
-  with `parts` re-indexed into x_train."""
+  with `parts` re-indexed into x_train. held_from: the test_source of test_rows
+  ('split' or 'client_rows'); given test arrays are 'given'."""
   rows = np.sort(np.concatenate(parts))
   if test is not None:
     xt, yt = _test_arrays(test, x, y)
@@ -148,7 +154,8 @@ def _own_dataset(name: str, source: str, x, y, parts, test_rows, test) -> Datase
   labels = y.dtype.kind == "i"
   num_classes = int(max(y.max(), yt.max())) + 1 if labels and len(y) else 0
   return Dataset(name, x[rows], y[rows], xt, yt, num_classes, source,
-                 client_parts=tuple(reindex))
+                 client_parts=tuple(reindex),
+                 test_source="given" if test is not None else held_from)
 
 
 def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | None = None,
@@ -167,8 +174,10 @@ def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | Non
   Test set, one of:
     test=(x_test, y_test)
     test_fraction=f  (default 0.2) a partition name: a random f of all rows, before
-                     partitioning; client_ids or index lists: floor(f n_i) random rows
-                     of each client (each keeps at least one)
+                     partitioning (test_source 'split'); client_ids or index lists:
+                     floor(f n_i) random rows of each client (each keeps at least one;
+                     test_source 'client_rows', refused under dp or kept noise: the
+                     published test metrics would be unnoised functions of clients' rows)
   seed drives every random choice here. DataError (one line) names a bad value.
   """
   x = _features(x)
@@ -194,7 +203,7 @@ def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | Non
   test_rows = None
   if test is None:
     parts, test_rows = _holdout(parts, f, seed)
-  return _own_dataset(name, "from_arrays", x, y, parts, test_rows, test)
+  return _own_dataset(name, "from_arrays", x, y, parts, test_rows, test, "client_rows")
 
 
 def _partitioned(name, x, y, method, num_clients, test, fraction, seed, options) -> Dataset:
@@ -218,13 +227,15 @@ def _partitioned(name, x, y, method, num_clients, test, fraction, seed, options)
     train, test_rows = np.arange(len(x)), None
   labels = y[train] if y.dtype.kind == "i" else np.zeros(len(train), np.int32)
   parts = [train[p] for p in partition(labels, int(num_clients), method, seed=seed, **options)]
-  return _own_dataset(name, f"from_arrays (partition {method})", x, y, parts, test_rows, test)
+  return _own_dataset(name, f"from_arrays (partition {method})", x, y, parts, test_rows, test,
+                      "split")
 
 
 def from_clients(clients, *, test=None, test_fraction: float | None = None, seed: int = 0,
                  name: str = "clients") -> Dataset:
   """[(x_i, y_i), ...], one pair per client, as a Dataset (see from_arrays: the same
-  checks, and test=(x_test, y_test) or test_fraction of each client's rows)."""
+  checks, and test=(x_test, y_test) (test_source 'given') or test_fraction of each
+  client's rows (test_source 'client_rows': refused under dp or kept noise))."""
   clients = list(clients)
   if not clients:
     raise DataError("from_clients: no clients: expected a list of (x_i, y_i) pairs")

@@ -19,7 +19,7 @@ from fedjax_dp.config import Config, ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core.evaluate import batch_for_eval
 from fedjax_dp.core.simulation import build_simulation
-from fedjax_dp.data.dataset import DataError, Dataset, check_targets
+from fedjax_dp.data.dataset import TEST_SOURCES, DataError, Dataset, check_targets
 from fedjax_dp.data.partition import partition
 from fedjax_dp.data.registry import load_dataset
 from fedjax_dp.data.scaling import apply_feature_scaling
@@ -67,10 +67,13 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   partition it carries. `model`: your own (models.from_flax; config key model
   'custom'); `task`: the loss and metrics (losses.py; default classification).
   The simulation's test_data holds the test set in evaluation batches.
+  A run with a privacy guarantee refuses a test set held out of the clients' own
+  rows (check_test_source), before anything is built or written.
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
   to target_epsilon from round 0 (a resumed run's; privacy/setup.make_privacy)."""
   task = task or losses.CLASSIFICATION
   ds = ds if ds is not None else load_data(cfg)
+  check_test_source(cfg, ds)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
                       "analyzer scores the columns of tabular data (use healthcare, "
@@ -105,6 +108,32 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
                                                task.target_dtype)) if attack_set else None
   return ds, parts, dataclasses.replace(sim, analysis=analysis, test_data=test_data,
                                         attack_data=attack_data)
+
+
+def check_test_source(cfg: Config, ds: Dataset) -> None:
+  """DataError (one line) for a test set that is the clients' own rows
+  (test_source 'client_rows') in a run with a privacy guarantee (dp 'central' or
+  'local', or kept noise): test_loss and the test metrics are published unnoised,
+  so they would release those rows outside the guarantee. The report treats the
+  test set as public: a loader's split, the caller's test=, or rows held out
+  before partitioning."""
+  if ds.test_source not in TEST_SOURCES:
+    raise DataError(f"data {ds.name!r} has test_source {ds.test_source!r}: allowed are "
+                    f"{', '.join(repr(t) for t in TEST_SOURCES)}")
+  if ds.test_source != "client_rows":
+    return
+  guarantee = (f"dp {cfg.dp!r}" if cfg.dp != "none" else
+               f"kept_noise {cfg.kept_noise!r}" if cfg.kept_noise != "none" else None)
+  if guarantee is None:   # dp none: no guarantee for the holdout to break
+    return
+  raise DataError(
+      f"data {ds.name!r} has test_source 'client_rows' (its test set is rows held out of the "
+      f"clients' own rows) with {guarantee}: the published test_loss and test metrics would be "
+      "unnoised functions of those clients' rows, outside the privacy guarantee; under a "
+      "guarantee allowed are test_source 'split' or 'given': pass test=(x_test, y_test) of "
+      "data that is no client's, or a partition by name with test_fraction "
+      "(from_arrays(x, y, partition='iid', num_clients=..., test_fraction=...): rows held "
+      "out before partitioning)")
 
 
 def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.Task):

@@ -40,6 +40,7 @@ from fedjax_dp.experiment import batch
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
+from fedjax_dp.experiment.setup import check_test_source
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
     saved_config
 from fedjax_dp.sweeps.spec import Cell, SweepSpec
@@ -112,6 +113,9 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   log = log or (lambda msg: print(msg, file=sys.stderr))
   task = task or losses.CLASSIFICATION
   cells = spec.cells()   # every cell's config checked before anything is written
+  if data is not None:   # and every cell's guarantee against your data's test set
+    for cell in cells:
+      check_test_source(cell.cfg, data)
   inputs = own_inputs(model, data, task)
   if os.path.exists(out) and not os.path.isdir(out):
     raise RunError(f"output folder {out} is a file: name a folder")
