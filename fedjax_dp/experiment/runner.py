@@ -159,7 +159,10 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   from fedjax_dp.callbacks import RunContext
   last = budget_rounds(cfg)
   if cfg.dp == "local" and cfg.target_epsilon is not None:
-    first = accounting.epsilon_np(sim.next_event_rdp(sim.init_state()), cfg.delta)[0]
+    # per-cluster noise gives each client its own first event ([clients, orders]): the
+    # cheapest one decides whether anyone can take part
+    first = float(np.min(accounting.epsilons_np(sim.next_event_rdp(sim.init_state()),
+                                                cfg.delta)[0]))
     if first > np.max(sim.client_budgets()):
       raise RunError(f"target_epsilon {cfg.target_epsilon:g}: one participation costs epsilon "
                      f"{first:.4g}, more than any client's budget (largest "
