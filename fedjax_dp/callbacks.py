@@ -53,8 +53,8 @@ from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.losses import Task
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.core.simulation import Simulation
-from fedjax_dp.experiment.metrics_row import (aggregator_metrics, published_participations,
-                                              spent_epsilon)
+from fedjax_dp.experiment.metrics_row import (aggregator_metrics, expected_cohorts_only,
+                                              published_participations, spent_epsilon)
 from fedjax_dp.experiment.resume import mark_released
 from fedjax_dp.experiment.runner import chunk_ends
 from fedjax_dp.placement import paged_state
@@ -129,6 +129,8 @@ class RunContext:
   ordered: Any = None        # this chunk's state in client order, once asked for
   diverged: dict | None = None   # where the run stopped being finite (divergence.report)
   warnings: list[str] = dataclasses.field(default_factory=list)   # also in summary.json
+  test_mode: str | None = None   # why the charged epsilon is no guarantee (the audit's
+                                 # --undercharge): summary.json and the rows then give none
 
 
 def client_order(ctx: RunContext):
@@ -341,7 +343,10 @@ def metrics() -> Callback:
     d["loss_sum"] += float(np.sum(stats.loss_sum))  # one host transfer per chunk
     d["examples"] += float(np.sum(stats.examples))
     d["unclipped"] += float(np.sum(stats.unclipped))
-    d["clip_seen"] += float(np.sum(stats.participants))
+    # the fraction's denominator: the expected cohort of each released round where
+    # the realised Poisson cohort sizes are private (metrics_row.expected_cohorts_only)
+    d["clip_seen"] += (ctx.cfg.clients_per_round * float(np.sum(np.asarray(stats.event) >= 0))
+                       if expected_cohorts_only(ctx.cfg) else float(np.sum(stats.participants)))
     d["flagged"] += float(np.sum(stats.flagged))
     d["bounded"] += float(np.sum(stats.bounded))
     d["clusters"] += float(np.sum(stats.clusters))
@@ -363,7 +368,7 @@ def write_row(ctx: RunContext) -> None:
   row = {"round": ctx.round, **{f"test_{k}": v for k, v in ctx.test_metrics.items()},
          **(ctx.attack_metrics or {}),
          "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
-         **spent_epsilon(sim, state, ctx.plog),   # the working layout: no table moved a row
+         **spent_epsilon(sim, state, ctx.plog, ctx.test_mode),   # the working layout
          **({"clip_norm": float(state.clip_norm),
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}

@@ -390,3 +390,64 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
              "--out", str(tmp_path / "a"))
   assert runs.returncode == 2 and "is not empty" in runs.stderr
   assert not (tmp_path / "g").exists()
+
+
+
+TEST_MODE = dict(dataset="synthetic", synthetic_examples=400, num_clients=40,
+                 clients_per_round=40, rounds=2, eval_every=1, hidden=[8], dp="central",
+                 noise_multiplier=1.0)
+TEST_MODE_WHY = ("TEST MODE: the rounds applied 0.5 times the noise the accountant charged; "
+                 "no guarantee")
+
+
+def assert_no_published_epsilon(run):
+  """The run folder's own figures: no epsilon, and the test mode's reason."""
+  summary = json.loads((run / "summary.json").read_text())
+  p = summary["privacy"]
+  assert p["epsilon"] is None and p["epsilon_accountant"] is None
+  assert p["epsilon_why_none"] == p["test_mode"] == TEST_MODE_WHY
+  assert summary["final"]["epsilon"] is None
+  rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+  assert rows and all(r["epsilon"] is None and r["epsilon_why_none"] == TEST_MODE_WHY
+                      for r in rows)
+  assert not (run / "epsilon.png").exists()
+
+
+def test_the_test_mode_publishes_no_epsilon_and_audits_against_the_charged_one(tmp_path):
+  """Found by an audit: with --undercharge the run's own summary.json, metrics.jsonl
+  and epsilon.png gave the charged epsilon with no mark, as if it were a guarantee.
+  They now give none, with the TEST MODE reason, and audit.json still compares with
+  the charged epsilon: every client every round (fixed cohort, q = 1), replace-one
+  (sensitivity 2 C), two rounds of the Gaussian at z / 2 = 0.5 by dp-accounting."""
+  import dp_accounting as dpa
+  import fedjax_dp
+  test = fedjax_dp.audit(TEST_MODE, out=str(tmp_path / "b"), canaries=10, bootstrap=50,
+                         undercharge=0.5, progress=False, log=lambda m: None)
+  oracle = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+  oracle.compose(dpa.GaussianDpEvent(0.5), 2)
+  assert test["accounted_epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-5)
+  assert test["accountant"] == "rdp" and test["undercharged_test_mode"]
+  assert_no_published_epsilon(tmp_path / "b")
+  assert json.loads((tmp_path / "b" / "audit.json").read_text()) == test
+
+
+@pytest.mark.slow   # ~15 s: two audits
+def test_the_test_mode_changes_no_audited_figure_in_either_audit(tmp_path):
+  """The test mode's audit.json compares with the epsilon the same run reports
+  without it, and the multi-run audit's first run folder publishes none either
+  (its figure: the runs' ledger epsilon in runs.csv)."""
+  import fedjax_dp
+  quiet = dict(progress=False, log=lambda m: None)
+  honest = fedjax_dp.audit(TEST_MODE, out=str(tmp_path / "a"), canaries=10, bootstrap=50,
+                           **quiet)
+  test = fedjax_dp.audit(TEST_MODE, out=str(tmp_path / "b"), canaries=10, bootstrap=50,
+                         undercharge=0.5, **quiet)
+  charged = json.loads((tmp_path / "a" / "summary.json").read_text())["privacy"]
+  assert test["accounted_epsilon"] == honest["accounted_epsilon"] == charged["epsilon"] > 0
+  assert (tmp_path / "a" / "epsilon.png").exists()
+  runs = fedjax_dp.audit_runs({**TEST_MODE, "rounds": 1}, out=str(tmp_path / "m"), runs=20,
+                              bootstrap=50, undercharge=0.5, **quiet)
+  assert_no_published_epsilon(tmp_path / "m" / "run")
+  ledger = (tmp_path / "m" / "runs.csv").read_text().splitlines()[1].split(",")[4]
+  assert float(ledger) > 0 and runs["accounted_epsilon"] == pytest.approx(float(ledger),
+                                                                          rel=1e-12)

@@ -135,3 +135,88 @@ def test_cli_attacks_a_run_and_refuses_bad_input(tmp_path):
   assert negative.returncode == 2 and "allowed are whole numbers >= 0" in negative.stderr
   missing = cli("mia", "--run", str(tmp_path / "nope"))
   assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_the_bound_takes_a_guarantee_that_covers_adding_or_removing_an_example():
+  """Found by an audit: under `kept_noise: paper` (dp none) the bound used the kept
+  noise's epsilon, which holds only for neighbours of the same size n_i, and an
+  example's membership changes n_i. User-level DP covers any change of a client's
+  data; kept noise only where the server weights the uploads uniformly (a shuffle,
+  not FedAvg's n_i): multiplier's epsilon, and for paper the size_leak epsilon of
+  sizes one example apart."""
+  from fedjax_dp.config import make_config
+  from fedjax_dp.experiment.attack import membership_privacy
+  poisson = "add/remove one client (Poisson sampling; sensitivity clip_norm)"
+  central = {"epsilon": 2.0, "delta": 1e-5, "neighbouring": poisson,
+             "epsilon_accountant": "pld"}
+  g = membership_privacy(make_config({"dp": "central", "noise_multiplier": 1.0,
+                                      "sampling": "poisson"}), central, 1)
+  assert g == {**central, "why_none": None}
+  local = {**central, "neighbouring": "replace one client's data (sensitivity 2 clip_norm)"}
+  assert membership_privacy(make_config({"dp": "local", "noise_multiplier": 1.0}), local,
+                            1) == {**local, "why_none": None}
+  none = {"epsilon": None, "epsilon_why_none": "dp none: no noise is added, so ..."}
+  assert membership_privacy(make_config({}), none, 5)["why_none"] == none["epsilon_why_none"]
+  kept = {"s_local": 0.5, "index_selection": "random_k", "final_clip_l2": 0.5}
+  leak = {"epsilon": 9.5, "delta": 1e-5, "mean_shift": 1.0, "n": 4, "vs": 5}
+  report = {"epsilon": 3.0, "delta": 1e-5, "epsilon_accountant": "rdp, kept noise per client",
+            "kept_noise": {"size_leak": leak}}
+  paper = {**kept, "kept_noise": "paper", "ldp_epsilon": 5.0}
+  flat = {**kept, "kept_noise": "multiplier", "kept_noise_multiplier": 2.0}
+  for keys in (paper, flat):   # FedAvg weights each upload by n_i, outside the noise
+    g = membership_privacy(make_config(keys), report, 5)
+    assert g["epsilon"] is None and "weights them by the client's example count n_i" in (
+        g["why_none"])
+  g = membership_privacy(make_config({**flat, "shuffle": "layerwise"}), report, 5)
+  assert (g["epsilon"], g["epsilon_accountant"]) == (3.0, report["epsilon_accountant"])
+  shuffled = make_config({**paper, "shuffle": "layerwise"})
+  g = membership_privacy(shuffled, report, 5)
+  assert (g["epsilon"], g["delta"], g["why_none"]) == (9.5, 1e-5, None)
+  assert g["epsilon_accountant"].endswith("add or remove one example (size_leak)")
+  g = membership_privacy(shuffled, report, 1)   # a client left with no example
+  assert g["epsilon"] is None and "holds only for clients of the same size n_i" in g["why_none"]
+  g = membership_privacy(shuffled, {**report, "kept_noise": {}}, 5)
+  assert g["epsilon"] is None and "no finite size_leak epsilon" in g["why_none"]
+
+
+KEPT_PAPER = dict(dataset="synthetic", synthetic_examples=400, num_clients=20,
+                  clients_per_round=10, rounds=1, eval_every=1, hidden=[8], s_local=0.5,
+                  index_selection="random_k", final_clip_l2=0.5, kept_noise="paper",
+                  ldp_epsilon=5.0)
+
+
+def test_a_kept_noise_paper_run_gets_no_bound_and_says_why(tmp_path):
+  """The run's report gives the kept noise's epsilon ("rdp, kept noise per client",
+  same n_i only); unshuffled, the attack's report gives no bound, and why."""
+  from fedjax_dp.experiment.attack import format_report
+  fedjax_dp.run(KEPT_PAPER, out=str(tmp_path / "k"), progress=False, log=lambda m: None)
+  with open(tmp_path / "k" / "summary.json") as f:
+    assert json.load(f)["privacy"]["epsilon"] > 0
+  report = fedjax_dp.attack_mia(str(tmp_path / "k"), examples=50)
+  assert report["dp_bound_tpr_at_1pct_fpr"] is None and report["epsilon"] is None
+  assert "the server weights them by the client's example count n_i" in (
+      report["dp_bound_why_none"])
+  assert f"(no DP bound: {report['dp_bound_why_none']})" in format_report(report)
+
+
+@pytest.mark.slow   # ~10 s: two runs
+def test_a_shuffled_kept_noise_paper_run_takes_its_size_leak_and_central_dp_its_epsilon(
+    tmp_path):
+  """Shuffled (uniform weights), the paper's kept noise is bounded by the report's
+  size_leak epsilon; a central-DP run (fixed cohorts: replace one client) by its own."""
+  quiet = dict(progress=False, log=lambda m: None)
+  fedjax_dp.run({**KEPT_PAPER, "shuffle": "layerwise"}, out=str(tmp_path / "s"), **quiet)
+  with open(tmp_path / "s" / "summary.json") as f:
+    leak = json.load(f)["privacy"]["kept_noise"]["size_leak"]
+  report = fedjax_dp.attack_mia(str(tmp_path / "s"), examples=50)
+  assert report["epsilon"] == leak["epsilon"] and report["dp_bound_why_none"] is None
+  assert report["dp_bound_tpr_at_1pct_fpr"] == membership.dp_tpr_bound(leak["epsilon"], 1e-5)
+  central = {k: KEPT_PAPER[k] for k in ("dataset", "synthetic_examples", "num_clients",
+                                         "clients_per_round", "rounds", "eval_every", "hidden")}
+  fedjax_dp.run({**central, "dp": "central", "noise_multiplier": 3.0},
+                out=str(tmp_path / "c"), **quiet)
+  with open(tmp_path / "c" / "summary.json") as f:
+    eps = json.load(f)["privacy"]["epsilon"]
+  report = fedjax_dp.attack_mia(str(tmp_path / "c"), examples=50)
+  assert report["epsilon"] == eps and report["dp_bound_steps"] == 1
+  assert report["dp_bound_tpr_at_1pct_fpr"] == membership.dp_tpr_bound(eps, 1e-5)

@@ -97,7 +97,9 @@ def _noise(sim, key) -> np.ndarray:
   return (one_round(sim) - one_round(quiet)) * sim.cfg.clients_per_round
 
 
-@pytest.mark.parametrize("replica_batch", [1, pytest.param(2, marks=pytest.mark.slow)])
+# slow: test_privacy_combinations' sweep test checks vmapped cells' noise in make test
+@pytest.mark.slow
+@pytest.mark.parametrize("replica_batch", [1, 2])
 def test_sweep_cells_of_one_seed_draw_independent_noise(tmp_path, replica_batch):
   """The audit's setting: a grid over noise_multiplier [1, 2] at one seed."""
   spec = {"config": {**DIGITS, "noise_multiplier": 1.0}, "grid": {"noise_multiplier": [1.0, 2.0]},
@@ -131,6 +133,7 @@ def test_sweep_cells_of_one_seed_draw_independent_noise(tmp_path, replica_batch)
   assert np.linalg.norm(recovered) > 0.5 * np.sqrt(8) * 0.5 * np.sqrt(d)
 
 
+@pytest.mark.slow   # test_run_cli's same-seed test runs the same path in make test
 def test_same_settings_and_seed_reproduce_bit_for_bit(tmp_path):
   for name in ("a", "b"):
     fedjax_dp.run(dict(DIGITS, noise_multiplier=1.0), out=str(tmp_path / name), progress=False,

@@ -10,6 +10,7 @@ them again: `attack_mia(run_dir, data=..., model=...)`.
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from fedjax_dp.experiment.errors import RunError
@@ -53,18 +54,66 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shad
   if ds.num_classes < 2:
     raise RunError(f"{run_dir}: the loss-threshold attack reads a classifier's "
                    "cross-entropy, and this run's targets are real values")
-  privacy = _reported_privacy(run_dir)
+  import numpy as np
+  guarantee = membership_privacy(cfg, _reported_privacy(run_dir),
+                                 int(np.min(np.asarray(sim.store.client_count))))
   report = membership.loss_threshold_attack(
       sim.model.apply, params, ds.x_train, ds.y_train, ds.x_test, ds.y_test,
-      examples=examples, seed=seed, epsilon=privacy.get("epsilon"),
-      delta=privacy.get("delta"), neighbouring=privacy.get("neighbouring"))
+      examples=examples, seed=seed, epsilon=guarantee["epsilon"], delta=guarantee["delta"],
+      neighbouring=guarantee["neighbouring"], why_none=guarantee["why_none"])
   if shadows:
     report["shadow"] = membership.shadow_attack(
         sim.model, params, ds.x_train, ds.y_train, ds.x_test, ds.y_test, shadows=shadows,
         epochs=shadow_epochs(cfg), batch=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
         examples=examples, seed=seed)
   return {"run": os.path.abspath(run_dir), "dp": cfg.dp, **report,
-          "epsilon_accountant": privacy.get("epsilon_accountant")}
+          "epsilon_accountant": guarantee["epsilon_accountant"]}
+
+
+def membership_privacy(cfg, privacy: dict, smallest_client: int) -> dict:
+  """The (epsilon, delta, neighbouring, epsilon_accountant) that bounds an attack on
+  an example's membership, or epsilon None and why_none. Membership changes the
+  example's client's data by one example, and so its number of examples n_i.
+
+  User-level DP (central: add/remove or replace one client; local DP: replace one
+  client's data) covers any change of one client's data: the run's epsilon. Kept
+  noise (dp none) covers each client's uploads, and the model is a function of them
+  alone only where the server weights them uniformly (a shuffle), not by n_i
+  (FedAvg, no shuffle). Shuffled, `kept_noise: multiplier`'s std does not depend on
+  n_i, so its replace-one epsilon (sensitivity 2 final_clip_l2: any two data of a
+  client) covers membership; `kept_noise: paper`'s holds only for the same n_i, and
+  the report's size_leak is the epsilon of sizes one example apart: the RDP of each
+  round's Gaussian pair, means within 2 final_clip_l2 and stds for n and n + 1
+  examples together, composed over the rounds, for every client size of the run and
+  one either side (not a client of one example left with none)."""
+  eps = privacy.get("epsilon")
+  own = {"epsilon": eps, "delta": privacy.get("delta"),
+         "neighbouring": privacy.get("neighbouring"),
+         "epsilon_accountant": privacy.get("epsilon_accountant"), "why_none": None}
+  if eps is None:
+    return {**own, "why_none": privacy.get("epsilon_why_none") or "the run reports no epsilon"}
+  if cfg.dp != "none" or cfg.kept_noise == "none":
+    return own
+
+  def none(why: str) -> dict:
+    return {"epsilon": None, "delta": None, "neighbouring": None, "epsilon_accountant": None,
+            "why_none": why}
+  if cfg.shuffle == "none":
+    return none(f"the kept noise's epsilon {eps:.3g} covers each client's uploads, but without "
+                "a shuffle the server weights them by the client's example count n_i (FedAvg), "
+                "which adding or removing an example changes outside the noise")
+  if cfg.kept_noise == "multiplier":
+    return own
+  paper = (f"kept_noise 'paper': its epsilon {eps:.3g} holds only for clients of the same "
+           "size n_i, which adding or removing an example changes, and ")
+  leak = privacy.get("kept_noise", {}).get("size_leak")
+  if leak is None or not leak.get("mean_shift") or not math.isfinite(leak["epsilon"]):
+    return none(paper + "the report has no finite size_leak epsilon for sizes one apart")
+  if smallest_client < 2:
+    return none(paper + "size_leak does not cover a client of one example left with none")
+  return {"epsilon": leak["epsilon"], "delta": leak["delta"], "neighbouring": None,
+          "epsilon_accountant": "rdp, kept noise per client, add or remove one example "
+                                "(size_leak)", "why_none": None}
 
 
 def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int | None = None,
@@ -133,12 +182,12 @@ def format_report(report: dict) -> str:
            f"  attack accuracy   {report['accuracy']:.4f}   (chance 0.5)",
            f"  AUC               {report['auc']:.4f}",
            f"  TPR at 1 % FPR    {report['tpr_at_1pct_fpr']:.4f}   " + (
-               f"(at most {bound:.4f} under the run's epsilon {eps:.3g}, "
+               f"(at most {bound:.4f} under epsilon {eps:.3g}, "
                f"{report['epsilon_accountant']}"
                + (", as a group of 2 clients: Poisson sampling's add/remove relation"
                   if report["dp_bound_steps"] == 2 else "") + ")"
                if bound is not None else
-               "(no DP guarantee bounds it)"),
+               f"(no DP bound: {report['dp_bound_why_none']})"),
            f"  mean loss         members {report['member_loss_mean']:.4f}, non-members "
            f"{report['nonmember_loss_mean']:.4f}"]
   if "shadow" in report:

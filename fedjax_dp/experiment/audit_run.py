@@ -30,13 +30,30 @@ def _undercharged(sim, factor: float | None):
   return dataclasses.replace(sim, hparams=hp)
 
 
-def _undercharge(factor: float):
-  """The test mode as a run's callback."""
+def _undercharge(factor: float, seen: dict):
+  """The test mode as a run's callback. The run's own reports (summary.json,
+  metrics.jsonl, epsilon.png) then give no epsilon (RunContext.test_mode), so the
+  audit compares with seen["charged"]: the privacy report without that mark."""
   from fedjax_dp.callbacks import Callback
+  from fedjax_dp.privacy.privacy_report import privacy_report
 
   def start(ctx) -> None:
     ctx.sim = _undercharged(ctx.sim, factor)
-  return Callback(on_run_start=start)
+    ctx.test_mode = (f"TEST MODE: the rounds applied {factor} times the noise the accountant "
+                     "charged; no guarantee")
+
+  def end(ctx) -> None:
+    seen["charged"] = privacy_report(ctx.cfg, ctx.sim, ctx.state, ctx.plog, assume=False)
+  return Callback(on_run_start=start, on_run_end=end)
+
+
+def _accounted(out: str, seen: dict) -> dict:
+  """The privacy report the audit compares with: the run's summary.json's, or in
+  the test mode the one it computed before marking it (summary.json's has none)."""
+  if "charged" in seen:
+    return seen["charged"]
+  with open(os.path.join(out, "summary.json")) as f:
+    return json.load(f)["privacy"]
 
 
 def _audit_values(config, undercharge: float | None) -> dict:
@@ -93,9 +110,10 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   and returns the audit report (also written to out/audit.json).
 
   `undercharge` in (0, 1), a test mode that shows the audit can fail: the rounds
-  apply that fraction of the noise the accountant charges, so the reported
-  epsilon is wrong on purpose (the report and audit.json say so; never a run to
-  publish).
+  apply that fraction of the noise the accountant charges, so the charged epsilon
+  is wrong on purpose. The report and audit.json say so and compare with it; the
+  run's own summary.json, metrics.jsonl rows and plots give no epsilon (TEST MODE
+  in epsilon_why_none and the privacy report's test_mode; never a run to publish).
 
   `all_iterates`: also the estimate of an observer of every round's model (the
   report's "all_iterates"): each direction's statistic is its largest cosine with
@@ -113,14 +131,13 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
                    f"least {audit_lib.MIN_CANARIES} of each")
   cfg = make_config({**values, "audit_canaries": canaries})
   observer, seen = _observer(cfg, canaries, held_out, all_iterates)
-  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge)])
+  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge, seen)])
   fedjax_dp.run(cfg, out=out, log=log, progress=progress, callbacks=callbacks)
   change = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), load_params(out),
                         seen["theta0"])
   inserted, outside = audit_lib.cosines(change, cfg.num_clients, canaries, held_out,
                                         data_seed(cfg))
-  with open(os.path.join(out, "summary.json")) as f:
-    privacy = json.load(f)["privacy"]
+  privacy = _accounted(out, seen)
   report = {"method": "one-shot canary audit (Andrew et al. 2023): cosines of the final "
                       "model's change with inserted and held-out canary directions",
             "canaries": canaries, "held_out": held_out,
@@ -183,7 +200,8 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
   the same in every run (checked).
 
   The first run is an ordinary run folder, out/run (its summary.json holds the
-  accountant's report); the others run the same compiled chunks. Writes
+  accountant's report; in the test mode without an epsilon, as `audit`'s); the
+  others run the same compiled chunks. Writes
   out/runs.csv (run, seed, inserted, statistic, the ledger's epsilon) as the runs
   finish, then out/audit.json."""
   from fedjax_dp.config import make_config
@@ -249,7 +267,7 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
 
   def keep(ctx) -> None:
     seen["sim"], seen["rounds"], seen["state"] = ctx.sim, ctx.round, ctx.state
-  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge)]) + [
+  callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge, seen)]) + [
       fedjax_dp.callbacks.Callback(on_run_end=keep)]
   first = os.path.join(out, "run")
   fedjax_dp.run(cfg, out=first, log=log, progress=progress, callbacks=callbacks)
@@ -273,7 +291,8 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
     rows.writerow(["run", "seed", "inserted", "statistic", "ledger_epsilon"])
 
     def row(r):
-      rows.writerow([r, cfg.seed + r, int(scales[r] == 1), repr(stats[r]), repr(ledger[r])])
+      rows.writerow([r, cfg.seed + r, int(scales[r] == 1), repr(float(stats[r])),
+                     repr(float(ledger[r]))])   # numpy 2 reprs np.float64(...)
       f.flush()
     row(0)
     for r in range(1, runs):
@@ -288,9 +307,7 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
       row(r)
       if progress and (r + 1) % max(1, runs // 10) == 0:
         log(f"audit: {r + 1} of {runs} runs")
-  with open(os.path.join(first, "summary.json")) as f:
-    privacy = json.load(f)["privacy"]
-  return stats, ledger, privacy, seen["rounds"]
+  return stats, ledger, _accounted(first, seen), seen["rounds"]
 
 
 def _all_iterates(result, delta: float, bootstrap: int) -> dict:

@@ -11,15 +11,22 @@ import numpy as np
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.privacy.local_dp_report import clients_spent
-from fedjax_dp.privacy.privacy_report import headline, privacy_report, rounds_skipped
+from fedjax_dp.privacy.privacy_report import (headline, mark_test_mode, privacy_report,
+                                              rounds_skipped)
+
+
+def expected_cohorts_only(cfg: Config) -> bool:
+  """Under central DP with Poisson sampling the realised cohort sizes are private
+  (add/remove-one neighbours change them): what the run publishes about
+  participation counts the expected cohort, clients_per_round per round that ran."""
+  return cfg.dp == "central" and cfg.sampling == "poisson"
 
 
 def published_participations(cfg: Config, state) -> int:
-  """The participations that bytes_up/bytes_down and the summary publish. Under
-  central DP with Poisson sampling the realised cohort sizes are private (add/
-  remove-one neighbours change them), so the expected ones are published:
-  clients_per_round per round that ran (skipped rounds released nothing)."""
-  if cfg.dp == "central" and cfg.sampling == "poisson":
+  """The participations that bytes_up/bytes_down and the summary publish: the
+  expected ones where the realised cohort sizes are private (expected_cohorts_only;
+  skipped rounds released nothing), else the realised ones."""
+  if expected_cohorts_only(cfg):
     ran = int(state.round) - rounds_skipped(cfg, state)
     return cfg.clients_per_round * ran
   return int(state.participations)
@@ -44,16 +51,20 @@ def aggregator_metrics(cfg, flagged: float, clusters: float, rounds: int,
   return out
 
 
-def spent_epsilon(sim: Simulation, state, plog: dict | None) -> dict:
+def spent_epsilon(sim: Simulation, state, plog: dict | None,
+                  test_mode: str | None = None) -> dict:
   """The run's guarantee so far, for metrics.jsonl: the privacy report's headline
   (privacy_report.headline: the same code, so the last row and summary.json agree),
   composed from the rounds' record `plog`; local DP gives the largest client's, and
   how many clients can no longer take part. `state` in either layout (Simulation.
-  to_working): the per-client table is not read."""
+  to_working): the per-client table is not read. `test_mode` (RunContext.test_mode):
+  no epsilon, and why (privacy_report.mark_test_mode)."""
   cfg = sim.cfg
   if cfg.dp == "none" and cfg.kept_noise == "none":
     return {"epsilon": None, "delta": None}
-  row = headline(privacy_report(cfg, sim, state, plog, assume=False))
+  row = headline(mark_test_mode(privacy_report(cfg, sim, state, plog, assume=False), test_mode))
+  if test_mode is not None:
+    row["epsilon_why_none"] = test_mode
   if cfg.dp == "local":
     row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
   return row

@@ -105,20 +105,11 @@ def append_metrics(path: str, row: dict) -> None:
 ATTACK_METRICS = ("attack_success_rate", "target_misclassification")
 
 
-def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
-                 target_epsilon: float | None = None) -> list[str]:
-  """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
-  bytes in MB (and epsilon when accounted, with `target_epsilon` drawn), and under a
-  data attack its success with the main accuracy beside it (attack.png) against
-  rounds, titled `title` (the run's name); a round whose figure was not finite is
-  marked by a red dotted line. Returns the PNG paths."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
+def plot_panels(rows: list[dict]) -> list[tuple[str, str, list]]:
+  """The plots plot_metrics draws from `rows`: (file, y label, [(legend label, key,
+  scale, style)]) each, so that a run can declare them before they are drawn."""
   if not rows:
     return []
-  rounds = [r["round"] for r in rows]
   tests = [k[len("test_"):] for k in rows[0] if k.startswith("test_") and k != "test_loss"]
   mb = 1e-6
   panels = [   # (file, y label, [(legend label, key, scale, style)])
@@ -141,8 +132,25 @@ def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
         "epsilon.png", f"epsilon spent ({' or '.join(names)}"
                        f"{', the smaller' if len(names) > 1 else ''}, delta "
                        f"{accounted[-1]['delta']:g})", [(None, "epsilon", 1, {})]))
+  return panels
+
+
+def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
+                 target_epsilon: float | None = None) -> list[str]:
+  """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
+  bytes in MB (and epsilon when accounted, with `target_epsilon` drawn), and under a
+  data attack its success with the main accuracy beside it (attack.png) against
+  rounds, titled `title` (the run's name); a round whose figure was not finite is
+  marked by a red dotted line. Returns the PNG paths."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  if not rows:
+    return []
+  rounds = [r["round"] for r in rows]
   paths = []
-  for filename, ylabel, series in panels:
+  for filename, ylabel, series in plot_panels(rows):
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for label, key, scale, style in series:
       pts = [(x, r[key] * scale) for x, r in zip(rounds, rows) if r.get(key) is not None]

@@ -10,12 +10,26 @@ from fedjax_dp import losses
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.config import Config
 from fedjax_dp.experiment.metrics_row import published_participations
-from fedjax_dp.privacy.privacy_report import privacy_report
+from fedjax_dp.experiment import reporting
+from fedjax_dp.privacy import releases
+from fedjax_dp.privacy.privacy_report import mark_test_mode, privacy_report, report_facts
 
 
 def run_summary(ctx, stopped: bool | None = None) -> dict:
   """summary.json of a run (callbacks.RunContext) at its end; `stopped`: a budget
-  ended it before `rounds`."""
+  ended it before `rounds`. Under a guarantee its privacy report's not_accounted
+  lists every output the run folder holds (with this summary and the plots about to
+  be drawn) that the guarantee does not cover (privacy/releases.py)."""
+  summary = _summary(ctx, stopped)
+  if "not_accounted" in summary["privacy"]:
+    written = releases.run_outputs(ctx.out, ctx.rows, summary,
+                                   plots=[p[0] for p in reporting.plot_panels(ctx.rows)])
+    summary["privacy"]["not_accounted"] = releases.not_accounted(
+        ctx.cfg, written, report_facts(ctx.cfg, ctx.state))
+  return summary
+
+
+def _summary(ctx, stopped: bool | None) -> dict:
   cfg, ds, sim, state, rows = ctx.cfg, ctx.ds, ctx.sim, ctx.state, ctx.rows
   sizes = [len(p) for p in ctx.parts]
   times = ctx.chunk_times
@@ -27,8 +41,8 @@ def run_summary(ctx, stopped: bool | None = None) -> dict:
       "rounds": int(state.round),
       "diverged": ctx.diverged,   # None, or where the model stopped being finite
       "warnings": list(ctx.warnings),
-      "privacy": privacy_report(cfg, sim, state, ctx.plog, assume=False,
-                                stopped_by_budget=stopped),
+      "privacy": mark_test_mode(privacy_report(cfg, sim, state, ctx.plog, assume=False,
+                                               stopped_by_budget=stopped), ctx.test_mode),
       "communication": {
           "bytes_up": final.get("bytes_up", 0), "bytes_down": final.get("bytes_down", 0),
           **ctx.comm,

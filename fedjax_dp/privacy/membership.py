@@ -16,6 +16,9 @@ guarantee is client-level: with fixed-size cohorts (replace one client's data) a
 example's membership is one neighbouring step; with Poisson sampling (add or
 remove one client) it is two, remove the client and add it back without the
 example, so group privacy of 2 applies: e^(2 epsilon) FPR + (1 + e^epsilon) delta.
+Kept noise alone (dp none) guarantees each client's uploads, which covers an
+example's membership only in some set-ups (experiment/attack.membership_privacy);
+where nothing covers it the bound is None and `dp_bound_why_none` says why.
 """
 
 from __future__ import annotations
@@ -103,8 +106,11 @@ def membership_steps(neighbouring: str | None) -> int:
 def loss_threshold_attack(apply_fn, params, x_train, y_train, x_test, y_test, *,
                           examples: int | None = None, seed: int = 0,
                           epsilon: float | None = None, delta: float | None = None,
-                          neighbouring: str | None = None) -> dict:
-  """The loss-threshold attack's figures on a balanced member / non-member set."""
+                          neighbouring: str | None = None, why_none: str | None = None
+                          ) -> dict:
+  """The loss-threshold attack's figures on a balanced member / non-member set;
+  the DP bound from (epsilon, delta) of `neighbouring` neighbours, or none and
+  `why_none` (dp_bound_why_none) where epsilon is None."""
   mem, non = balanced_sets(len(x_train), len(x_test), examples, seed)
   loss_in = example_losses(apply_fn, params, x_train[mem], y_train[mem])
   loss_out = example_losses(apply_fn, params, x_test[non], y_test[non])
@@ -114,7 +120,9 @@ def loss_threshold_attack(apply_fn, params, x_train, y_train, x_test, y_test, *,
           "nonmember_loss_mean": float(loss_out.mean()), "epsilon": epsilon, "delta": delta,
           "dp_bound_tpr_at_1pct_fpr": dp_tpr_bound(epsilon, delta,
                                                    steps=membership_steps(neighbouring)),
-          "dp_bound_steps": membership_steps(neighbouring)}
+          "dp_bound_steps": membership_steps(neighbouring),
+          "dp_bound_why_none": None if epsilon is not None else (
+              why_none or "the run reports no epsilon")}
 
 
 # ------------------------------------------------------------ the shadow-model attack

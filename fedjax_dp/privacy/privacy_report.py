@@ -9,7 +9,10 @@ writes its own section:
   _central_section    DP-FedAvg: epsilon, ledger, adaptive clipping, noise events, PLD
   local_section       local DP (local_dp_report.py): per-client epsilons, budgets, PLD
   _schedule_section   the noise controller and the dynamic-DP paper's own formula
-  _not_accounted      what the data preparation and budget allocation leave uncovered
+
+`not_accounted` comes from the release registry (releases.py): the mechanism's
+influences here; a run's summary.json adds every output its folder holds that the
+guarantee does not cover (summary.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import jax
 import numpy as np
 
 from fedjax_dp.privacy import privacy_log
+from fedjax_dp.privacy import releases
 from fedjax_dp.config import Config
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.models import num_params
@@ -40,15 +44,23 @@ def resolved_feature_scaling(cfg: Config) -> str:
   return "pooled" if cfg.dp == "none" else "per_client"
 
 
+def has_guarantee(cfg: Config) -> bool:
+  """Whether the run claims a guarantee: a DP mechanism, or kept noise (TopkSDP-FL)."""
+  return cfg.dp != "none" or cfg.kept_noise != "none"
+
+
+def report_facts(cfg: Config, state) -> dict:
+  """What the release registry's influences read of a run (releases.INFLUENCES)."""
+  return {"pooled_scaling": has_guarantee(cfg) and resolved_feature_scaling(cfg) == "pooled",
+          "cohort_overflow": int(state.cohort_overflow)}
+
+
 def data_not_accounted(cfg: Config) -> list[str]:
-  """The privacy report's not_accounted lines the data preparation causes (none
-  without DP): pooled standardisation under DP."""
-  if cfg.dp == "none" or resolved_feature_scaling(cfg) != "pooled":
-    return []
-  return ["feature_scaling 'pooled': the standardisation mean and deviation are computed from "
-          "every client's raw training data without noise, so one client's data moves every "
-          "client's inputs in every round; that influence is not covered by epsilon (use "
-          "feature_scaling 'per_client' or 'none')"]
+  """The not_accounted lines the data preparation causes (none without a guarantee):
+  pooled standardisation (releases.INFLUENCES)."""
+  when, line = releases.INFLUENCES["pooled_scaling"]
+  return [line] if when(cfg, {"pooled_scaling": has_guarantee(cfg) and
+                               resolved_feature_scaling(cfg) == "pooled"}) else []
 
 
 def rounds_skipped(cfg: Config, state) -> int:
@@ -99,7 +111,8 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
     if cfg.dp == "none":
       report["note"] = ("no user-level DP (dp none); the client-side noise on kept coordinates "
                         "is reported under kept_noise")
-  if cfg.dp != "none" or cfg.kept_noise != "none":
+      report["not_accounted"] = releases.not_accounted(cfg, None, report_facts(cfg, state))
+  if has_guarantee(cfg):
     report["assumes"] = assumptions(cfg)
   _set_headline(cfg, report)
   return report
@@ -136,6 +149,21 @@ def headline(report: dict) -> dict:
           "epsilon_accountant": report.get("epsilon_accountant")}
 
 
+def mark_test_mode(report: dict, why: str | None) -> dict:
+  """`report` with no epsilon where the rounds did not apply the noise the accountant
+  charged (the audit's --undercharge test mode, `why` its one line, else None: the
+  report as it is): its figures are then no guarantee. The ledger stays, as charged."""
+  if why is not None:
+    for key in ("epsilon", "rdp_epsilon", "pld_epsilon", "client_epsilons",
+                "epsilon_accountant"):
+      if key in report:
+        report[key] = None
+    if "epsilon_median" in report.get("clients", {}):
+      report["clients"]["epsilon_median"] = None
+    report.update(epsilon_why_none=why, test_mode=why)
+  return report
+
+
 def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
   """The record's RDP against the in-round ledger (float32, rounded up by at most
   ~2.4e-7 per round): equal to that rounding, where the ledger is finite."""
@@ -160,13 +188,23 @@ def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
 def assumptions(cfg: Config) -> list[str]:
   """What every guarantee of the run takes for granted about things outside it."""
   seed = ("noise_seed 'secret': the noise and cohort keys come from the operating system's "
-          "entropy and are not in config.json; the checkpoints hold the run key and so must "
-          "stay as secret as the noise" if cfg.noise_seed == "secret" else
-          f"the seed ({cfg.seed}, published in config.json) and the checkpoints stay secret: "
-          "every noise draw and cohort is a function of the seed, so anyone who has it can "
-          "subtract the noise from two released models (noise_seed 'secret' draws the keys "
-          "from the operating system instead)")
-  return [seed,
+          "entropy and are not in config.json; the run folder's run_key.secret (written with "
+          "or without checkpoints, for a restart from round 0) and the checkpoints hold the "
+          "run key and so must stay as secret as the noise (delete run_key.secret once the run "
+          "will not be restarted)" if cfg.noise_seed == "secret" else
+          f"the seed ({cfg.seed}, in config.json: publish it without its seed) and the "
+          "checkpoints stay secret: every noise draw and cohort is a function of the seed and "
+          "of the release's settings and data, which an adversary is assumed to know, so "
+          "anyone who has the seed can test a guess of the data by subtracting the noise from "
+          "a released model (noise_seed 'secret' draws the keys from the operating system "
+          "instead)")
+  same = ("every run draws its own keys: two runs on the same data are two releases, and "
+          "their epsilons compose" if cfg.noise_seed == "secret" else
+          "releases of the same settings, data and seed are one release: they draw the same "
+          "cohorts and noise and publish the same numbers (a rerun reproduces, it does not "
+          "compose); releases whose settings or data differ in anything (sweep cells "
+          "included) draw their own, and their epsilons compose")
+  return [seed, same,
           "the checkpoints also hold unnoised per-client state (error-feedback residuals, "
           "control variates, local models, per-client ledgers) and the unnoised diagnostics: "
           "they are the server's private working state, not releases"]
@@ -206,7 +244,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
     from fedjax_dp.privacy.local_dp_report import local_section
     local_section(report, cfg, sim, state)
   report.update(_schedule_section(cfg, sim, state))
-  report["not_accounted"] += _not_accounted(cfg)
+  # the mechanism's influences; a run's summary adds what its folder publishes (summary.py)
+  report["not_accounted"] = releases.not_accounted(cfg, None, report_facts(cfg, state))
   if sim.noise_multiplier == 0:
     report["note"] = "noise_multiplier 0: no differential-privacy guarantee (epsilon infinite)"
   return report
@@ -221,12 +260,6 @@ def _header(cfg: Config, sim: Simulation, rounds: int) -> dict:
       "sampling": cfg.sampling, "q": sampling_rate(cfg), "rounds_accounted": rounds,
       "target_epsilon": cfg.target_epsilon,
       "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
-      "not_accounted": [
-          "metrics.jsonl's train_loss, unclipped_fraction and nonfinite_uploads (uploads with "
-          "a NaN or inf, sent as zero) are computed from the clients' data without noise: "
-          "simulator diagnostics, not outputs the epsilon covers",
-          "summary.json's data section (clients, examples per client, training and test "
-          "examples) is computed from the data without noise"],
   }
 
 
@@ -308,15 +341,8 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
                         "uniforms on a 2^-23 grid), which the accountant charges")
     report["published_cohort_sizes"] = (
         "expected only: bytes_up, bytes_down and participations count clients_per_round per "
-        "round (the realised Poisson cohort sizes depend on who is in the data)")
-    report["not_accounted"].append(
-        "summary.json's cohort_overflow counts Poisson draws beyond max_cohort, a function "
-        "of the realised cohort sizes")
-  overflow = int(state.cohort_overflow)
-  if overflow:
-    report["not_accounted"].append(
-        f"{overflow} Poisson draws were dropped because the cohort was full (max_cohort); the "
-        "analysis assumes every draw takes part: raise max_cohort")
+        "round, and unclipped_fraction is over that expected cohort (so it can pass 1); the "
+        "realised Poisson cohort sizes depend on who is in the data")
 
 
 def _schedule_section(cfg: Config, sim: Simulation, state) -> dict:
@@ -339,20 +365,3 @@ def _schedule_section(cfg: Config, sim: Simulation, state) -> dict:
         "note": "each round's noise is set before the round from earlier released global "
                 "updates (public), and the ledgers compose every round at its actual noise"}
   return out
-
-
-def _not_accounted(cfg: Config) -> list[str]:
-  """What the tier analysis, the data preparation and budget allocation leave uncovered."""
-  lines = []
-  if cfg.tier_source == "analyzer" and cfg.clip_parts == "tiers":
-    lines.append(
-        "the tier map comes from the sensitivity analyzer, which reads every client's data "
-        "without noise; the choice of tiers (and so of noise per feature) is not covered")
-  lines += data_not_accounted(cfg)
-  if cfg.client_budgets == "allocated":
-    lines.append(
-        "client_budgets 'allocated': each client's budget is computed without noise from every "
-        "client's example count" + (" and the sensitivity analyzer's scores of their raw data"
-                                    if cfg.tier_source == "analyzer" else "")
-        + ", and it decides when each client stops taking part")
-  return lines

@@ -39,6 +39,7 @@ from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.experiment import batch
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.privacy import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.setup import check_test_source
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
@@ -136,6 +137,8 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   programs = _run_programs(todo, out, spec, log, progress, model, data, task, inputs, callbacks)
   record.update(programs=programs, wall_s=round(time.perf_counter() - t0, 3),
                 **table.write_results(out, cells, spec.named_keys(), task))
+  record["privacy"] = releases.sweep_privacy([c.cfg for c in cells],
+                                             releases.sweep_outputs(out, record))
   reporting.write_json_atomic(os.path.join(out, SWEEP_JSON), record)
   return record
 
