@@ -74,7 +74,7 @@ def test_a_user_rule_runs_stacked_and_agrees_with_the_fused_mean(user_mean):
   out = {}
   for rule in ("mean", user_mean):
     sim = toy_simulation(x, y, parts, aggregator=rule, clients_per_round=3)
-    out[rule] = sim.run_rounds(keyed_state(sim), 2)[0].params   # the same draws
+    out[rule] = sim.run_rounds(keyed_state(sim), 2, same_draws=True)[0].params   # the same draws
   np.testing.assert_allclose(flat(out["mean"]), flat(out[user_mean]), rtol=2e-5, atol=1e-6)
   assert not np.array_equal(flat(out["mean"]), flat(jax.tree.map(jnp.zeros_like,
                                                                  out["mean"])))
@@ -122,7 +122,7 @@ def test_dp_client_half_in_the_loop_equals_it_over_the_stack(dp):
   for server_clip in (None, 1e9):
     sim = toy_simulation(x, y, parts, dp=dp, noise_multiplier=0.7, clip_norm=0.5,
                          clients_per_round=4, sampling="fixed", server_clip_l2=server_clip)
-    state, stats = sim.run_rounds(keyed_state(sim), 3)   # the same draws
+    state, stats = sim.run_rounds(keyed_state(sim), 3, same_draws=True)   # the same draws
     out[server_clip] = (flat(state.params), np.asarray(stats.unclipped),
                         np.asarray(stats.participants))
   fused, stacked = out[None], out[1e9]

@@ -123,10 +123,10 @@ def test_feddyn_under_dp_corrects_the_released_mean(dp):
                        **dp)
   s0 = keyed_state(dyn)
   p0 = flat(s0.params)
-  s1, stats = dyn.run_rounds(s0, 1)
+  s1, stats = dyn.run_rounds(s0, 1, same_draws=True)
   # round one: g_i = 0, so the local objective and the released mean are FedProx's with
   # mu = alpha (same keys, same noise)
-  f1, _ = fedprox.run_rounds(keyed_state(fedprox), 1)
+  f1, _ = fedprox.run_rounds(keyed_state(fedprox), 1, same_draws=True)
   released = flat(f1.params) - p0
   h = flat(s1.server_state["feddyn_h"])
   np.testing.assert_allclose(h, -0.2 * (2 / 4) * released, rtol=1e-5, atol=1e-7)

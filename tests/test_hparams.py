@@ -103,7 +103,8 @@ def test_a_changed_learning_rate_changes_the_result():
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts)
   a, _ = sim.run_rounds(sim.init_state(), 1)
-  b, _ = sim.run_rounds(sim.init_state(), 1, hparams=sim.hparams_for(lr=0.2))
+  # the same draws, to see the lr alone (its own release would draw its own)
+  b, _ = sim.run_rounds(sim.init_state(), 1, hparams=sim.hparams_for(lr=0.2), same_draws=True)
   assert not np.array_equal(_leaves(a.params)[0], _leaves(b.params)[0])
 
 
@@ -135,10 +136,10 @@ def test_a_batch_of_hyperparameters_vmaps_over_the_compiled_chunk():
   sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=1.0)
   hps = [sim.hparams_for(lr=0.05, noise_multiplier=2.0), sim.hparams_for(lr=0.2)]
   batch = jax.tree.map(lambda *a: jnp.stack(a), *hps)
-  state = sim.init_state()
-  out, stats = jax.jit(jax.vmap(lambda hp: sim.run_chunk(state, sim.store, hp, 2)))(batch)
+  states = jax.tree.map(lambda *a: jnp.stack(a), *[sim.init_state(hp) for hp in hps])
+  out, stats = jax.jit(jax.vmap(lambda s, hp: sim.run_chunk(s, sim.store, hp, 2)))(states, batch)
   for i, hp in enumerate(hps):
-    one, one_stats = sim.run_rounds(sim.init_state(), 2, hparams=hp)
+    one, one_stats = sim.run_rounds(sim.init_state(hp), 2, hparams=hp)   # each its own key
     for a, b in zip(_leaves(one.params), _leaves(out.params)):
       np.testing.assert_allclose(b[i], a, rtol=0, atol=1e-6)   # batched matmuls round apart
     np.testing.assert_array_equal(np.asarray(out.ledger)[i], np.asarray(one.ledger))
@@ -150,10 +151,10 @@ def test_an_edited_pytree_is_refused():
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=2.0)
   hp = sim.hparams_for(noise_multiplier=1.5)
-  sim.run_rounds(sim.init_state(), 1, hparams=hp)             # made here: runs
+  sim.run_rounds(sim.init_state(hp), 1, hparams=hp)             # made here: runs
   hp["update_noise"] = np.float32(0.2)
   with pytest.raises(ConfigError, match="not made by this simulation"):
-    sim.run_rounds(sim.init_state(), 1, hparams=hp)
+    sim.run_rounds(sim.init_state(), 1, hparams=hp, same_draws=True)
 
 
 @pytest.mark.parametrize("base, change, message", [

@@ -103,7 +103,7 @@ def _one_round(sim, s0=None):
   s0 = sim.init_state() if s0 is None else s0
   p0 = jax.tree.map(np.asarray, s0.params)
   deltas = round_zero_deltas(sim, s0)
-  s1, st = sim.run_rounds(s0, 1)
+  s1, st = sim.run_rounds(s0, 1, same_draws=True)   # keyed or the release's own
   return deltas, flat(s1.params) - flat(p0), s1, st
 
 

@@ -23,7 +23,7 @@ def run(rounds_per_call, **overrides):
   # one key for every table's run: a bfloat16 table is another release (its own draws)
   state, losses, spent = keyed_state(sim), [], 0
   for n in rounds_per_call:
-    state, stats = sim.run_rounds(state, n)
+    state, stats = sim.run_rounds(state, n, same_draws=True)
     losses.append(np.asarray(stats.loss_sum))
     spent += int(np.sum(stats.spent))
   if "target_epsilon" in overrides:

@@ -422,8 +422,8 @@ def test_kept_noise_in_the_round_has_the_closed_form_variance(draw):
                          kept_noise_draw=draw, **common)
   s0 = keyed_state(clean)   # the noisy run draws the same (another release)
   deltas = [flat(d) for d in round_zero_deltas(clean, s0)]
-  c1, _ = clean.run_rounds(s0, 1)
-  n1, _ = noisy.run_rounds(keyed_state(noisy), 1)
+  c1, _ = clean.run_rounds(s0, 1, same_draws=True)
+  n1, _ = noisy.run_rounds(keyed_state(noisy), 1, same_draws=True)
   noise = flat(n1.params) - flat(c1.params)
   d = deltas[0].size
   k = pl.keep_count(d, 0.5)

@@ -39,6 +39,7 @@ BAD = np.array([True, False, True, False])
 Y = np.array([0, 1, 2, 3, 1, 1, 0, 1, 2, 3, 1, 1, 1, 0, 2, 3, 0, 1, 2, 3], np.int32)
 X = np.arange(20 * 6, dtype=np.float32).reshape(20, 6)
 MAL = np.concatenate([PARTS[0], PARTS[2]])
+TRIGGER = poisoning.trigger_values(X[::2])   # what setup passes: the test set's
 HONEST = np.concatenate([PARTS[1], PARTS[3]])
 
 
@@ -55,30 +56,29 @@ def test_label_flip_and_targeted_relabel_the_malicious_clients_only():
 
 
 def test_backdoor_triggers_and_relabels_a_fraction_of_the_malicious_examples():
-  x, y, n = poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 0.5, 0)
+  x, y, n = poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 0.5, 0, trigger=TRIGGER)
   hit = np.flatnonzero(np.any(x != X, axis=1))
   assert set(hit) <= set(MAL) and len(hit) == n and 0 < n < len(MAL)
   assert np.all(y[hit] == 2)
   untouched = np.setdiff1d(np.arange(20), hit)
   np.testing.assert_array_equal(y[untouched], Y[untouched])
-  np.testing.assert_array_equal(x[hit][:, -3:], np.broadcast_to(poisoning.trigger_values(X),
-                                                                (n, 3)))
+  np.testing.assert_array_equal(x[hit][:, -3:], np.broadcast_to(TRIGGER, (n, 3)))
   # the same seed draws the same examples; all of them at fraction 1
   np.testing.assert_array_equal(poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 0.5,
-                                                 0)[0], x)
-  assert poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 1.0, 0)[2] == len(MAL)
+                                                 0, trigger=TRIGGER)[0], x)
+  assert poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 1.0, 0, trigger=TRIGGER)[2] == len(MAL)
 
 
 def test_the_attack_test_sets():
   x_test = np.random.default_rng(2).normal(size=(10, 6)).astype(np.float32)
   y_test = np.array([0, 1, 2, 3, 0, 1, 2, 3, 2, 2], np.int32)
-  name, x, y = poisoning.attack_test_set("backdoor", X, x_test, y_test, 1, 2)
+  name, x, y = poisoning.attack_test_set("backdoor", x_test, y_test, 1, 2)
   assert name == "attack_success_rate" and len(x) == 6 and np.all(y == 2)
   np.testing.assert_array_equal(x[:, :3], x_test[y_test != 2][:, :3])
-  name, x, y = poisoning.attack_test_set("targeted", X, x_test, y_test, 1, 2)
+  name, x, y = poisoning.attack_test_set("targeted", x_test, y_test, 1, 2)
   assert name == "target_misclassification" and np.all(y == 2)
   np.testing.assert_array_equal(x, x_test[y_test == 1])
-  assert poisoning.attack_test_set("label_flip", X, x_test, y_test, 1, 2) is None
+  assert poisoning.attack_test_set("label_flip", x_test, y_test, 1, 2) is None
 
 
 BACKDOOR = dict(dataset="digits", num_clients=20, clients_per_round=10, byzantine_fraction=0.2,
@@ -88,23 +88,31 @@ BACKDOOR = dict(dataset="digits", num_clients=20, clients_per_round=10, byzantin
 
 @pytest.fixture(scope="module")
 def backdoor_runs(tmp_path_factory):
+  """The last rows of each arm at seeds 0-2 (a run's draws move the attack's success by
+  up to 30 points, so the claims are over seeds)."""
   out = {}
   for name, extra in (("undefended", {}), ("bounded", {"server_clip_l2": 0.2})):
-    folder = tmp_path_factory.mktemp(name)
-    fedjax_dp.run({**BACKDOOR, **extra}, out=str(folder), progress=False, log=lambda m: None)
-    with open(folder / "metrics.jsonl") as f:
-      out[name] = [json.loads(line) for line in f][-1]
+    out[name] = []
+    for seed in range(3):
+      folder = tmp_path_factory.mktemp(f"{name}{seed}")
+      fedjax_dp.run({**BACKDOOR, **extra, "seed": seed}, out=str(folder), progress=False,
+                    log=lambda m: None)
+      with open(folder / "metrics.jsonl") as f:
+        out[name].append([json.loads(line) for line in f][-1])
   return out
 
 
 @pytest.mark.slow   # make test's 10 minutes (CI runs it in make test-slow)
 def test_an_undefended_backdoor_succeeds_and_norm_bounding_lowers_it(backdoor_runs):
-  """Digits, 4 of 20 clients boosting (x10) a backdoor on half their examples:
-  measured 99.7 % attack success undefended, 69 % with the server's norm bound."""
-  plain, bounded = backdoor_runs["undefended"], backdoor_runs["bounded"]
-  assert plain["attack_success_rate"] > 0.9
-  assert bounded["attack_success_rate"] < plain["attack_success_rate"] - 0.15
-  assert bounded["norm_bounded"] > 0 and "norm_bounded" not in plain and "flagged" not in bounded
+  """Digits, 4 of 20 clients boosting (x10) a backdoor on half their examples, seeds
+  0-2: measured 96 % attack success undefended (88-100 %), 80 % with the server's norm
+  bound (67-90 %)."""
+  mean = lambda arm: np.mean([r["attack_success_rate"] for r in backdoor_runs[arm]])
+  assert mean("undefended") > 0.9
+  assert mean("bounded") < mean("undefended") - 0.1
+  for plain, bounded in zip(backdoor_runs["undefended"], backdoor_runs["bounded"]):
+    assert bounded["norm_bounded"] > 0 and "norm_bounded" not in plain
+    assert "flagged" not in bounded
 
 
 def test_the_server_clips_every_received_upload():
@@ -198,3 +206,23 @@ def test_setup_keeps_every_clients_poisoned_data_after_the_clean_rows_for_a_roun
   np.testing.assert_array_equal(np.asarray(sim.store.y[:n]), ds.y_train)   # ds stays clean
   np.testing.assert_array_equal(np.asarray(sim.store.y[n:]), 9 - ds.y_train)
   np.testing.assert_array_equal(np.asarray(sim.store.x[n:]), np.asarray(sim.store.x[:n]))
+
+
+def test_the_backdoor_reads_no_honest_clients_data():
+  """Issue 39 (the audit of finding 3's fix): the trigger came from every client's
+  training data (its maximum) and the poisoned rows from one stream over all clients'
+  sizes, so one honest client's data moved every malicious client's rows (5.2 C
+  against the 2 C charged under central DP). Now the trigger is the test set's and
+  each malicious client's rows follow its own stream: an honest client's values, and
+  another malicious client's size, leave a malicious client's poisoned data as it was."""
+  x, y, _ = poisoning.poison(X, Y, PARTS, BAD, "backdoor", 4, 1, 2, 0.5, 0, trigger=TRIGGER)
+  honest = X.copy()
+  honest[PARTS[1][0]] = 1e6                       # one honest client's value
+  x2, _, _ = poisoning.poison(honest, Y, PARTS, BAD, "backdoor", 4, 1, 2, 0.5, 0,
+                              trigger=TRIGGER)
+  np.testing.assert_array_equal(x2[MAL], x[MAL])
+  smaller = [PARTS[0][:3], PARTS[1], PARTS[2], PARTS[3]]   # malicious client 0 smaller
+  x3, y3, _ = poisoning.poison(X, Y, smaller, BAD, "backdoor", 4, 1, 2, 0.5, 0,
+                               trigger=TRIGGER)
+  np.testing.assert_array_equal(x3[PARTS[2]], x[PARTS[2]])
+  np.testing.assert_array_equal(y3[PARTS[2]], y[PARTS[2]])

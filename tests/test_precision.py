@@ -78,7 +78,7 @@ def test_on_cpu_the_two_settings_give_the_same_numbers(problem):
   out = []
   for p in ("float32", "tensorfloat32"):
     sim = toy_simulation(*problem, matmul_precision=p)
-    out.append(flat(sim.run_rounds(keyed_state(sim), 2)[0].params))   # the same draws
+    out.append(flat(sim.run_rounds(keyed_state(sim), 2, same_draws=True)[0].params))   # the same draws
   np.testing.assert_array_equal(out[0], out[1])
   assert np.any(out[0] != 0)
 

@@ -195,7 +195,7 @@ class Recorder:
                                                       flat(rec.after.params)):
       return None, None   # a central round that applies nothing was not run (budget)
     qsim = self.quiet(rec)
-    qstate, _ = qsim.run_rounds(qsim.replicate(rec.before), 1)
+    qstate, _ = qsim.run_rounds(qsim.replicate(rec.before), 1, same_draws=True)
     qstate = _host(qstate)
     diff = flat(rec.after.params) - flat(qstate.params)
     return diff, qstate
@@ -320,8 +320,8 @@ def sampled_count_std(rec_: Recorder, rec: Recorded, samples: int = 128) -> floa
   draws = []
   for k in range(samples):
     state = rec.before._replace(key=np.asarray(jax.random.fold_in(rec.before.key, 10_000 + k)))
-    a, _ = rec.sim.run_rounds(rec.sim.replicate(state), 1)
-    b, _ = qsim.run_rounds(qsim.replicate(state), 1)
+    a, _ = rec.sim.run_rounds(rec.sim.replicate(state), 1, same_draws=True)
+    b, _ = qsim.run_rounds(qsim.replicate(state), 1, same_draws=True)
     moved = math.log(float(a.clip_norm)) - math.log(float(b.clip_norm))
     draws.append(-moved * cfg.clients_per_round / cfg.clip_lr)
   return float(np.sqrt(np.mean(np.square(draws))))
@@ -897,7 +897,7 @@ def replay_cell(sim, rounds: int) -> tuple[list[float], np.ndarray, object]:
   zs, noises = [], []
   for _ in range(rounds):
     a, _ = sim.run_rounds(sim.replicate(_fresh(state)), 1)
-    b, _ = quiet.run_rounds(quiet.replicate(_fresh(state)), 1)
+    b, _ = quiet.run_rounds(quiet.replicate(_fresh(state)), 1, same_draws=True)
     noise = (flat(a.params) - flat(b.params)) * sim.cfg.clients_per_round
     round_key = jax.random.fold_in(np.asarray(state.key), int(state.round))
     std, _ = fit_std(noise, leaf_normals(jax.random.fold_in(round_key, SERVER_NOISE),
@@ -1003,8 +1003,8 @@ def run_attacked_own_data(folder, tmp_path, monkeypatch, **overrides):
     qsim = rec.quiet(r)
     if qsim2 is None:
       _, _, qsim2 = rec._orig(qsim.cfg, neighbour, **r.setup[2])
-    a, _ = qsim.run_rounds(qsim.replicate(_fresh(r.before)), 1)
-    b, _ = qsim2.run_rounds(qsim2.replicate(_fresh(r.before)), 1)
+    a, _ = qsim.run_rounds(qsim.replicate(_fresh(r.before)), 1, same_draws=True)
+    b, _ = qsim2.run_rounds(qsim2.replicate(_fresh(r.before)), 1, same_draws=True)
     delta = np.linalg.norm(flat(a.params) - flat(b.params)) * cfg.clients_per_round
     moved.append(delta / cfg.clip_norm)
     # replace-one: the accountant's sensitivity is 2 C (Poisson's add/remove C is within it

@@ -91,7 +91,7 @@ def _noise(sim, key) -> np.ndarray:
   released model minus the same round without noise, times the expected cohort."""
   def one_round(s):
     state = s.init_state()._replace(key=jnp.asarray(key))   # a fresh buffer: donated
-    state, _ = s.run_rounds(s.replicate(state), 1)
+    state, _ = s.run_rounds(s.replicate(state), 1, same_draws=True)
     return flat(state.params)
   quiet = sim.with_hparams(noise_multiplier=0.0)
   return (one_round(sim) - one_round(quiet)) * sim.cfg.clients_per_round
@@ -115,7 +115,8 @@ def test_sweep_cells_of_one_seed_draw_independent_noise(tmp_path, replica_batch)
     noises.append(_noise(cell, key))
     # the differential method found this cell's release: no noise + its noise
     quiet = cell.with_hparams(noise_multiplier=0.0)
-    state, _ = quiet.run_rounds(quiet.replicate(quiet.init_state()._replace(key=jnp.asarray(key))), 1)
+    state, _ = quiet.run_rounds(quiet.replicate(quiet.init_state()._replace(key=jnp.asarray(key))), 1,
+                               same_draws=True)
     np.testing.assert_allclose(flat(state.params) + noises[-1] / cell.cfg.clients_per_round,
                                models[-1], atol=2e-5)
   d = noises[0].size
@@ -140,3 +141,23 @@ def test_same_settings_and_seed_reproduce_bit_for_bit(tmp_path):
                   log=lambda m: None)
   a, b = (flat(load_params(str(tmp_path / n))) for n in ("a", "b"))
   assert np.array_equal(a, b)
+
+
+def test_the_api_refuses_a_state_of_another_release():
+  """The independent audit of this fix: `run_rounds(sim.init_state(), n,
+  hparams=sim.hparams_for(noise_multiplier=2))` reused the z = 1 release's noise, and
+  2 w1 - w2 gave back the clipped sum to 1.7e-6. A state must carry its release's key
+  (init_state(hparams)); a measurement on the same draws says so (same_draws=True)."""
+  from fedjax_dp.config import ConfigError
+  x, y, parts = toy_problem(sizes=(5, 6, 7))
+  sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=1.0)
+  hp = sim.hparams_for(noise_multiplier=2.0)
+  with pytest.raises(ConfigError, match="another release's"):
+    sim.run_rounds(sim.init_state(), 1, hparams=hp)
+  with pytest.raises(ConfigError, match="another release's"):
+    sim.with_hparams(noise_multiplier=2.0).run_rounds(sim.init_state(), 1)
+  a, _ = sim.run_rounds(sim.init_state(hp), 1, hparams=hp)          # its own key
+  b, _ = sim.with_hparams(noise_multiplier=2.0).run_rounds(
+      sim.with_hparams(noise_multiplier=2.0).init_state(), 1)
+  np.testing.assert_array_equal(flat(a.params), flat(b.params))
+  sim.run_rounds(sim.init_state(), 1, hparams=hp, same_draws=True)  # a measurement

@@ -2,13 +2,14 @@
 release registry).
 """
 
+import itertools
 import json
 
 import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import make_config
+from fedjax_dp.config import ConfigError, make_config
 from fedjax_dp.experiment.setup import setup
 from tests.helpers import make_test_runs
 
@@ -130,6 +131,82 @@ def test_every_output_of_a_run_is_declared_and_the_uncovered_ones_are_listed(tmp
     assert "metrics.jsonl:norm_bounded" in names
   if log:
     assert "metrics.csv:train_loss" in names and "tensorboard/" in names
+
+
+# The generated grid (issue 39, item 3): mechanism x attack x defense x adaptive clipping
+# x how the run is made (the CLI's path, your own data through the API, a sweep's vmapped
+# replicas, a resume with more rounds); combinations the config refuses are skipped.
+GRID_AXES = {
+    "mechanism": {"none": {}, "central": dict(dp="central", noise_multiplier=1.0),
+                  "local": dict(dp="local", noise_multiplier=2.0),
+                  "kept": dict(s_local=0.5, final_clip_l2=0.1, kept_noise="multiplier",
+                               kept_noise_multiplier=2.0)},
+    "attack": {"none": {}, "scaled": dict(byzantine_fraction=0.1, byzantine_attack="scaled",
+                                          byzantine_scale=3.0)},
+    "defense": {"none": {}, "norm_bound": dict(server_clip_l2=0.3),
+                "median": dict(aggregator="median")},
+    "adaptive": {"static": {}, "adaptive": dict(adaptive_clipping=True)},
+    "made": {"run": {}, "own_data": {}, "sweep": {}, "resume": {}},
+}
+
+
+def _grid() -> list[tuple]:
+  out = []
+  for combo in itertools.product(*(list(v) for v in GRID_AXES.values())):
+    values = dict(DIGITS, rounds=2)
+    for axis, choice in zip(GRID_AXES, combo):
+      values.update(GRID_AXES[axis][choice])
+    try:
+      make_config(values)
+    except ConfigError:
+      continue
+    out.append("-".join(combo))
+  return out
+
+
+GRID = _grid()
+GRID_FAST = {"central-scaled-norm_bound-static-sweep", "local-none-median-static-own_data"}
+
+
+def _blobs_data():
+  """Your own data: 20 clients' blobs, a test set of rows no client holds."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(260, 64)).astype(np.float32)
+  y = (x[:, :3].argmax(1)).astype(np.int32)
+  return fedjax_dp.data.from_arrays(x[:200], y[:200], client_ids=np.arange(200) % 20,
+                                    test=(x[200:], y[200:]))
+
+
+@pytest.mark.parametrize("combo", make_test_runs(GRID, keep=GRID_FAST))
+def test_grid_of_runs_publishes_only_declared_outputs(tmp_path, combo):
+  combo = combo.split("-")
+  values = dict(DIGITS, rounds=2)
+  for axis, choice in zip(GRID_AXES, combo):
+    values.update(GRID_AXES[axis][choice])
+  made = combo[-1]
+  quiet = dict(progress=False, log=lambda m: None)
+  if made == "sweep":
+    spec = {"config": values, "grid": {"lr": [0.05, 0.1]}, "replica_batch": 2}
+    record = fedjax_dp.sweep(spec, out=str(tmp_path / "s"), **quiet)
+    assert releases.undeclared(releases.sweep_outputs(str(tmp_path / "s"), record),
+                               make_config(values)) == []
+    folders = sorted((tmp_path / "s" / "cells").iterdir())
+  elif made == "own_data":
+    values.update(dataset="custom", num_clients=20)
+    fedjax_dp.run(values, out=str(tmp_path / "run"), data=_blobs_data(), **quiet)
+    folders = [tmp_path / "run"]
+  else:
+    fedjax_dp.run(dict(values, checkpoint_every=1 if made == "resume" else 0),
+                  out=str(tmp_path / "run"), **quiet)
+    if made == "resume":
+      fedjax_dp.run(dict(values, checkpoint_every=1, rounds=3), out=str(tmp_path / "run"),
+                    resume=True, **quiet)
+    folders = [tmp_path / "run"]
+  for folder in folders:
+    cfg = make_config(json.loads((folder / "config.json").read_text()), refuse_unread=False)
+    names = _check_run_folder(folder, cfg)
+    if made == "own_data":
+      assert "inputs.json" in names
 
 
 def test_the_readme_table_is_the_registrys():

@@ -54,7 +54,7 @@ def _sums(attack: str, scale: float, draw: str, rounds: int, **extra):
   for _ in range(rounds):
     before = jax_host(state)
     after, _ = sim.run_rounds(sim.replicate(restore(before)), 1)
-    after2, _ = sim2.run_rounds(sim2.replicate(restore(before)), 1)
+    after2, _ = sim2.run_rounds(sim2.replicate(restore(before)), 1, same_draws=True)
     w = flat(before.params)
     out.append(((flat(after.params) - w) * len(SIZES), (flat(after2.params) - w) * len(SIZES)))
     state = after

@@ -248,7 +248,7 @@ def clean_attack_rates(kind: str, args, clean: list[str]) -> dict:
     cfg, params, ds, sim = load_run(path)
     got = {"config": _config_text(path)}
     for attack, metric in ATTACK_METRIC.items():
-      _, x, y = poisoning.attack_test_set(attack, ds.x_train, ds.x_test, ds.y_test,
+      _, x, y = poisoning.attack_test_set(attack, ds.x_test, ds.y_test,
                                           cfg.attack_source_class, cfg.attack_target_class)
       pred = np.argmax(np.asarray(sim.model.apply(params, jnp.asarray(x))), axis=-1)
       got[metric] = float(np.mean(pred == y))

@@ -205,7 +205,7 @@ MEANINGS: dict[str, str] = {
     "seed": "model initialisation; with the release's settings and data, the run key: cohorts, "
             "local training, noise (and the data's, unless data_seed)",
     "data_seed": "the data's split, the partition, the Byzantine clients, the analyzer; null: "
-                 "seed (a sweep's seeds share it, so they differ only in the run key)",
+                 "seed (a sweep's seeds share it, so they differ only in the seed)",
     "noise_seed": "secret: the run key comes from the operating system, never from seed",
     "checkpoint_every": "checkpoint period in rounds; 0: none",
     "keep_checkpoints": "checkpoints kept",

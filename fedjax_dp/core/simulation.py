@@ -170,7 +170,10 @@ class Simulation:
     stacked), each replica a run of its own (its own run key and numbers, no
     value shared). Returns (states, RoundStats [replicas, num_rounds]). The
     replicas ride along the cohort's sharding over "clients"; batched matmuls
-    round apart from a single run's (about 1e-7 relative)."""
+    round apart from a single run's (about 1e-7 relative). Each replica's state
+    must come from init_state(its hparams) (or with_hparams(...).init_state()):
+    its release's key; a state of another release would share its draws
+    (run_rounds checks this; here the stacked states are the caller's)."""
     if self.paging is not None:
       raise ConfigError("replicas of a run with client_state_store "
                         f"{self.cfg.client_state_store!r} cannot be batched: its host table is "
@@ -269,13 +272,34 @@ class Simulation:
       return None
     return np.full(self.cfg.num_clients, self.cfg.target_epsilon)
 
-  def run_rounds(self, state: SimState, num_rounds: int,
-                 hparams: dict | None = None) -> tuple[SimState, RoundStats]:
+  def run_rounds(self, state: SimState, num_rounds: int, hparams: dict | None = None,
+                 same_draws: bool = False) -> tuple[SimState, RoundStats]:
     """num_rounds rounds in one compiled chunk; `state` (donated) and the result
     hold the per-client state in client order. `hparams`: see hparams_for
-    (default: the config's)."""
+    (default: the config's). The state's run key must be the release's of these
+    settings (init_state, init_state(hparams) for hparams_for's, or a state they
+    led to): another release's would share its cohorts and noise, and two models
+    released so subtract to their clipped sums. `same_draws=True` lifts that for a
+    measurement whose outputs are not released (the differential method: the same
+    round with and without noise, on the same draws)."""
+    if not same_draws:
+      self._check_release_key(state, hparams)
     state, stats = self.run_working(self.to_working(state), num_rounds, hparams)
     return self.to_client_order(state), stats
+
+  def _check_release_key(self, state: SimState, hparams: dict | None) -> None:
+    """ConfigError where `state` holds another release's run key (noise_seed 'secret':
+    the key is the operating system's, nothing to compare)."""
+    cfg = self.cfg if hparams is None else self.issued.get(hparams_lib.digest(hparams))
+    if cfg is None or cfg.noise_seed == "secret":
+      return   # unissued hyperparameters: run_working refuses them
+    want = np.asarray(release_identity.run_key(cfg, self.inputs_digest))
+    if not np.array_equal(np.asarray(state.key), want):
+      raise ConfigError("run_rounds: the state's run key is another release's, so the two "
+                        "would share their cohorts and noise (two models released so "
+                        "subtract to their clipped sums): start from this simulation's "
+                        "init_state() (init_state(hparams) for hparams_for's), or pass "
+                        "same_draws=True for a measurement that is not released")
 
   def run_working(self, state: SimState, num_rounds: int,
                   hparams: dict | None = None) -> tuple[SimState, RoundStats]:

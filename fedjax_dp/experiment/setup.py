@@ -165,8 +165,9 @@ def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.
                attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg)))
   x, y, _ = poisoning.poison(ds.x_train, ds.y_train, parts, malicious, kind, ds.num_classes,
                              cfg.attack_source_class, cfg.attack_target_class,
-                             cfg.backdoor_fraction, data_seed(cfg))
-  attack_set = poisoning.attack_test_set(kind, ds.x_train, ds.x_test, ds.y_test,
+                             cfg.backdoor_fraction, data_seed(cfg),
+                             trigger=poisoning.trigger_values(ds.x_test))
+  attack_set = poisoning.attack_test_set(kind, ds.x_test, ds.y_test,
                                          cfg.attack_source_class, cfg.attack_target_class)
   if every:
     return ds, attack_set, (x, y)
