@@ -288,7 +288,9 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   ends = chunk_ends(0, cfg, seen["rounds"])
   with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
     rows = csv.writer(f)
-    rows.writerow(["run", "seed", "inserted", "statistic", "ledger_epsilon"])
+    # the test mode's runs applied less noise than their ledger charged: the column says so
+    rows.writerow(["run", "seed", "inserted", "statistic",
+                   "ledger_epsilon" if undercharge is None else "charged_epsilon_test_mode"])
 
     def row(r):
       rows.writerow([r, cfg.seed + r, int(scales[r] == 1), repr(float(stats[r])),
