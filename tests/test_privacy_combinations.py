@@ -940,6 +940,7 @@ def run_sweep_cells(folder, tmp_path, grid: dict, seeds, replica_batch):
   return record
 
 
+@pytest.mark.slow   # make test's 10 minutes: its release keys are tested in make test
 def test_sweep_cells_are_each_accounted_and_draw_independent_noise(tabular, tmp_path):
   """Vmapped replicas of a grid over noise_multiplier at two seeds: each cell's epsilon
   against dp-accounting on the noise its rounds applied, and every pair independent."""

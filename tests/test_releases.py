@@ -165,7 +165,7 @@ def _grid() -> list[tuple]:
 
 
 GRID = _grid()
-GRID_FAST = {"central-scaled-norm_bound-static-sweep", "local-none-median-static-own_data"}
+GRID_FAST = {"central-scaled-norm_bound-static-sweep"}
 
 
 def _blobs_data():

@@ -71,7 +71,8 @@ def restore(host_state):
   return jax.tree.map(jnp.asarray, host_state)   # fresh buffers: the round donates its state
 
 
-@pytest.mark.parametrize("attack, scale", [("scaled", 10.0), ("sign_flip", 10.0)])
+@pytest.mark.parametrize("attack, scale", [
+    ("scaled", 10.0), pytest.param("sign_flip", 10.0, marks=pytest.mark.slow)])
 def test_central_dp_clips_what_the_server_receives_after_the_attack(attack, scale):
   """Replace-one neighbours (fixed cohorts): the sum moves by at most 2 C, the malicious
   client's included (a backdoor's boost is `scaled`: the same stage)."""
@@ -91,6 +92,9 @@ def _oracle_epsilon(z: float, sensitivity: float, rounds: int, delta: float) -> 
   return acc.get_epsilon(1e-5)
 
 
+# slow: test_privacy_combinations' own-data attack test checks the epsilon at the
+# measured sensitivity in make test
+@pytest.mark.slow
 def test_reported_epsilon_holds_at_the_measured_sensitivity_with_attackers_drawn_each_round():
   """The README central example's attack (s = 10, attackers drawn each round) on tiny
   data: the reported epsilon is dp-accounting's at the sensitivity measured between
