@@ -28,6 +28,7 @@ the report's list for what a run wrote; `markdown()` is the README's table.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -311,6 +312,7 @@ def _match(path: str, patterns: dict) -> tuple | None:
   return None
 
 
+@functools.lru_cache(maxsize=None)
 def _regex(pattern: str) -> re.Pattern:
   """'**' a whole segment: any rest (one or more segments); '*' within a segment: any
   characters but a dot."""
@@ -370,10 +372,16 @@ def _other(name: str, cfg) -> Declared | None:
     value = _match(key, {k.split(":", 2)[2]: v for k, v in OTHER_FILES.items()
                          if k.startswith(f"{command}:{file}:")})
   if value is None and not key and command == "sweep" and file.endswith(".png"):
-    found = figure(file[:-len(".png")] if file != "loss.png" else "test_loss", cfg) or figure(
-        f"test_{file[:-len('.png')]}", cfg)
-    return found and Declared(found.status, f"mean and sd over seeds: {found.says}")
+    return _sweep_plot(file, cfg)
   return _declared(value, cfg) if value else None
+
+
+def _sweep_plot(file: str, cfg) -> Declared | None:
+  """A sweep's plot of one figure's mean and sd over seeds: loss.png is test_loss's,
+  train_loss.png and epsilon.png their figures', <metric>.png test_<metric>'s."""
+  name = file[:-len(".png")]
+  found = figure("test_loss" if name == "loss" else name, cfg) or figure(f"test_{name}", cfg)
+  return found and Declared(found.status, f"mean and sd over seeds: {found.says}")
 
 
 def _column(key: str, cfg) -> Declared | None:
