@@ -35,14 +35,15 @@ def test_two_rounds_match_pytorch():
   torch.set_num_threads(1)
   x, y, parts = toy_problem(sizes=(9, 14, 5))
   sim = toy_simulation(x, y, parts, local_epochs=2, batch_size=4, lr=0.1, momentum=0.5)
+  start = jax.tree.map(np.array, sim.init_state())   # host copies: run_rounds donates its state
   state, _ = sim.run_rounds(sim.init_state(), 2)
 
   model = make_mlp(6, (5,), 3).double()
   model.load_state_dict({k: v.double() for k, v in
-                         to_torch_state(sim.init_state().params, model).items()})
+                         to_torch_state(start.params, model).items()})
   xt, yt = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.int64)
   clients = [torch.tensor(p) for p in parts]
-  run_key = jax.random.PRNGKey(sim.cfg.seed)
+  run_key = start.key   # the release's run key (privacy/release_identity.py)
   for r in range(2):
     client_key = jax.random.fold_in(jax.random.fold_in(run_key, r), CLIENT_TRAINING)
     perms = []
