@@ -33,7 +33,7 @@ import flax.linen as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 import fedjax_dp  # noqa: E402
-from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
+from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 
 
 class Regressor(nn.Module):

@@ -57,7 +57,7 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "writers": "experiment.writers"}
 _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Config": "config",
           "make_config": "config", "compare": "experiment.compare",
-          "ConfigError": "config", "DataError": "data", "RunError": "experiment.errors",
+          "ConfigError": "errors", "DataError": "errors", "RunError": "errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model",
           "attack_mia": "experiment.attack",
           "attack_attribute": "experiment.attack", "audit": "experiment.audit_run",

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.config import ConfigError
+from fedjax_dp.errors import ConfigError
 
 Loss = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 Metric = Callable[[jax.Array, jax.Array], jax.Array]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 
 dpa = pytest.importorskip("dp_accounting")
 

@@ -14,8 +14,9 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp.api import recipe_config
-from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.experiment.runner import RunError
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.errors import RunError
 from fedjax_dp.privacy.privacy_report import privacy_report
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -149,7 +150,8 @@ def test_a_config_recipe_that_names_other_data_or_clients_is_refused():
   """A Config recipe carries dataset and num_clients: your data must not silently
   replace values it set (its defaults are fine)."""
   from fedjax_dp.api import recipe_config
-  from fedjax_dp.config import ConfigError, make_config
+  from fedjax_dp.config import make_config
+  from fedjax_dp.errors import ConfigError
   x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
   y = (x[:, 0] > 0).astype(np.int32)
   ds = fedjax_dp.data.from_arrays(x, y, client_ids=np.arange(40) % 4)

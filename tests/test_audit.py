@@ -105,7 +105,8 @@ def test_cosines_are_the_model_changes_with_each_direction():
 
 
 def test_the_canary_scale_flips_the_canaries_or_leaves_them_out_and_needs_canaries():
-  from fedjax_dp.config import ConfigError, make_config
+  from fedjax_dp.config import make_config
+  from fedjax_dp.errors import ConfigError
   stage = audit.make_canary_stage(10, 3, 2)
   uploads = {"w": jnp.ones((10, 4))}
   ids = jnp.arange(10)
@@ -185,7 +186,7 @@ def test_the_multi_run_bound_holds_with_its_confidence_and_comes_close():
 
 def test_the_multi_run_audit_refuses_what_one_figure_cannot_cover(tmp_path):
   from fedjax_dp.experiment import audit_run
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   base = dict(dataset="synthetic", num_clients=20, clients_per_round=10, dp="central",
               noise_multiplier=1.0)
   run = lambda cfg, **kw: audit_run.audit_runs(cfg, out=str(tmp_path / "x"),

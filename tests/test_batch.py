@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_dp.config import make_config
 from fedjax_dp.experiment import batch
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 CFG = dict(dataset="digits", num_clients=6, clients_per_round=3, hidden=(8,), rounds=2,

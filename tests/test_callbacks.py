@@ -12,11 +12,12 @@ from fedjax_dp.experiment import checkpoint
 
 from fedjax_dp import losses
 from fedjax_dp.callbacks import Callback
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 from fedjax_dp.config import make_config
 from fedjax_dp.data import from_clients
 from fedjax_dp.models import from_flax
-from fedjax_dp.experiment.runner import RunError, run_experiment
+from fedjax_dp.experiment.runner import run_experiment
+from fedjax_dp.errors import RunError
 
 FAST = dict(dataset="digits", num_clients=6, clients_per_round=3, hidden=[8], batch_size=32,
             lr=0.05, devices=1, eval_every=2, checkpoint_every=2)
@@ -129,7 +130,7 @@ def test_own_inputs_are_written_and_a_resume_with_others_is_refused(tmp_path, ca
 
 
 def test_a_callback_that_is_not_one_is_refused_before_anything_is_written(tmp_path):
-  from fedjax_dp.config import ConfigError
+  from fedjax_dp.errors import ConfigError
   out = tmp_path / "run"
   with pytest.raises(ConfigError, match=r"^callbacks\[1\] is a function: allowed are "):
     run_experiment(make_config({"rounds": 1}), str(out),

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 from tests.helpers import toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")
@@ -188,7 +188,8 @@ def test_calibrated_long_run_takes_every_round():
 
 
 def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
-  from fedjax_dp.config import ConfigError, make_config
+  from fedjax_dp.config import make_config
+  from fedjax_dp.errors import ConfigError
   from fedjax_dp.privacy.privacy_report import add_pld
   from fedjax_dp.privacy.planning import pld_epsilon
   with pytest.raises(ConfigError, match="'noise_multiplier' = 0.001 with accountant 'pld'"):

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from fedjax_dp.config import Config, ConfigError, load_config, make_config, parse_set, unread_keys
+from fedjax_dp.config import Config, load_config, make_config, parse_set, unread_keys
+from fedjax_dp.errors import ConfigError
 
 
 # a complete kept-noise guarantee but for the algorithm
@@ -77,7 +78,7 @@ def test_yaml_then_set(tmp_path):
 
 def test_cli_exit_status_two_without_traceback(tmp_path):
   out = tmp_path / "run"
-  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--out", str(out),
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dp.cli", "run", "--out", str(out),
                          "--set", "alpha=-1"], capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   assert proc.stderr.strip() == "error: config key 'alpha' = -1: must be > 0"

@@ -1,4 +1,4 @@
-"""The config keys' reference (config/reference.py): complete, consistent with what
+"""The config keys' reference (experiment/config_reference.py): complete, consistent with what
 the checks accept, the README's table generated from it, and `fedjax-dp config`
 through the real console script."""
 
@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from fedjax_dp.config import Config, ConfigError, make_config, unread_keys
-from fedjax_dp.config import reference
+from fedjax_dp.config import Config, make_config, unread_keys
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment import config_reference as reference
 from fedjax_dp.config.checks import _SWITCHES, _check_keys, read_condition
 from fedjax_dp.config.schema import _OPTIONAL, CHOICES, RANGES
 
@@ -33,7 +34,7 @@ def test_the_readme_table_is_the_generated_one():
     text = f.read()
   assert reference.readme_with_table(text) == text, (
       "the README's config key table is stale: run "
-      "`.venv/bin/python -m fedjax_dp.config.reference README.md`")
+      "`.venv/bin/python -m fedjax_dp.experiment.config_reference README.md`")
 
 
 def test_defaults_are_written_as_yaml_reads_them_back():

@@ -7,8 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from fedjax_dp.data import (DEBIAN_FMNIST, DataError, IMAGE_MAGIC, LABEL_MAGIC, find_dataset,
-                            load_dataset, read_idx)
+from fedjax_dp.data import (DEBIAN_FMNIST, IMAGE_MAGIC, LABEL_MAGIC, find_dataset, load_dataset,
+                            read_idx)
+from fedjax_dp.errors import DataError
 
 
 def write_idx(path, array, magic, gz=False, header_dims=None):

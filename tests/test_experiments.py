@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from fedjax_dp.data import load_dataset, DataError
+from fedjax_dp.data import load_dataset
+from fedjax_dp.errors import DataError
 from tests.helpers import one_device_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -187,7 +188,8 @@ def test_run_or_reuse_reuses_same_settings_and_refuses_others(tmp_path):
   figures under the new settings."""
   import json
   from fedjax_dp.config import make_config
-  from fedjax_dp.experiment.runner import RunError, run_or_reuse
+  from fedjax_dp.experiment.runner import run_or_reuse
+  from fedjax_dp.errors import RunError
   cfg = make_config(dict(dataset="digits", num_clients=4, clients_per_round=2, hidden=[8],
                          rounds=2, eval_every=1, devices=1))
   out = str(tmp_path / "run")

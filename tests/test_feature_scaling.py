@@ -9,8 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.data import DataError, apply_feature_scaling, load_dataset, scale_features
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.data import apply_feature_scaling, load_dataset, scale_features
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
 from fedjax_dp.privacy import privacy_report

@@ -53,7 +53,7 @@ def test_bad_or_disagreeing_requests_are_refused(env, value, message):
 
 
 @pytest.mark.parametrize("command", [
-    [sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--print-config"],
+    [sys.executable, "-m", "fedjax_dp.cli", "run", "--print-config"],
     [sys.executable, os.path.join(ROOT, "experiments", "adversarial", "run.py"), "--help"]])
 def test_commands_refuse_in_one_line_with_status_2(command):
   env = dict(os.environ, XLA_FLAGS=f"{_FLAG}=8", FEDJAX_DP_CPU_DEVICES="1", PYTHONPATH=ROOT)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 from fedjax_dp.data import DEBIAN_FMNIST
 
 pytestmark = pytest.mark.skipif(

@@ -7,7 +7,7 @@ import pytest
 
 from fedjax_dp.training import client as client_lib
 from fedjax_dp import losses
-from fedjax_dp.config import ConfigError
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import Model
 from fedjax_dp.core.evaluate import batch_for_eval, make_evaluate
 from fedjax_dp.placement.store import build_store

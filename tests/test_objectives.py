@@ -12,7 +12,8 @@ import dataclasses
 from fedjax_dp import algorithms
 from fedjax_dp.algorithms.contrastive import bounded_push
 from fedjax_dp.config import Config
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import flat, toy_problem, toy_simulation
 
@@ -352,7 +353,7 @@ def test_solo_accuracy_is_the_mean_of_label_weighted_client_accuracies():
 def test_solo_run_reports_the_mean_client_accuracy(tmp_path):
   import json
   import os
-  from fedjax_dp.experiment.cli import main
+  from fedjax_dp.cli import main
   out = str(tmp_path / "s")
   sets = ["dataset=digits", "num_clients=6", "clients_per_round=6", "hidden=[16]",
           "batch_size=16", "lr=0.05", "rounds=6", "eval_every=3", "devices=1", "algorithm=solo"]

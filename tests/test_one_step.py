@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.config import ConfigError
+from fedjax_dp.errors import ConfigError
 from tests.helpers import toy_problem, toy_simulation
 from tests.test_fedavg_reference import reference_rounds
 

@@ -12,7 +12,7 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp.config import make_config
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 
 FEDJAX_DP = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
 FAST = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",

@@ -10,7 +10,8 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp import data
-from fedjax_dp.data import DataError, from_arrays, from_clients
+from fedjax_dp.data import from_arrays, from_clients
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
 from fedjax_dp.experiment.setup import setup

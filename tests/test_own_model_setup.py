@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from fedjax_dp import losses
-from fedjax_dp.experiment.cli import main
-from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.data import DataError, from_clients
+from fedjax_dp.cli import main
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.data import from_clients
+from fedjax_dp.errors import DataError
 from fedjax_dp.models import from_flax
 from fedjax_dp.experiment.setup import setup
 

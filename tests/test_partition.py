@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedjax_dp.data import DataError
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.partition import PARTITIONS, format_histogram, label_histogram, partition
 
 LABELS = np.random.default_rng(0).integers(0, 10, 3000)

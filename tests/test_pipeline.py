@@ -8,7 +8,8 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.compression import pipeline as pl
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.kernels import topk as topk_kernels
 from tests.helpers import flat, keyed_state, round_zero_deltas, toy_problem, toy_simulation
 
@@ -187,7 +188,7 @@ def test_preset_and_errors():
 def test_topksdp_run_counts_bytes(tmp_path):
   import json
   import os
-  from fedjax_dp.experiment.cli import main
+  from fedjax_dp.cli import main
   out = str(tmp_path / "t")
   sets = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
           "batch_size=16", "lr=0.05", "rounds=20", "eval_every=10", "devices=1",

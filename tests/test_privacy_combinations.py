@@ -61,7 +61,8 @@ import pytest
 
 from fedjax_dp.experiment import runner
 from fedjax_dp.experiment.run_folder import saved_config
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
 from fedjax_dp.data.tabular import TIERS
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from fedjax_dp.privacy import privacy_log
-from fedjax_dp.experiment.cli import main
-from fedjax_dp.experiment.runner import RunError, run_experiment
+from fedjax_dp.cli import main
+from fedjax_dp.experiment.runner import run_experiment
+from fedjax_dp.errors import RunError
 from fedjax_dp.privacy.privacy_report import privacy_report
 from fedjax_dp.config import make_config
 from tests.helpers import toy_problem, toy_simulation

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 
 # local DP (per-client ledgers and budgets, sharded over every process's devices),
 # Poisson cohorts, a robust rule (it gathers the uploads), FedDyn's per-client table
@@ -39,7 +39,7 @@ def _launch(out: str, processes: int, sets=RUN, extra=()) -> list[subprocess.Com
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={DEVICES // processes} "
                       "--xla_backend_optimization_level=0")
-  cmd = [sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--no-progress", "--out", out]
+  cmd = [sys.executable, "-m", "fedjax_dp.cli", "run", "--no-progress", "--out", out]
   for kv in sets:
     cmd += ["--set", kv]
   cmd += list(extra)

@@ -148,7 +148,7 @@ def test_the_api_refuses_a_state_of_another_release():
   hparams=sim.hparams_for(noise_multiplier=2))` reused the z = 1 release's noise, and
   2 w1 - w2 gave back the clipped sum to 1.7e-6. A state must carry its release's key
   (init_state(hparams)); a measurement on the same draws says so (same_draws=True)."""
-  from fedjax_dp.config import ConfigError
+  from fedjax_dp.errors import ConfigError
   x, y, parts = toy_problem(sizes=(5, 6, 7))
   sim = toy_simulation(x, y, parts, dp="central", noise_multiplier=1.0)
   hp = sim.hparams_for(noise_multiplier=2.0)

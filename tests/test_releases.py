@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment.setup import setup
 from tests.helpers import make_test_runs
 

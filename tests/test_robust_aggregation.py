@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.kernels import reference
 from fedjax_dp.kernels import robust_aggregation as ra
 from tests.helpers import flat, keyed_state, round_zero_deltas, toy_problem, toy_simulation

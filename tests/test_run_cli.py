@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fedjax_dp.experiment import checkpoint
-from fedjax_dp.experiment.cli import main
+from fedjax_dp.cli import main
 from fedjax_dp.experiment.reporting import METRIC_KEYS
 
 FAST = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
@@ -173,7 +173,7 @@ SLOW_RUN = ["dataset=digits", "num_clients=30", "clients_per_round=10", "hidden=
 
 
 def _cmd(out, *extra):
-  args = [sys.executable, "-m", "fedjax_dp.experiment.cli", "run", "--no-progress", "--out", out]
+  args = [sys.executable, "-m", "fedjax_dp.cli", "run", "--no-progress", "--out", out]
   for kv in SLOW_RUN:
     args += ["--set", kv]
   return args + list(extra)
@@ -224,7 +224,7 @@ def test_resume_after_a_real_kill_reaches_the_same_numbers(tmp_path):
 def test_one_set_takes_several_keys_and_python_m_runs_the_console_script(tmp_path):
   """`--set rounds=2 eval_every=2` is what people type (it was 'unrecognized
   arguments'); through `python -m fedjax_dp`, the console script's entry."""
-  from fedjax_dp.experiment.cli import build_parser
+  from fedjax_dp.cli import build_parser
   args = build_parser().parse_args(["run", "--out", "x", "--set", "a=1", "b=2", "--set", "c=3"])
   assert args.set == ["a=1", "b=2", "c=3"]
   out = str(tmp_path / "run")
@@ -371,7 +371,7 @@ def test_a_ctrl_c_that_lands_in_a_gc_callback_still_ends_the_run():
 def test_an_error_raised_while_a_ctrl_c_unwinds_ends_the_run_as_interrupted(capsys):
   """Once, a Ctrl-C in an orbax save made orbax's cleanup raise RuntimeError: exit 1
   and a traceback. The Ctrl-C is what happened; an error of the run's own is not one."""
-  from fedjax_dp.experiment.cli import INTERRUPTED, run_guarded
+  from fedjax_dp.cli import INTERRUPTED, run_guarded
 
   def cleanup_fails():
     try:
@@ -468,7 +468,7 @@ def test_resume_keeps_a_preset_key_the_run_overrode(tmp_path):
 
 INTERRUPTED_NOISE = """
 import sys
-from fedjax_dp.experiment.cli import exit_with, run_guarded
+from fedjax_dp.cli import exit_with, run_guarded
 class Loud:                       # a teardown that raises, as asyncio's loop did
   def __del__(self):
     raise RuntimeError("teardown noise")

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import ConfigError, make_config
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.errors import RunError
 from fedjax_dp.sweeps import load_sweep
 from fedjax_dp.sweeps.run import read_record
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fedjax_dp.data import tabular
-from fedjax_dp.data import DataError, load_dataset
+from fedjax_dp.data import load_dataset
+from fedjax_dp.errors import DataError
 
 
 def test_healthcare_groups_tiers_and_signal():
@@ -152,7 +153,8 @@ def test_breast_cancer_takes_a_tier_map_by_its_feature_names(tmp_path):
 
 
 def test_tier_map_path_is_read_with_csv_and_breast_cancer_only():
-  from fedjax_dp.config import ConfigError, make_config
+  from fedjax_dp.config import make_config
+  from fedjax_dp.errors import ConfigError
   make_config({"dataset": "breast_cancer", "tier_map_path": "t.csv"})
   with pytest.raises(ConfigError, match="read with dataset 'csv' or 'breast_cancer'"):
     make_config({"dataset": "digits", "tier_map_path": "t.csv"})

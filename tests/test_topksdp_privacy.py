@@ -268,7 +268,7 @@ def test_final_clip_bounds_the_sent_norm_and_conserves_mass():
 def test_run_writes_the_report(tmp_path):
   import json
   import os
-  from fedjax_dp.experiment.cli import main
+  from fedjax_dp.cli import main
   out = str(tmp_path / "r")
   sets = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
           "batch_size=16", "lr=0.05", "rounds=10", "eval_every=5", "devices=1",

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.config import ConfigError, make_config
+from fedjax_dp.config import make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary
 from fedjax_dp.robust import attacks
 from tests.helpers import flat, toy_problem, toy_simulation

@@ -44,7 +44,7 @@ from fedjax_dp.placement.host import use_cpu_devices_or_exit  # noqa: E402
 use_cpu_devices_or_exit()
 
 from fedjax_dp.experiment import reporting  # noqa: E402
-from fedjax_dp.experiment.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
+from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 import yaml  # noqa: E402
 
 from fedjax_dp.config import Config, make_config  # noqa: E402

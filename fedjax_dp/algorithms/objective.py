@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from fedjax_dp.algorithms import registry, scaffold
 from fedjax_dp.algorithms.base import FinishInputs, LocalContext, LocalTerm, LossInputs
-from fedjax_dp.training.client import masked_cross_entropy
+from fedjax_dp.losses import masked_cross_entropy
 
 
 def _freeze(hp: dict) -> tuple:

@@ -16,7 +16,8 @@ The package holds, one concept a module:
 from fedjax_dp.config.checks import unread_keys
 from fedjax_dp.config.loading import _coerce, load_config, make_config, parse_set
 from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER, PRESETS, RANGES,
-                                     Config, ConfigError)
+                                     Config)
+from fedjax_dp.errors import ConfigError
 
 __all__ = ["CHOICES", "FLOAT32_MAX", "MIN_NOISE_MULTIPLIER", "PRESETS", "RANGES", "Config",
            "ConfigError", "load_config", "make_config", "parse_set", "unread_keys"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER, RANGES, Config,
-                                     ConfigError)
+from fedjax_dp.config.schema import CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER, RANGES, Config
+from fedjax_dp.errors import ConfigError
 
 
 def _describe_range(key: str) -> str:

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from fedjax_dp.config.checks import _check
-from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config, ConfigError
+from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config
+from fedjax_dp.errors import ConfigError
 
 
 def _coerce(key: str, value: Any) -> Any:

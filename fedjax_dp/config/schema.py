@@ -10,6 +10,8 @@ import dataclasses
 import json
 from typing import Any
 
+from fedjax_dp.errors import ConfigError  # noqa: F401  (its old home; callers import it from here)
+
 
 MIN_NOISE_MULTIPLIER = 1e-6   # 1e-300 overflowed the RDP arithmetic
 FLOAT32_MAX = 3.4028234663852886e38
@@ -21,10 +23,6 @@ def data_seed(cfg: "Config") -> int:
   initialisation is always seed's; the run key (cohorts, local training, noise) is
   seed's with the release's settings and inputs folded in (privacy/release_identity.py)."""
   return cfg.seed if cfg.data_seed is None else cfg.data_seed
-
-
-class ConfigError(ValueError):
-  """A bad config key or value; the message is one line meant for the user."""
 
 
 @dataclasses.dataclass(frozen=True)

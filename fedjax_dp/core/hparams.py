@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from fedjax_dp.config.schema import ConfigError
+from fedjax_dp.errors import ConfigError
 
 
 class StructureChange(ConfigError):

@@ -31,7 +31,8 @@ from fedjax_dp import algorithms
 from fedjax_dp import losses
 from fedjax_dp import recipes
 from fedjax_dp.compression import pipeline as pipeline_lib
-from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.core import one_step

@@ -23,7 +23,8 @@ check it and return a Dataset that carries its own client partition
 float32 (regression), from here to the store and the evaluation.
 """
 
-from fedjax_dp.data.dataset import DataError, Dataset, check_targets
+from fedjax_dp.data.dataset import Dataset, check_targets
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.images import (DEBIAN_FMNIST, IDX_FILES, IMAGE_MAGIC, LABEL_MAGIC,
                                    read_idx)
 from fedjax_dp.data.own_data import from_arrays, from_clients

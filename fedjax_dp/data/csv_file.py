@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError, Dataset, train_test_split
+from fedjax_dp.data.dataset import Dataset, train_test_split
+from fedjax_dp.errors import DataError
 
 
 def load_csv(path: str | None, label_column: str = "label", test_fraction: float = 0.2,

@@ -14,9 +14,7 @@ import dataclasses
 
 import numpy as np
 
-
-class DataError(ValueError):
-  """A missing, truncated or corrupt data file, or a bad data option; one line."""
+from fedjax_dp.errors import DataError  # noqa: F401  (its old home)
 
 
 TEST_SOURCES = ("split", "given", "client_rows")   # Dataset.test_source

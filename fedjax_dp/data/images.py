@@ -18,7 +18,8 @@ import zlib
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError, Dataset, train_test_split
+from fedjax_dp.data.dataset import Dataset, train_test_split
+from fedjax_dp.errors import DataError
 
 IDX_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
              "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}

@@ -17,7 +17,8 @@ import math
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError, Dataset, train_test_split
+from fedjax_dp.data.dataset import Dataset, train_test_split
+from fedjax_dp.errors import DataError
 
 _LABEL_PARTITIONS = ("dirichlet", "shards", "dirichlet_client")
 _PARTITION_OPTIONS = ("alpha", "classes_per_client", "quantity_alpha")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError
+from fedjax_dp.errors import DataError
 
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "dirichlet_client")
 _MAX_TRIES = 1000

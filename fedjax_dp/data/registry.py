@@ -11,7 +11,8 @@ import dataclasses
 import os
 
 from fedjax_dp.data.csv_file import load_csv
-from fedjax_dp.data.dataset import DataError, Dataset
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.images import (HOW_TO_GET, find_cifar_folder, find_idx_folder,
                                    load_cifar10, load_digits, load_idx_dataset)
 from fedjax_dp.data.scaling import scale_features

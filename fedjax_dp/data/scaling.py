@@ -11,7 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError, Dataset
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.errors import DataError
 
 FEATURE_SCALINGS = ("pooled", "per_client", "none")
 

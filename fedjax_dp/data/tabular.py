@@ -35,7 +35,8 @@ import os
 
 import numpy as np
 
-from fedjax_dp.data.dataset import DataError, Dataset, train_test_split
+from fedjax_dp.data.dataset import Dataset, train_test_split
+from fedjax_dp.errors import DataError
 
 TIERS = ("high", "medium", "low", "public", "metadata")
 HIGH, MEDIUM, LOW, PUBLIC, METADATA = range(5)

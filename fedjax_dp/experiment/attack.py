@@ -13,7 +13,7 @@ import json
 import math
 import os
 
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 
 
 SHADOW_EPOCHS_MAX = 100

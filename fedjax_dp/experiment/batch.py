@@ -16,7 +16,7 @@ import os
 
 from fedjax_dp.config import Config
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.run_folder import make_out_folder
 
 OWNER = "experiment.json"

@@ -21,14 +21,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fedjax_dp.errors import CheckpointError  # noqa: F401  (its old home)
 from fedjax_dp.placement import processes
 
 # orbax logs every save at INFO through absl; keep the user's terminal for the progress bar
 logging.getLogger("absl").setLevel(logging.WARNING)
-
-
-class CheckpointError(RuntimeError):
-  """No checkpoint in the folder could be restored."""
 
 
 def _manager(directory: str, keep: int = 3) -> ocp.CheckpointManager:

@@ -27,7 +27,7 @@ import math
 import os
 
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 
 
 # test metrics whose best value is the lowest (losses and errors); any other (accuracy,

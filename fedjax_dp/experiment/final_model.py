@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.placement.processes import is_primary
 
 FILE = "model.msgpack"

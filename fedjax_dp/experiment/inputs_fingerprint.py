@@ -15,7 +15,7 @@ import numpy as np
 
 from fedjax_dp import losses
 from fedjax_dp.data.dataset import Dataset
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.models import Model, num_params
 from fedjax_dp.privacy.release_identity import loss_digest
 

@@ -29,7 +29,7 @@ import re
 import time
 
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 
 # an HLO instruction of the compiled module's text, and its metadata's op_name
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?metadata=\{op_name="([^"]*)"')

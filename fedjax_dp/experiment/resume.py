@@ -19,7 +19,7 @@ from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.privacy.setup import noise_multiplier_for
 from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.run_folder import rounds_done, saved_config
 from fedjax_dp.experiment.target_epsilon import calibrated_multiplier
 from fedjax_dp.placement import paged_state

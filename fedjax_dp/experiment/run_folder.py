@@ -12,10 +12,11 @@ import json
 import os
 import shutil
 
-from fedjax_dp.config import Config, ConfigError, make_config, unread_keys
+from fedjax_dp.config import Config, make_config, unread_keys
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.release_identity import RELEASE_NEUTRAL_KEYS
 

@@ -30,7 +30,8 @@ from fedjax_dp.config import Config
 from fedjax_dp.privacy.setup import noise_multiplier_for
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.experiment.callbacks import chunk_ends  # noqa: F401  (public here too)
+from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.inputs_fingerprint import INPUTS, check_inputs, own_inputs
 from fedjax_dp.experiment.resume import FRESH_META, SEGMENTS, restore, save_secret_key
 from fedjax_dp.experiment.run_folder import (EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff,
@@ -42,15 +43,6 @@ from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting, privacy_log
 
 __all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
-
-
-def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
-  """Round numbers at which a compiled chunk ends, after `start`, up to `last` (default: rounds)."""
-  last = cfg.rounds if last is None else last
-  ends = set(range(cfg.eval_every, last + 1, cfg.eval_every)) | {last}
-  if cfg.checkpoint_every:
-    ends |= set(range(cfg.checkpoint_every, last + 1, cfg.checkpoint_every))
-  return sorted(e for e in ends if start < e <= last)
 
 
 def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) -> dict:
@@ -116,7 +108,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   run after the defaults, which write what `fedjax-dp run` writes.
   Returns the summary dict (also written to `out/summary.json`).
   """
-  from fedjax_dp import callbacks as callbacks_lib
+  from fedjax_dp.experiment import callbacks as callbacks_lib
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
   if not processes.is_primary():   # one voice for a run of many processes (processes.py)
@@ -156,7 +148,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   Restores a resume's checkpoint; `rebuild(calibration) -> Simulation` builds the
   simulation again where a resume's calibrated noise differs from `sim`'s. Writes
   config.json and this segment's row."""
-  from fedjax_dp.callbacks import RunContext
+  from fedjax_dp.experiment.callbacks import RunContext
   last = budget_rounds(cfg)
   if cfg.dp == "local" and cfg.target_epsilon is not None:
     # per-cluster noise gives each client its own first event ([clients, orders]): the

@@ -15,11 +15,13 @@ import numpy as np
 
 from fedjax_dp import losses
 from fedjax_dp.algorithms import parse_algorithm
-from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core.evaluate import batch_for_eval
 from fedjax_dp.core.simulation import build_simulation
-from fedjax_dp.data.dataset import TEST_SOURCES, DataError, Dataset, check_targets
+from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
+from fedjax_dp.errors import DataError
 from fedjax_dp.data.partition import partition
 from fedjax_dp.data.registry import load_dataset
 from fedjax_dp.data.scaling import apply_feature_scaling

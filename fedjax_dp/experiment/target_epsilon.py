@@ -12,7 +12,7 @@ import numpy as np
 from fedjax_dp.config import Config
 from fedjax_dp.privacy.setup import (local_event_rdp, noise_multiplier_for, round_event_rdp,
                                      sampling_rate)
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.privacy import accounting
 
 

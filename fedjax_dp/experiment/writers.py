@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Callable, NamedTuple
 
-from fedjax_dp.config import ConfigError
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.reporting import METRIC_KEYS
 from fedjax_dp.placement.processes import is_primary

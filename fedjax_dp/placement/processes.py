@@ -31,7 +31,7 @@ def start_processes(num_processes: int | None = None, process_id: int | None = N
   JAX's first device query, when JAX fixes its devices (as `host.use_cpu_devices`).
   Public as `fedjax_dp.start_processes`.
   """
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   num_processes = _setting(num_processes, "JAX_NUM_PROCESSES", "--num-processes")
   process_id = _setting(process_id, "JAX_PROCESS_ID", "--process-id")
   coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
@@ -68,7 +68,7 @@ def _setting(value: int | None, env: str, flag: str) -> int | None:
   try:
     return int(raw)
   except ValueError:
-    from fedjax_dp.experiment.errors import RunError
+    from fedjax_dp.errors import RunError
     raise RunError(f"${env}={raw!r} ({flag}): expected an integer") from None
 
 

@@ -21,10 +21,7 @@ import math
 
 from fedjax_dp.privacy import accounting, amplification
 from fedjax_dp.config import MIN_NOISE_MULTIPLIER
-
-
-class AccountError(ValueError):
-  """A bad value for `fedjax-dp account`; one line."""
+from fedjax_dp.errors import AccountError  # noqa: F401  (its old home)
 
 
 # Below this, dp-accounting's PLD discretises a privacy-loss range of about 1 / (2 z^2)

@@ -214,7 +214,7 @@ def add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None
   """PLD's figure beside the RDP one (kept as rdp_epsilon), the smaller as epsilon
   (and epsilon_accountant); if PLD cannot be had (too little noise for its
   discretisation) the RDP figure stands, and the report says why."""
-  from fedjax_dp.privacy.planning import AccountError
+  from fedjax_dp.errors import AccountError
   try:
     report["pld_epsilon"] = compute()
   except AccountError as e:

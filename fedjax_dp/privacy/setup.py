@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import mechanisms

@@ -30,7 +30,8 @@ import dataclasses
 import types
 from typing import Any, Callable, Mapping, NamedTuple
 
-from fedjax_dp.config import Config, ConfigError
+from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 
 # Config keys of the set-up, not of the algorithm: recipes leave them to the caller
 SETUP_KEYS = frozenset({

@@ -32,10 +32,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.callbacks import (Callback, RunContext, after_chunk, end_run, run_loop,
-                                 start_run)
+from fedjax_dp.experiment.callbacks import (Callback, RunContext, after_chunk, chunk_ends,
+                                            end_run, run_loop, start_run)
 from fedjax_dp.experiment import interrupts
-from fedjax_dp.experiment.runner import chunk_ends
 
 AUTO_ACCELERATOR = 32   # replicas vmapped together by default on a GPU or TPU
 

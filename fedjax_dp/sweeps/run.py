@@ -38,7 +38,7 @@ from fedjax_dp.config import Config
 from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.experiment import batch
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.errors import RunError
+from fedjax_dp.errors import RunError
 from fedjax_dp.privacy import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.setup import check_test_source
@@ -108,7 +108,7 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
               task: losses.Task | None = None, callbacks=()) -> dict:
   """Runs (or continues) the sweep into `out` (see the module docstring); returns
   sweep.json's contents."""
-  from fedjax_dp import callbacks as callbacks_lib
+  from fedjax_dp.experiment import callbacks as callbacks_lib
   from fedjax_dp.sweeps import table
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -171,7 +171,7 @@ def _run_programs(todo: list[_Plan], out, spec, log, progress, model, data, task
 def _run_program(plans, out, spec, log, bar, model, data, task, inputs, callbacks, number):
   """One compiled program: the first cell's simulation and every cell that can be
   its replica; returns (its sweep.json entry, the cells that cannot)."""
-  from fedjax_dp import callbacks as callbacks_lib
+  from fedjax_dp.experiment import callbacks as callbacks_lib
   from fedjax_dp.experiment.runner import open_context
   from fedjax_dp.experiment.setup import setup
   from fedjax_dp.sweeps.replicas import replica_batch_size, run_batch
@@ -230,7 +230,7 @@ def _progress_bar(progress: bool, total: int):
 
 def _advance(bar):
   """A callback moving the sweep's bar by the rounds a cell ran."""
-  from fedjax_dp.callbacks import Callback
+  from fedjax_dp.experiment.callbacks import Callback
   if bar is None:
     return Callback()
   def after(ctx, stats) -> None:   # (tqdm's update returns True when it redraws)

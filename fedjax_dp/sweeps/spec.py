@@ -33,7 +33,8 @@ from typing import Any
 
 import yaml
 
-from fedjax_dp.config import Config, ConfigError, make_config
+from fedjax_dp.config import Config, make_config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.loading import load_config
 
 SWEEP_KEYS = ("base", "config", "seeds", "grid", "variants", "replica_batch")

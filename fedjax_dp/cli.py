@@ -26,7 +26,7 @@ INTERRUPTED = 130
 
 def _run(args) -> int:
   from fedjax_dp.config import load_config, make_config, parse_set
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.runner import run_experiment
 
@@ -46,7 +46,7 @@ def _run(args) -> int:
                      "nothing would be logged")
     print(cfg.to_json())
     return 0
-  from fedjax_dp.callbacks import log_metrics
+  from fedjax_dp.experiment.callbacks import log_metrics
   from fedjax_dp.experiment.writers import writers_for
   live = [log_metrics(*writers_for(args.log, args.out))] if args.log else []
   # for the line after a Ctrl-C (kept while the interrupt unwinds to run_guarded)
@@ -119,7 +119,7 @@ def _sweep(args) -> int:
     for cell in spec.cells():
       print(cell.name)
     return 0
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   if args.out is None:
     raise RunError("fedjax-dp sweep: --out is required (the sweep's folder)")
   import shlex
@@ -145,7 +145,7 @@ def _sweep(args) -> int:
 def _compare(args) -> int:
   """Runs and sweeps side by side (experiment/compare.py)."""
   from fedjax_dp.experiment import compare, reporting
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   for flag, path, ext in (("--plot", args.plot, ".png"), ("--csv", args.csv, ".csv")):
     if path is None:
       continue
@@ -169,7 +169,7 @@ def _compare(args) -> int:
 def _attack(args) -> int:
   """A privacy attack on a finished run's model (experiment/attack.py)."""
   from fedjax_dp.experiment import attack, reporting
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   if args.json is not None:
     if not args.json.lower().endswith(".json"):
       raise RunError(f"--json {args.json}: expected a .json file name")
@@ -195,7 +195,7 @@ def _profile(args) -> int:
   """A profiler trace of --rounds compiled rounds and their top operations (profile.py)."""
   from fedjax_dp.config import load_config
   from fedjax_dp.experiment import profile
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   if args.out is None:
     raise RunError("fedjax-dp profile: --out is required (the trace's folder)")
   profile.check_out(args.out)
@@ -220,7 +220,7 @@ def _audit(args) -> int:
   """An empirical privacy audit with canary clients (experiment/audit_run.py)."""
   from fedjax_dp.config import load_config
   from fedjax_dp.experiment import audit_run
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   if args.out is None:
     raise RunError("fedjax-dp audit: --out is required (the audited run's folder)")
   cfg = load_config(args.config, args.set)
@@ -253,7 +253,7 @@ def _datasets(args) -> int:
   from fedjax_dp.config import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
 
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import RunError
   if args.plot and not args.partition:
     raise RunError("--plot needs --partition (it plots the partition's label histogram)")
   if args.plot and not args.plot.lower().endswith(".png"):
@@ -291,9 +291,10 @@ def _config(args) -> int:
   """Every config key with its default, allowed values and meaning; `--show KEY`
   one key in full (and the setting that makes it read)."""
   import json
-  from fedjax_dp.config import reference
+  from fedjax_dp.experiment import config_reference as reference
   from fedjax_dp.config.loading import unknown_key_message
-  from fedjax_dp.config.schema import ConfigError, _FIELDS
+  from fedjax_dp.config.schema import _FIELDS
+  from fedjax_dp.errors import ConfigError
   if args.markdown and args.show:
     raise ConfigError("fedjax-dp config --markdown prints every key (the README's tables); "
                       "it takes no --show")
@@ -492,11 +493,11 @@ def run_guarded(fn) -> int:
   """fn() -> exit status, with the command line's handling of user errors (one
   line `error: ...` on stderr, status 2) and of Ctrl-C ('interrupted', 130).
   Also used by the experiment scripts."""
-  from fedjax_dp.privacy.planning import AccountError
-  from fedjax_dp.experiment.checkpoint import CheckpointError
-  from fedjax_dp.config import ConfigError
-  from fedjax_dp.data.dataset import DataError
-  from fedjax_dp.experiment.errors import RunError
+  from fedjax_dp.errors import AccountError
+  from fedjax_dp.errors import CheckpointError
+  from fedjax_dp.errors import ConfigError
+  from fedjax_dp.errors import DataError
+  from fedjax_dp.errors import RunError
   try:
     with interrupts.installed():   # a Ctrl-C is never lost (interrupts.py)
       return fn()

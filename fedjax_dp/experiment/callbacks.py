@@ -1,0 +1,508 @@
+"""The run loop as callbacks: what happens between compiled chunks of rounds.
+
+`runner.run_experiment` runs the rounds in compiled chunks (ending at every
+multiple of `eval_every` and `checkpoint_every`) and, around them, calls each
+callback of a list in order:
+
+  on_run_start(ctx)              once, before the first chunk
+  after_chunk(ctx, stats) -> bool after every chunk; True ends the run after this chunk
+  on_run_end(ctx)                once, after the last chunk (ctx.state in client order)
+
+`stats` are the chunk's RoundStats (simulation.py; leaves [rounds in the
+chunk], on the device). The defaults, in this order, write what `fedjax-dp run`
+writes:
+
+  budget_stop   ends the run when the privacy budget is spent (and says so)
+  finite_model  ends the run once the global model is not finite (-> ctx.diverged)
+  evaluate      the task's test metrics at evaluation rounds -> ctx.test_metrics
+  metrics       diagnostics since the last evaluation; a metrics.jsonl row -> ctx.row
+  divergence    ends the run at non-finite test metrics; warns once of a tenfold loss
+  checkpoint    orbax checkpoints every checkpoint_every rounds and at the end
+  progress      the progress bar
+  final_model   model.msgpack: the trained parameters (not after a divergence)
+  summary       summary.json (with the privacy report) -> ctx.summary
+  plots         PNG curves -> ctx.summary["plots"]
+
+Your callbacks come after them, so they see this chunk's ctx.test_metrics and
+ctx.row (None where the chunk did not evaluate) and, at the end, ctx.summary.
+A run you stop early is evaluated and checkpointed at the round it stopped
+(checkpoint_every > 0), and summary.json does not call it a budget stop. A run
+that diverged is evaluated where it stopped but not checkpointed there: its
+non-finite state would push out the good checkpoints before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dp.experiment import checkpoint as ckpt
+from fedjax_dp.experiment import divergence as div
+from fedjax_dp.experiment import interrupts
+from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment import reporting
+from fedjax_dp.config import Config
+from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.losses import Task
+from fedjax_dp.algorithms import parse_algorithm
+from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.experiment.metrics_row import (aggregator_metrics, expected_cohorts_only,
+                                              published_participations, spent_epsilon)
+from fedjax_dp.experiment.resume import mark_released
+from fedjax_dp.placement import paged_state
+from fedjax_dp.experiment.setup import client_label_distribution
+from fedjax_dp.experiment.summary import run_summary
+from fedjax_dp.privacy.local_dp_report import clients_spent
+from fedjax_dp.privacy.privacy_report import rounds_skipped
+
+
+class Callback(NamedTuple):
+  """Three optional hooks; see the module docstring."""
+  on_run_start: Callable[["RunContext"], None] | None = None
+  after_chunk: Callable[["RunContext", Any], bool | None] | None = None
+  on_run_end: Callable[["RunContext"], None] | None = None
+
+
+def chunk_ends(start: int, cfg: Config, last: int | None = None) -> list[int]:
+  """Round numbers at which a compiled chunk ends, after `start`, up to `last` (default: rounds)."""
+  last = cfg.rounds if last is None else last
+  ends = set(range(cfg.eval_every, last + 1, cfg.eval_every)) | {last}
+  if cfg.checkpoint_every:
+    ends |= set(range(cfg.checkpoint_every, last + 1, cfg.checkpoint_every))
+  return sorted(e for e in ends if start < e <= last)
+
+
+def check_callbacks(callbacks) -> list[Callback]:
+  """The user's callbacks as a list, or a one-line ConfigError naming the first
+  that is not a Callback (before anything is loaded or written)."""
+  from fedjax_dp.errors import ConfigError
+  callbacks = list(callbacks)
+  for i, cb in enumerate(callbacks):
+    if not isinstance(cb, Callback):
+      raise ConfigError(f"callbacks[{i}] is a {type(cb).__name__}: allowed are "
+                        "callbacks.Callback(on_run_start=, after_chunk=, on_run_end=)")
+  return callbacks
+
+
+# diagnostics summed between evaluations, saved in every checkpoint: their values at round 0
+DIAGNOSTICS = {"loss_sum": 0.0, "examples": 0.0, "unclipped": 0.0, "clip_seen": 0.0,
+               "flagged": 0.0, "clusters": 0.0, "agg_rounds": 0, "nonfinite": 0,
+               "bounded": 0.0}
+
+
+@dataclasses.dataclass
+class RunContext:
+  """What the loop and the callbacks share (the loop and the defaults update it)."""
+  cfg: Config
+  out: str
+  sim: Simulation
+  ds: Dataset
+  parts: list[np.ndarray]
+  task: Task
+  log: Callable[[str], None]
+  state: Any                 # SimState: the rounds' working layout inside the loop
+                             # (client_order(ctx) gives client order), client order at the end
+  start: int                 # the round this run starts from (a resume's restored round)
+  last: int                  # the last round the privacy budget allows (<= cfg.rounds)
+  plog: dict | None          # the privacy log (None: resumed from a checkpoint without one)
+  calibration: float | None  # central DP's calibrated noise multiplier, else None
+  meta: dict                 # the restored checkpoint's host meta (resume.FRESH_META at 0)
+  rows: list[dict]           # metrics.jsonl's rows so far
+  setup_s: float
+  num_params: int
+  comm: dict                 # pipeline.communication: bytes per participant and round
+  inputs: dict | None = None # your own data, model, loss (inputs_fingerprint.py), else None
+  progress: bool = True      # show the progress bar
+  round: int = 0             # rounds done
+  prev_round: int = 0        # rounds done before this chunk
+  round_by_round: bool = False  # chunks of one round: set in on_run_start by a callback
+                             # that reads every round's model (the audit's all-iterates)
+  wall0: float = 0.0         # perf_counter() at round 0, less a resumed run's wall time
+  chunk_times: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  diag: dict = dataclasses.field(default_factory=dict)
+  stop: bool = False         # a callback ended the run (after this chunk)
+  budget_stopped: bool = False
+  test_metrics: dict | None = None   # this chunk's evaluation {metric: value}
+  attack_metrics: dict | None = None # a data attack's success on its test set (poisoning.py)
+  row: dict | None = None            # this chunk's metrics.jsonl row
+  last_checkpoint: int = 0
+  summary: dict | None = None
+  ordered: Any = None        # this chunk's state in client order, once asked for
+  diverged: dict | None = None   # where the run stopped being finite (divergence.report)
+  warnings: list[str] = dataclasses.field(default_factory=list)   # also in summary.json
+  test_mode: str | None = None   # why the charged epsilon is no guarantee (the audit's
+                                 # --undercharge): summary.json and the rows then give none
+
+
+def client_order(ctx: RunContext):
+  """The state with its per-client rows in client order (one copy per chunk, if asked)."""
+  if ctx.ordered is None:
+    ctx.ordered = ctx.sim.to_client_order(ctx.state)
+  return ctx.ordered
+
+
+def eval_due(ctx: RunContext) -> bool:
+  return ctx.round % ctx.cfg.eval_every == 0 or ctx.round == ctx.last or ctx.stop
+
+
+def checkpoint_due(ctx: RunContext) -> bool:
+  every = ctx.cfg.checkpoint_every
+  return bool(every) and (ctx.round % every == 0 or ctx.round == ctx.last or ctx.stop)
+
+
+def unfinished(ctx: RunContext, done: int) -> bool:
+  """At the run's end: rounds ran after `done` (a run a callback stopped between
+  evaluation or checkpoint rounds)."""
+  return ctx.start < ctx.round and done < ctx.round
+
+
+def run_loop(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
+  """Runs ctx's rounds from ctx.start to ctx.last in chunks, calling the callbacks;
+  returns ctx.summary."""
+  start_run(ctx, callbacks)
+  ends = chunk_ends(ctx.start, ctx.cfg, ctx.last)
+  if ctx.round_by_round:
+    ends = list(range(ctx.start + 1, ctx.last + 1))
+  for end in ends:
+    t = time.perf_counter()
+    state, stats = ctx.sim.run_working(ctx.state, end - ctx.round)
+    stats.loss_sum.block_until_ready()
+    if after_chunk(ctx, callbacks, state, stats, end, time.perf_counter() - t):
+      break
+  return end_run(ctx, callbacks)
+
+
+def start_run(ctx: RunContext, callbacks: list[Callback]) -> None:
+  """The loop's start: on_run_start, then the state in the rounds' working layout
+  (the per-client state is put in client order only where it is read: client_order)."""
+  ctx.round = ctx.prev_round = ctx.last_checkpoint = ctx.start
+  ctx.wall0 = time.perf_counter() - ctx.meta["wall_s"]
+  for cb in callbacks:
+    if cb.on_run_start is not None:
+      cb.on_run_start(ctx)
+  ctx.state = ctx.sim.to_working(ctx.state)
+
+
+def after_chunk(ctx: RunContext, callbacks: list[Callback], state, stats, end: int,
+                seconds: float) -> bool:
+  """The loop after a chunk that took the run to round `end` (state in the working
+  layout, its RoundStats, the chunk's seconds): the privacy log, then after_chunk
+  of every callback. True: the run ends here (a callback stopped it)."""
+  ctx.state = state
+  if ctx.plog is not None:
+    ctx.plog = privacy_log.append(ctx.plog, stats, ctx.sim.privacy.event_multipliers)
+  ctx.chunk_times.append((end - ctx.round, seconds))
+  ctx.prev_round, ctx.round = ctx.round, end
+  ctx.ordered = ctx.test_metrics = ctx.row = None
+  for cb in callbacks:
+    if cb.after_chunk is not None and cb.after_chunk(ctx, stats):
+      ctx.stop = True   # the callbacks after it see it (evaluate, checkpoint)
+  # the client-order copy (checkpoints, SOLO evaluation) is replicated on every device:
+  # freed here, not kept beside the working table through the next chunk
+  ctx.ordered = None
+  interrupts.check()   # a Ctrl-C some library swallowed ends the run here
+  return ctx.stop
+
+
+def end_run(ctx: RunContext, callbacks: list[Callback]) -> dict | None:
+  """The loop's end: the state in client order, on_run_end; returns ctx.summary."""
+  ctx.state = ctx.ordered = ctx.sim.to_client_order(ctx.state)
+  for cb in callbacks:
+    if cb.on_run_end is not None:
+      cb.on_run_end(ctx)
+  return ctx.summary
+
+
+# ---------------------------------------------------------------------------- the defaults
+
+
+def budget_stop() -> Callback:
+  """Ends the run when no round can release anything more within the budget."""
+  def start(ctx: RunContext) -> None:
+    if ctx.last < ctx.cfg.rounds:
+      ctx.log(f"privacy budget: the run stops after round {ctx.last} of {ctx.cfg.rounds}; one "
+              f"more round would pass target_epsilon {ctx.cfg.target_epsilon:g}")
+
+  def after(ctx: RunContext, stats) -> bool:
+    cfg, sim = ctx.cfg, ctx.sim
+    # local DP: once every client's budget is spent, no round can change the model
+    spent = bool(np.all(clients_spent(sim, ctx.state))) if cfg.dp == "local" else False
+    if spent:
+      ctx.log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
+              f"the run stops after round {ctx.round}")
+    if sim.privacy.stop_in_round and int(np.sum(stats.spent)) > 0:
+      spent = True
+      ctx.log(f"privacy budget: one more round would pass target_epsilon "
+              f"{cfg.target_epsilon:g}; the run stops at round "
+              f"{int(ctx.state.round) - int(np.sum(stats.spent))} (rounds after it were skipped)")
+    ctx.budget_stopped |= spent
+    return spent
+  return Callback(on_run_start=start, after_chunk=after)
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def finite_model() -> Callback:
+  """Ends the run after a chunk that left the global model non-finite (one device
+  reduction a chunk); the evaluation and row that follow show where. SOLO has no
+  global model: its test metrics tell (divergence)."""
+  def after(ctx: RunContext, stats) -> bool:
+    if "solo" in parse_algorithm(ctx.cfg.algorithm)[0] or bool(_all_finite(ctx.state.params)):
+      return False
+    bad = np.flatnonzero(~np.isfinite(np.asarray(stats.loss_sum)))
+    what = f"the global model is not finite after round {ctx.round}" + (
+        f" (the training loss was first not finite at round {ctx.prev_round + 1 + bad[0]})"
+        if bad.size else "")
+    ctx.diverged = div.report(ctx.round, what, ctx.rows)
+    return True
+  return Callback(after_chunk=after)
+
+
+def divergence() -> Callback:
+  """Ends the run at an evaluation whose test metrics are not finite; warns once
+  (ctx.log, summary.json's warnings) when the loss grows tenfold, and once when
+  the training loss is not finite while the model stays finite."""
+  warned, initial = set(), []
+
+  def start(ctx: RunContext) -> None:
+    # the untrained model's test loss: a loss absurd from the first evaluation is growth too
+    if ctx.start == 0 and "solo" not in parse_algorithm(ctx.cfg.algorithm)[0]:
+      initial.append(float(ctx.sim.evaluate(ctx.state.params, *ctx.sim.test_data)["loss"]))
+
+  def warn(ctx: RunContext, kind: str, text: str) -> None:
+    if kind not in warned:
+      warned.add(kind)
+      ctx.warnings.append(text)
+      ctx.log(f"warning: {text}")
+
+  def after(ctx: RunContext, stats) -> bool:
+    row = ctx.row
+    if row is None:
+      return False
+    if ctx.diverged is None and not div.row_is_finite(row):
+      keys = [k for k in row["nonfinite"] if k.startswith("test_")]
+      ctx.diverged = div.report(ctx.round, f"{', '.join(keys)} not finite", ctx.rows[:-1])
+      return True
+    if ctx.diverged is None and "train_loss" in row.get("nonfinite", ()):
+      warn(ctx, "train", f"the training loss was not finite before round {row['round']} while "
+           "the global model stayed finite: a client's local training diverged (under DP "
+           "or a robust rule its upload is dropped)")
+    growth = div.loss_growth(ctx.rows, initial[0] if initial else None)
+    if growth:
+      warn(ctx, "growth", growth)
+    return False
+  return Callback(on_run_start=start, after_chunk=after)
+
+
+def evaluate() -> Callback:
+  """The task's test metrics at every evaluation round -> ctx.test_metrics. SOLO:
+  the mean over clients of each client's own model on the reweighted test set."""
+  solo = {}
+
+  def start(ctx: RunContext) -> None:
+    if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
+      from fedjax_dp.core.evaluate import make_solo_evaluate
+      solo["eval"] = make_solo_evaluate(ctx.sim.model, ctx.sim.cfg.matmul_precision)
+      solo["dist"] = client_label_distribution(ctx.ds, ctx.parts)
+
+  def measure(ctx: RunContext) -> None:
+    if solo:
+      models = client_order(ctx).client_state["model"]
+      acc, loss = (float(v) for v in solo["eval"](models, *ctx.sim.test_data, solo["dist"]))
+      ctx.test_metrics = {"accuracy": acc, "loss": loss}
+    else:
+      values = ctx.sim.evaluate(ctx.state.params, *ctx.sim.test_data)
+      # in the task's order (a jitted dict comes back with its keys sorted)
+      ctx.test_metrics = {k: float(values[k]) for k in ctx.task.metrics}
+    if ctx.sim.attack_data is not None:   # the share put in the attacker's target class
+      name, batches = ctx.sim.attack_data
+      ctx.attack_metrics = {name: float(ctx.sim.evaluate(ctx.state.params, *batches)[
+          "accuracy"])}
+
+  def after(ctx: RunContext, stats) -> None:
+    if eval_due(ctx):
+      measure(ctx)
+
+  def end(ctx: RunContext) -> None:
+    if unfinished(ctx, ctx.rows[-1]["round"] if ctx.rows else 0):
+      measure(ctx)
+  return Callback(on_run_start=start, after_chunk=after, on_run_end=end)
+
+
+def metrics() -> Callback:
+  """Sums the chunk's diagnostics; where the chunk evaluated, writes the metrics.jsonl
+  row (test metrics, train loss, epsilon spent, bytes, ...) -> ctx.row, ctx.rows."""
+  def start(ctx: RunContext) -> None:
+    ctx.diag = {k: ctx.meta.get(k, v) for k, v in DIAGNOSTICS.items()}
+
+  def after(ctx: RunContext, stats) -> None:
+    d = ctx.diag
+    d["nonfinite"] += int(np.sum(stats.nonfinite))
+    d["loss_sum"] += float(np.sum(stats.loss_sum))  # one host transfer per chunk
+    d["examples"] += float(np.sum(stats.examples))
+    d["unclipped"] += float(np.sum(stats.unclipped))
+    # the fraction's denominator: the expected cohort of each released round where
+    # the realised Poisson cohort sizes are private (metrics_row.expected_cohorts_only)
+    d["clip_seen"] += (ctx.cfg.clients_per_round * float(np.sum(np.asarray(stats.event) >= 0))
+                       if expected_cohorts_only(ctx.cfg) else float(np.sum(stats.participants)))
+    d["flagged"] += float(np.sum(stats.flagged))
+    d["bounded"] += float(np.sum(stats.bounded))
+    d["clusters"] += float(np.sum(stats.clusters))
+    d["agg_rounds"] += ctx.round - ctx.prev_round
+    if ctx.test_metrics is not None:
+      write_row(ctx)
+
+  def end(ctx: RunContext) -> None:
+    if ctx.test_metrics is not None and unfinished(ctx, ctx.rows[-1]["round"] if ctx.rows
+                                                  else 0):
+      write_row(ctx)
+  return Callback(on_run_start=start, after_chunk=after, on_run_end=end)
+
+
+def write_row(ctx: RunContext) -> None:
+  """Appends this round's metrics.jsonl row and starts the diagnostics afresh."""
+  cfg, sim, state, d = ctx.cfg, ctx.sim, ctx.state, ctx.diag
+  participations = published_participations(cfg, state)
+  row = {"round": ctx.round, **{f"test_{k}": v for k, v in ctx.test_metrics.items()},
+         **(ctx.attack_metrics or {}),
+         "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
+         **spent_epsilon(sim, state, ctx.plog, ctx.test_mode),   # the working layout
+         **({"clip_norm": float(state.clip_norm),
+             "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
+             "nonfinite_uploads": int(d["nonfinite"])}
+            if cfg.dp != "none" else {}),
+         **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"], d["bounded"]),
+         "bytes_up": participations * ctx.comm["bytes_per_client_up"],
+         "bytes_down": participations * ctx.comm["bytes_per_client_down"],
+         "wall_s": round(time.perf_counter() - ctx.wall0, 4)}
+  row = div.finite_row(row)   # JSON has no NaN: null, and the key listed under 'nonfinite'
+  reporting.append_metrics(os.path.join(ctx.out, "metrics.jsonl"), row)
+  mark_released(ctx.out, ctx.round)
+  ctx.rows.append(row)
+  ctx.row = row
+  ctx.diag = dict(DIAGNOSTICS)
+
+
+def checkpoint() -> Callback:
+  """Saves the state (client order) and the host meta every checkpoint_every rounds,
+  at the last round, and where the run stops."""
+  def save(ctx: RunContext) -> None:
+    calibrating = ctx.cfg.dp == "central" and ctx.cfg.noise_multiplier is None
+    state = client_order(ctx)
+    ckpt.save(os.path.join(ctx.out, "checkpoints"), ctx.round, state,
+              {"wall_s": time.perf_counter() - ctx.wall0, **ctx.diag, "privacy_log": ctx.plog,
+               **({"calibration": {"rounds": ctx.cfg.rounds,
+                                   "noise_multiplier": ctx.calibration}}
+                  if calibrating else {})},
+              keep=ctx.cfg.keep_checkpoints, side=paged_state.checkpoint_side(state)[0])
+    mark_released(ctx.out, ctx.round)
+    ctx.last_checkpoint = ctx.round
+
+  def after(ctx: RunContext, stats) -> None:
+    if checkpoint_due(ctx) and ctx.diverged is None:
+      save(ctx)
+
+  def end(ctx: RunContext) -> None:
+    if ctx.cfg.checkpoint_every and unfinished(ctx, ctx.last_checkpoint) and \
+        ctx.diverged is None:
+      save(ctx)
+  return Callback(after_chunk=after, on_run_end=end)
+
+
+def progress() -> Callback:
+  """A tqdm bar on stderr (ctx.progress False: none), with the first test metric."""
+  bar = []
+
+  def start(ctx: RunContext) -> None:
+    from tqdm import tqdm
+    bar.append(tqdm(total=ctx.cfg.rounds, initial=ctx.start, unit="round",
+                    disable=not ctx.progress, file=sys.stderr, dynamic_ncols=True))
+
+  def after(ctx: RunContext, stats) -> None:
+    bar[0].update(ctx.round - ctx.prev_round)
+    if ctx.test_metrics is not None:
+      name, value = next(iter(ctx.test_metrics.items()))
+      bar[0].set_postfix({"acc" if name == "accuracy" else name: f"{value:.4f}"})
+
+  def end(ctx: RunContext) -> None:
+    bar[0].close()
+  return Callback(on_run_start=start, after_chunk=after, on_run_end=end)
+
+
+def final_model() -> Callback:
+  """Saves the trained parameters to model.msgpack (experiment/final_model.py)."""
+  def end(ctx: RunContext) -> None:
+    if ctx.diverged is not None:
+      return   # non-finite parameters: the checkpoints before it are the last good ones
+    from fedjax_dp.experiment import final_model as fm
+    if "solo" in parse_algorithm(ctx.cfg.algorithm)[0]:
+      fm.save(ctx.out, ctx.state.client_state["model"], key="client_models")
+    else:
+      fm.save(ctx.out, ctx.state.params)
+  return Callback(on_run_end=end)
+
+
+def summary() -> Callback:
+  """Writes summary.json (final metrics, privacy report, communication, timing)."""
+  def end(ctx: RunContext) -> None:
+    skipped = rounds_skipped(ctx.cfg, ctx.state)
+    # the run ended before `rounds`: a budget stopped it (the last round, or a skip),
+    # unless one of your callbacks did
+    stopped = (int(ctx.state.round) - skipped < ctx.cfg.rounds
+               and not (ctx.stop and not ctx.budget_stopped))   # a divergence is no budget stop
+    ctx.summary = run_summary(ctx, stopped)
+    reporting.write_json_atomic(os.path.join(ctx.out, "summary.json"), ctx.summary)
+  return Callback(on_run_end=end)
+
+
+def plots() -> Callback:
+  """PNG curves of metrics.jsonl; their paths go to ctx.summary['plots']."""
+  def end(ctx: RunContext) -> None:
+    cfg = ctx.cfg
+    paths = reporting.plot_metrics(
+        ctx.rows, ctx.out, title=os.path.basename(os.path.abspath(ctx.out)),
+        target_epsilon=cfg.target_epsilon if cfg.dp != "none" else None)
+    if ctx.summary is not None:
+      ctx.summary["plots"] = paths
+  return Callback(on_run_end=end)
+
+
+def log_metrics(*writers) -> Callback:
+  """Hands every metrics.jsonl row to each writer (experiment/writers.py: csv,
+  tensorboard, or your own MetricsWriter) as it is written; a resumed run's kept
+  rows first. Put it in `callbacks=` (the CLI: `fedjax-dp run --log csv tensorboard`)."""
+  seen = [0]
+
+  def start(ctx: RunContext) -> None:
+    for w in writers:
+      w.start(list(ctx.rows))
+    seen[0] = len(ctx.rows)
+
+  def flush(ctx: RunContext) -> None:
+    for row in ctx.rows[seen[0]:]:
+      for w in writers:
+        w.write(row)
+    seen[0] = len(ctx.rows)
+
+  def end(ctx: RunContext) -> None:
+    flush(ctx)   # a row the run's end wrote (a run stopped between evaluations)
+    for w in writers:
+      w.close()
+  return Callback(on_run_start=start, after_chunk=lambda ctx, stats: flush(ctx),
+                  on_run_end=end)
+
+
+def defaults() -> list[Callback]:
+  """What `fedjax-dp run` writes, in order."""
+  return [budget_stop(), finite_model(), evaluate(), metrics(), divergence(), checkpoint(),
+          progress(), final_model(), summary(), plots()]

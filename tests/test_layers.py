@@ -1,0 +1,178 @@
+"""The package's layers, held (issue 40): no import cycle between folders and no
+import that climbs, function-level imports included.
+
+A folder (or a top-level module) sits in one layer; a module may import from its
+own layer's folders and from lower layers. Today's exceptions are listed edge by
+edge in CLIMBING, each one an import the issue's later steps remove (recipes built
+once at the edge, a leaf config/, one module per mechanism): the test fails on a
+climbing import not listed, and on a listed one that is gone (so the list only
+shrinks), and on any cycle between folders outside CLIMBING's.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# lowest first; "kernels" is the top-level kernels/ (installed as fedjax_dp.kernels)
+LAYERS = (
+    ("errors.py", "config/", "kernels/"),
+    ("placement/", "data/", "models.py", "losses.py"),
+    ("algorithms/", "robust/", "compression/", "privacy/", "training/"),
+    ("recipes/",),
+    ("core/",),
+    ("experiment/", "sweeps/", "callbacks.py"),
+    ("api.py", "cli.py", "__init__.py", "__main__.py"),
+)
+RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def modules() -> dict[str, str]:
+  """{dotted module name: file} of fedjax_dp and kernels/."""
+  out = {}
+  for root in ("fedjax_dp", "kernels"):
+    for d, _, files in os.walk(os.path.join(ROOT, root)):
+      for f in files:
+        if f.endswith(".py"):
+          path = os.path.join(d, f)
+          rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+          name = ("fedjax_dp." if root == "kernels" else "") + rel
+          out[name.removesuffix(".__init__")] = path
+  return out
+
+
+def import_edges() -> dict[str, set[str]]:
+  """{module: the package modules it imports anywhere in its file}."""
+  mods = modules()
+
+  def resolve(name):
+    while name and name not in mods:
+      name = name.rpartition(".")[0]
+    return name or None
+
+  edges = {}
+  for m, path in mods.items():
+    pkg = m if path.endswith("__init__.py") else m.rpartition(".")[0]
+    targets = set()
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for n in ast.walk(tree):
+      if isinstance(n, ast.Import):
+        names = [a.name for a in n.names]
+      elif isinstance(n, ast.ImportFrom):
+        base = n.module or ""
+        if n.level:
+          parts = pkg.split(".")
+          base = ".".join(parts[:len(parts) - n.level + 1] + ([base] if base else []))
+        names = [f"{base}.{a.name}" for a in n.names]
+      else:
+        continue
+      targets |= {t for t in map(resolve, names) if t and t != m}
+    edges[m] = targets
+  return edges
+
+
+def unit(module: str, mods: dict[str, str]) -> str:
+  """The folder ("privacy/") or top-level module ("losses.py") a module belongs to."""
+  parts = module.split(".")
+  if len(parts) == 1:
+    return "__init__.py"
+  if len(parts) > 2 or mods[module].endswith("__init__.py"):
+    return parts[1] + "/"
+  return parts[1] + ".py"
+
+
+def climbing_edges() -> set[tuple[str, str]]:
+  mods, edges = modules(), import_edges()
+  return {(a, b) for a, bs in edges.items() for b in bs
+          if RANK[unit(b, mods)] > RANK[unit(a, mods)]}
+
+
+def folder_cycles(skip: set[tuple[str, str]]) -> list[list[str]]:
+  """Strongly connected groups of folders, over the imports not in `skip`."""
+  mods, edges = modules(), import_edges()
+  graph: dict[str, set[str]] = {}
+  for a, bs in edges.items():
+    for b in bs:
+      if (a, b) not in skip and unit(a, mods) != unit(b, mods):
+        graph.setdefault(unit(a, mods), set()).add(unit(b, mods))
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in graph.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      group = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        group.append(w)
+        if w == v:
+          break
+      if len(group) > 1:
+        out.append(sorted(group))
+
+  for v in list(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_every_unit_has_a_layer():
+  mods = modules()
+  missing = sorted({unit(m, mods) for m in mods} - set(RANK))
+  assert not missing, f"folders or modules with no layer in LAYERS: {missing}"
+
+
+def test_no_import_climbs_the_layers_beyond_the_listed_ones():
+  got = {f"{a} -> {b}" for a, b in climbing_edges()}
+  new, gone = sorted(got - CLIMBING), sorted(CLIMBING - got)
+  assert not new, f"{len(new)} new imports climb the layers: {new}"
+  assert not gone, f"listed imports no longer climb (drop them from CLIMBING): {gone}"
+
+
+def test_no_cycle_between_folders_outside_the_listed_imports():
+  listed = {tuple(e.split(" -> ")) for e in CLIMBING}
+  assert folder_cycles(listed) == []
+
+
+def test_the_check_sees_a_cycle_and_a_climb():
+  """Not vacuous: the real graph with its listed imports has the cycle they make."""
+  assert folder_cycles(set()) != [] or not CLIMBING
+  assert climbing_edges(), "the graph has no climbing import: CLIMBING should be empty"
+
+
+CLIMBING: set[str] = {
+    # stages that build themselves from the config: recipes built once at the edge
+    "fedjax_dp.compression.pipeline -> fedjax_dp.recipes",
+    "fedjax_dp.training.server_stages -> fedjax_dp.recipes",
+    # config/ checks stage combinations: recipes.from_config(cfg).validate() at the edge
+    "fedjax_dp.config.checks -> fedjax_dp.algorithms",
+    "fedjax_dp.config.checks -> fedjax_dp.algorithms.registry",
+    "fedjax_dp.config.checks -> fedjax_dp.data",
+    "fedjax_dp.config.checks -> fedjax_dp.privacy.boundary",
+    "fedjax_dp.config.checks -> fedjax_dp.privacy.dp_round",
+    "fedjax_dp.config.checks -> fedjax_dp.privacy.planning",
+    "fedjax_dp.config.checks -> fedjax_dp.recipes",
+    "fedjax_dp.config.checks -> fedjax_dp.recipes.flat",
+    "fedjax_dp.config.checks -> fedjax_dp.robust",
+    "fedjax_dp.config.checks -> fedjax_dp.robust.attacks",
+    "fedjax_dp.config.checks -> fedjax_dp.training.server",
+    # the audit runs its pair of runs through the public API (fedjax_dp.run)
+    "fedjax_dp.experiment.audit_run -> fedjax_dp",
+    # report code reads the simulation: it leaves privacy/ (one module per mechanism)
+    "fedjax_dp.privacy.local_dp_report -> fedjax_dp.core.hparams",
+    "fedjax_dp.privacy.local_dp_report -> fedjax_dp.core.simulation",
+    "fedjax_dp.privacy.privacy_report -> fedjax_dp.core.schedules",
+    "fedjax_dp.privacy.privacy_report -> fedjax_dp.core.simulation",
+    "fedjax_dp.privacy.topksdp_privacy -> fedjax_dp.core.schedules",
+}
