@@ -15,8 +15,7 @@ import pytest
 import fedjax_dp
 from fedjax_dp.api import recipe_config
 from fedjax_dp.config import make_config
-from fedjax_dp.errors import ConfigError
-from fedjax_dp.errors import RunError
+from fedjax_dp.errors import ConfigError, RunError
 from fedjax_dp.privacy.privacy_report import privacy_report
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

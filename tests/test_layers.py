@@ -24,7 +24,7 @@ LAYERS = (
     ("recipes/",),
     ("core/",),
     ("experiment/", "sweeps/", "callbacks.py"),
-    ("api.py", "cli.py", "__init__.py", "__main__.py"),
+    ("api.py", "cli/", "__init__.py", "__main__.py"),
 )
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 

@@ -12,8 +12,7 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp.config import make_config
-from fedjax_dp.errors import ConfigError
-from fedjax_dp.errors import RunError
+from fedjax_dp.errors import ConfigError, RunError
 from fedjax_dp.sweeps import load_sweep
 from fedjax_dp.sweeps.run import read_record
 

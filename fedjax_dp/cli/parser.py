@@ -1,0 +1,216 @@
+"""The `fedjax-dp` argument parser: one function per command adds its arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+from fedjax_dp.cli.commands import (_attack, _audit, _compare, _config, _datasets, _profile,
+                                    _run, _sweep)
+
+
+def _config_args(parser) -> None:
+  """--config and --set, as every command that builds a config takes them."""
+  parser.add_argument("--config", help="YAML file of config keys (see README)")
+  parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                      help="override config keys: one or more KEY=VALUE")
+
+
+def _attack_args(parser) -> None:
+  """What every `fedjax-dp attack` kind takes: the run, the examples, the report."""
+  parser.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  parser.add_argument("--examples", type=_positive_int, default=None,
+                      help="members (and non-members) at most; default: the test set's size")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="which examples are drawn (default 0)")
+  parser.add_argument("--json", metavar="JSON", help="also write the report here (a new file)")
+  parser.set_defaults(func=_attack)
+
+
+def _nonnegative_int(text: str) -> int:
+  """argparse type: a whole number >= 0."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = -1
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 0")
+  return value
+
+
+def _positive_int(text: str) -> int:
+  """argparse type: a whole number >= 1 (a bad value is argparse's one-line error)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: allowed are whole numbers >= 1")
+  return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+  """argparse with its usage errors on one line (and exit status 2, as argparse's)."""
+
+  def error(self, message):
+    self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The `fedjax-dp` parser: each command's arguments and the function that runs it."""
+  p = OneLineParser(
+      prog="fedjax-dp",
+      description="JAX simulator for federated learning with differential privacy.")
+  from fedjax_dp import __version__
+  p.add_argument("--version", action="version", version=f"fedjax-dp {__version__}")
+  sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+  _run_command(sub)
+  _sweep_command(sub)
+  _compare_command(sub)
+  _attack_command(sub)
+  _audit_command(sub)
+  _profile_command(sub)
+  _config_command(sub)
+  _datasets_command(sub)
+  from fedjax_dp.privacy import planning as account
+  account.add_parser(sub)
+  return p
+
+
+def _run_command(sub) -> None:
+  """`fedjax-dp run` and its arguments."""
+  r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
+  r.add_argument("--config", help="YAML file of config keys (see README)")
+  r.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys: one or more KEY=VALUE; repeatable")
+  r.add_argument("--out", help="output folder (must be empty or absent); required but with "
+                 "--print-config")
+  r.add_argument("--resume", action="store_true",
+                 help="continue the run in --out from its newest readable checkpoint")
+  r.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+  r.add_argument("--no-progress", action="store_true", help="no progress bar")
+  r.add_argument("--log", nargs="+", action="extend", default=[], choices=("csv", "tensorboard"),
+                 metavar="KIND", help="also write the metrics live as csv (metrics.csv) and/or "
+                 "tensorboard (tensorboard/ event files); metrics.jsonl is always written")
+  r.add_argument("--print-config", action="store_true",
+                 help="print the resolved config (config.json's form) and exit without running")
+  many = r.add_argument_group(
+      "many processes (hosts)", "start the same command in each process; the clients mesh "
+      "spans their devices and process 0 writes --out (also $JAX_NUM_PROCESSES, "
+      "$JAX_PROCESS_ID, $JAX_COORDINATOR_ADDRESS)")
+  many.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+  many.add_argument("--process-id", type=int, metavar="I", help="this process: 0 to N-1")
+  many.add_argument("--coordinator", metavar="HOST:PORT",
+                    help="address of process 0's coordinator service")
+  r.set_defaults(func=_run)
+
+
+def _sweep_command(sub) -> None:
+  """`fedjax-dp sweep` and its arguments."""
+  w = sub.add_parser("sweep", help="run a sweep file's cells (grid, variants, seeds) as "
+                     "replicas of as few compiled programs as can be")
+  w.add_argument("file", help="sweep YAML file: base, config, seeds, grid, variants, "
+                 "replica_batch (README: Sweeps)")
+  w.add_argument("--out", help="the sweep's folder (new or empty, or this sweep's: continued)")
+  w.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="override config keys of the base config: one or more KEY=VALUE")
+  w.add_argument("--replica-batch", metavar="N", help="replicas vmapped together: auto (1 on "
+                 "CPU) or N >= 1; overrides the file's replica_batch")
+  w.add_argument("--overwrite", action="store_true",
+                 help="rerun cells whose folders hold runs with other settings")
+  w.add_argument("--no-progress", action="store_true", help="no progress bar")
+  w.add_argument("--print-cells", action="store_true",
+                 help="print the cells' names (every config checked) and exit without running")
+  w.set_defaults(func=_sweep)
+
+
+def _compare_command(sub) -> None:
+  """`fedjax-dp compare` and its arguments."""
+  m = sub.add_parser("compare", help="runs and sweeps side by side: final and best metrics, "
+                     "epsilon, bytes, time, and the config keys that differ")
+  m.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP",
+                 help="run folders, and sweep folders (each of their cells)")
+  m.add_argument("--sort", metavar="COLUMN", help="sort by a column; =-COLUMN: descending "
+                 "(e.g. --sort=-test_accuracy)")
+  m.add_argument("--csv", metavar="CSV", help="also write the table here (a new file)")
+  m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
+                 "rounds, one line per run (a new file)")
+  m.set_defaults(func=_compare)
+
+
+def _attack_command(sub) -> None:
+  """`fedjax-dp attack` and its arguments."""
+  a = sub.add_parser("attack", help="a privacy attack on a finished run's model")
+  kinds = a.add_subparsers(dest="attack", required=True, parser_class=OneLineParser)
+  mia = kinds.add_parser("mia", help="membership inference (loss threshold) on a balanced set "
+                         "of training (member) and test (non-member) examples")
+  _attack_args(mia)
+  mia.add_argument("--shadows", type=_nonnegative_int, default=0,
+                   help="also the shadow-model attack with this many shadow models (default 0: "
+                   "the loss threshold alone)")
+  att = kinds.add_parser("attribute", help="attribute inference: guess a sensitive column of "
+                         "tabular data from the model's loss on the true label")
+  _attack_args(att)
+  att.add_argument("--feature", metavar="NAME", help="the column (default: the data's first "
+                   "sensitive column with at most 10 values)")
+
+
+def _audit_command(sub) -> None:
+  """`fedjax-dp audit` and its arguments."""
+  u = sub.add_parser("audit", help="run with canary clients and estimate the epsilon the "
+                     "release shows, beside the accounted one")
+  _config_args(u)
+  u.add_argument("--canaries", type=_positive_int, default=None,
+                 help="canary clients inserted (default 100; below num_clients)")
+  u.add_argument("--runs", type=_positive_int, default=None,
+                 help="the multi-run audit instead: train this many times (at least 20), "
+                      "one canary in half of them")
+  u.add_argument("--confidence", type=float, default=None,
+                 help="the multi-run lower bound's confidence (default 0.95)")
+  u.add_argument("--held-out", type=_positive_int, default=None,
+                 help="canary directions held out (default: as many as inserted)")
+  u.add_argument("--bootstrap", type=_positive_int, default=1000,
+                 help="bootstrap resamples of the interval (default 1000)")
+  u.add_argument("--out", help="the audited run's folder (new or empty)")
+  u.add_argument("--undercharge", type=float, default=None,
+                 help="test mode: the rounds apply this fraction in (0, 1) of the noise the "
+                      "accountant charges, to see the audit fail")
+  u.add_argument("--all-iterates", action="store_true",
+                 help="also estimate for an observer of every round's model (rounds run one "
+                      "at a time)")
+  u.add_argument("--no-progress", action="store_true", help="no progress bar")
+  u.set_defaults(func=_audit)
+
+
+def _profile_command(sub) -> None:
+  """`fedjax-dp profile` and its arguments."""
+  f = sub.add_parser("profile", help="trace N compiled rounds with jax.profiler and print "
+                     "the operations that took the most time")
+  _config_args(f)
+  f.add_argument("--rounds", type=_positive_int, default=5,
+                 help="rounds in the traced chunk (default 5)")
+  f.add_argument("--top", type=_positive_int, default=20, help="operations printed (default 20)")
+  f.add_argument("--out", help="the trace's folder (new or empty)")
+  f.set_defaults(func=_profile)
+
+
+def _config_command(sub) -> None:
+  """`fedjax-dp config` and its arguments."""
+  c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
+  c.add_argument("--show", nargs="+", default=[], metavar="KEY",
+                 help="one or more keys in full, with the setting that makes each read")
+  form = c.add_mutually_exclusive_group()
+  form.add_argument("--json", action="store_true", help="as JSON (all keys, or --show's)")
+  form.add_argument("--markdown", action="store_true", help="as the README's tables")
+  c.set_defaults(func=_config)
+
+
+def _datasets_command(sub) -> None:
+  """`fedjax-dp datasets` and its arguments."""
+  d = sub.add_parser("datasets", help="list datasets, or show a partition's label histogram")
+  d.add_argument("--data-dir", help="folder to search for dataset files")
+  d.add_argument("--partition", action="store_true",
+                 help="print the per-client label histogram of the configured partition")
+  d.add_argument("--config", help="YAML config (dataset, num_clients, partition, alpha, ...)")
+  d.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
+  d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
+  d.set_defaults(func=_datasets)
