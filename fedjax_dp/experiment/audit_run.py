@@ -34,7 +34,7 @@ def _undercharge(factor: float, seen: dict):
   """The test mode as a run's callback. The run's own reports (summary.json,
   metrics.jsonl, epsilon.png) then give no epsilon (RunContext.test_mode), so the
   audit compares with seen["charged"]: the privacy report without that mark."""
-  from fedjax_dp.experiment.callbacks import Callback
+  from fedjax_dp.experiment.loop import Callback
   from fedjax_dp.privacy.privacy_report import privacy_report
 
   def start(ctx) -> None:
@@ -85,7 +85,7 @@ def _test_mode(undercharge: float | None) -> dict:
 def _observer(cfg, canaries: int, held_out: int, all_iterates: bool):
   """The callback that keeps theta_0 (and, with all_iterates, runs the rounds one
   at a time and tracks each direction's largest cosine with a round's change)."""
-  from fedjax_dp.experiment.callbacks import Callback
+  from fedjax_dp.experiment.loop import Callback
   from fedjax_dp.config.schema import data_seed
   from fedjax_dp.privacy import audit as audit_lib
   seen: dict = {}
@@ -261,7 +261,7 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   import fedjax_dp
   from fedjax_dp.config.schema import data_seed
   from fedjax_dp.experiment.final_model import load_params
-  from fedjax_dp.experiment.callbacks import chunk_ends
+  from fedjax_dp.experiment.loop import chunk_ends
   from fedjax_dp.privacy import audit as audit_lib
   observer, seen = _observer(cfg, 1, 0, False)
 

@@ -30,7 +30,7 @@ from fedjax_dp.config import Config
 from fedjax_dp.privacy.setup import noise_multiplier_for
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.experiment import reporting
-from fedjax_dp.experiment.callbacks import chunk_ends  # noqa: F401  (public here too)
+from fedjax_dp.experiment.loop import chunk_ends  # noqa: F401  (public here too)
 from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.inputs_fingerprint import INPUTS, check_inputs, own_inputs
 from fedjax_dp.experiment.resume import FRESH_META, SEGMENTS, restore, save_secret_key
@@ -148,7 +148,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   Restores a resume's checkpoint; `rebuild(calibration) -> Simulation` builds the
   simulation again where a resume's calibrated noise differs from `sim`'s. Writes
   config.json and this segment's row."""
-  from fedjax_dp.experiment.callbacks import RunContext
+  from fedjax_dp.experiment.loop import RunContext
   last = budget_rounds(cfg)
   if cfg.dp == "local" and cfg.target_epsilon is not None:
     # per-cluster noise gives each client its own first event ([clients, orders]): the

@@ -32,8 +32,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.experiment.callbacks import (Callback, RunContext, after_chunk, chunk_ends,
-                                            end_run, run_loop, start_run)
+from fedjax_dp.experiment.loop import (Callback, RunContext, after_chunk, chunk_ends, end_run,
+                                      run_loop, start_run)
 from fedjax_dp.experiment import interrupts
 
 AUTO_ACCELERATOR = 32   # replicas vmapped together by default on a GPU or TPU
