@@ -7,7 +7,8 @@ import pytest
 
 from fedjax_dp.config import make_config
 from fedjax_dp.models import make_model
-from fedjax_dp.core.simulation import build_simulation, make_mesh
+from fedjax_dp.core.build import build_simulation
+from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.placement.host import _FLAG as DEVICE_COUNT_FLAG
 from fedjax_dp.placement.store import build_store
 

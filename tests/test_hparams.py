@@ -174,7 +174,7 @@ def test_overrides_the_round_would_ignore_or_could_not_account_are_refused(base,
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts, **base)
   if "target_epsilon" in base:   # per-client budgets, as allocated budgets give
-    from fedjax_dp.core.simulation import build_simulation
+    from fedjax_dp.core.build import build_simulation
     sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
                            client_budgets=np.array([20.0, 15.0, 25.0]))
   with pytest.raises(ConfigError, match=message) as e:

@@ -146,7 +146,7 @@ def test_per_client_budgets_stop_each_client_at_its_own():
   x, y, parts = toy_problem(sizes=(9, 12, 7, 10), features=4, seed=2)
   sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=2.0, target_epsilon=2.0,
                        client_budgets="allocated", clients_per_round=4)
-  from fedjax_dp.core.simulation import build_simulation
+  from fedjax_dp.core.build import build_simulation
   sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
                          client_budgets=np.array([1.0, 2.0, 3.0, 1.5]))
   state, _ = sim.run_rounds(sim.init_state(), 30)

@@ -170,7 +170,7 @@ def test_a_data_attack_drawn_each_round_trains_the_drawn_clients_on_poisoned_dat
   from the round key and on its own labels for the others, each computed outside
   the round."""
   import jax
-  from fedjax_dp.core.simulation import BYZANTINE_DRAW
+  from fedjax_dp.core.state import BYZANTINE_DRAW
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
   flipped = (2 - y).astype(np.int32)
   sim = toy_simulation(np.concatenate([x, x]), np.concatenate([y, flipped]), parts,

@@ -23,7 +23,8 @@ from fedjax_dp.models import make_model
 from fedjax_dp.recipes import stages as st
 from fedjax_dp.robust import Aggregator, metrics
 from fedjax_dp.robust import registry as rule_registry
-from fedjax_dp.core.simulation import build_simulation, make_mesh
+from fedjax_dp.core.build import build_simulation
+from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.placement.store import build_store
 from fedjax_dp.data.tabular import TIERS
 from tests.helpers import make_test_runs, toy_problem

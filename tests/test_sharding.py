@@ -225,7 +225,7 @@ def test_resident_state_keeps_a_refused_clients_rows():
   """Resident state drops the keep-the-old-row selects where only padding can sit
   out; with per-client budgets a real client is refused and must keep its rows
   (previous model, residual, seen) exactly while the others' move on."""
-  from fedjax_dp.core.simulation import build_simulation
+  from fedjax_dp.core.build import build_simulation
   x, y, parts = toy_problem(sizes=(9, 12, 7, 10, 8), features=4, seed=2)  # 5 over 2: padded
   base = toy_simulation(x, y, parts, devices=2, dp="local", noise_multiplier=15.0,
                         target_epsilon=3.0, algorithm="contrastive", s_local=0.5,

@@ -314,7 +314,7 @@ def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, content, args, fra
 def test_a_ctrl_c_names_the_command_that_continues_the_sweep(tmp_path, capsys, monkeypatch):
   # the whole command, --set included: the same cells must be asked for again
   import fedjax_dp.sweeps
-  from fedjax_dp.experiment import cli
+  from fedjax_dp import cli
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt

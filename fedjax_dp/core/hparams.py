@@ -1,6 +1,6 @@
 """Numeric hyperparameters as data: the pytree of arrays a compiled round reads.
 
-The compiled round (core/simulation.make_round) takes its numbers from a flat dict of
+The compiled round (core/round.make_round) takes its numbers from a flat dict of
 float32 arrays rather than from Python constants baked in at trace time, so a
 new learning rate, clip norm or noise multiplier runs the same compiled program
 (no recompilation), and a batch of such dicts can be `vmap`ped over. What stays

@@ -1,8 +1,9 @@
 """One round is one compiled program; rounds between evaluations are one `lax.scan`.
 
-`build_simulation` resolves the stages of a run once (the privacy mechanism, the
+`build_simulation` (core/build.py) resolves the stages of a run once (the privacy mechanism, the
 client stages, the aggregator, the server stages, the server optimizer and the
-executor that runs the clients) and compiles the round, which reads no config:
+executor that runs the clients) and compiles the round (core/round.py), which reads
+no config:
 
   planner -> cohort sampling -> admission -> client phase (local training, upload
   stages, the mechanism's client half, attacks, aggregation; core/client_phase.py)
@@ -17,45 +18,25 @@ core/state.py.
 from __future__ import annotations
 
 import dataclasses
-import math
-from functools import partial
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_dp import algorithms
-from fedjax_dp import losses
-from fedjax_dp import recipes
-from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core import hparams as hparams_lib
-from fedjax_dp.core import one_step
-from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
-from fedjax_dp.core.evaluate import make_evaluate
-from fedjax_dp.core.state import (BYZANTINE, BYZANTINE_DRAW, CLIP_COUNT_NOISE, COHORT_SAMPLING,
-                                  DOWNLINK, LOCAL_NOISE, SERVER_NOISE, RoundStats, SimState,
-                                  init_state, secret_run_key)
+from fedjax_dp.core.state import RoundStats, SimState, init_state, secret_run_key
 from fedjax_dp.models import Model
-from fedjax_dp.placement import cohort as cohort_lib
 from fedjax_dp.placement import paged_state
-from fedjax_dp.placement.executor import Executor, plan_executor
-from fedjax_dp.placement.store import FederatedStore, default_max_cohort
-from fedjax_dp.privacy import audit
-from fedjax_dp.privacy import boundary
+from fedjax_dp.placement.store import FederatedStore
 from fedjax_dp.privacy import accounting
-from fedjax_dp.privacy import dp_round
 from fedjax_dp.privacy import noise_control
 from fedjax_dp.privacy import release_identity
 from fedjax_dp.privacy.setup import Privacy, make_privacy
-from fedjax_dp.robust import attacks
-from fedjax_dp.training import client as client_lib
-from fedjax_dp.training import server_stages as server_stages_lib
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -318,235 +299,3 @@ class Simulation:
       return paged_state.run_pages(self.paging, lambda s, n: self.run_chunk(s, self.store, hp, n),
                                    state, num_rounds, self.store.client_count)
     return self.run_chunk(state, self.store, hp, num_rounds)
-
-
-def _round_cohort(sample: Callable, key, r, client_count):
-  """The ids and mask round r of run key `key` draws (as round_fn does)."""
-  ids, mask, _ = sample(jax.random.fold_in(jax.random.fold_in(key, r), COHORT_SAMPLING),
-                        client_count)
-  return ids, mask
-
-
-def _server_step(opt, delta, params, opt_state, *, frozen: bool, keep):
-  """The server optimizer on the pseudo-gradient -delta; `frozen` (SOLO: no
-  aggregation) never moves the model, `keep` (traced) holds model and optimizer
-  state, momentum included, where the round released nothing to apply."""
-  updates, new_state = opt.update(jax.tree.map(jnp.negative, delta), opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  if frozen:
-    return params, opt_state
-  return jax.tree.map(lambda old, new: jnp.where(keep, old, new), (params, opt_state),
-                      (new_params, new_state))
-
-
-def build_simulation(cfg: Config, model: Model, store: FederatedStore,
-                     mesh: Mesh | None = None, feature_tiers=None,
-                     client_budgets=None, resident_state: bool | None = None,
-                     calibrated: float | None = None,
-                     task: losses.Task | None = None,
-                     poisoned_offset: int | None = None) -> Simulation:
-  """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
-  `client_budgets` [num_clients]: per-client target epsilons (local DP).
-  `task`: the training loss and evaluation metrics (losses.py; default classification).
-
-  `resident_state` (default: whenever every client takes part in every round and
-  there is per-client state): the cohort is then the same every round and so is
-  its dealing to the devices, so inside a compiled chunk each device keeps the
-  state rows of the clients it trains (sharded over "clients", in dealing
-  order) and no row crosses devices. That is the simulation's working layout:
-  `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
-  client order (replicated) at the ends of its chunk. Same numbers either
-  way; False forces the table that follows the cohort: sharded in blocks of ids
-  over several devices, whole on one (executor.map_clients_with_sharded_state,
-  map_clients_with_state).
-  `calibrated`: see make_privacy. `poisoned_offset`: the store's row where the
-  poisoned copy of every client's data starts (a data attack drawn each round:
-  experiment/setup.py puts the copy after the clean rows)."""
-  mesh = mesh or make_mesh(cfg.devices)
-  n_dev = mesh.devices.size
-  # before the store is placed: one pass over the host's copy of the data
-  inputs = release_identity.inputs_digest(store, model if cfg.model == "custom" else None, task,
-                                          feature_tiers, client_budgets)
-  capacity = (cfg.clients_per_round if cfg.sampling == "fixed" else
-              cfg.max_cohort or default_max_cohort(cfg.num_clients, cfg.clients_per_round))
-  slots = int(math.ceil(capacity / n_dev) * n_dev)
-  privacy = make_privacy(cfg, model, feature_tiers, calibrated)
-  if client_budgets is not None:
-    privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
-  dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
-                              cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE,
-                              LOCAL_NOISE)
-  recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
-  aggregator = recipe.rule
-  byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
-                                     cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE,
-                                     cfg.byzantine_draw, BYZANTINE_DRAW)
-  full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
-  per_client_state = bool(jax.tree.leaves(
-      jax.eval_shape(lambda: init_state(cfg, model, jax.random.PRNGKey(0)).client_state)))
-  # a stage that needs the cohort's uploads stacked (DP's client half, one upload
-  # at a time, runs inside the client loop's sum)
-  stacks_uploads = (byzantine is not None or not aggregator.linear
-                      or cfg.server_clip_l2 is not None or cfg.audit_canaries > 0)
-  paged = cfg.client_state_store != "device"
-  if paged and not per_client_state:
-    raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r}: this run "
-                      "keeps no per-client state (the store would hold nothing); leave it "
-                      "'device'")
-  if paged and jax.process_count() > 1:
-    raise ConfigError(f"config key 'client_state_store' = {cfg.client_state_store!r} with "
-                      f"{jax.process_count()} processes: a host or disk table is one process's; "
-                      "leave it 'device' (the table is then sharded over all processes)")
-  if paged and resident_state is False:
-    raise ConfigError(f"resident_state=False with client_state_store "
-                      f"{cfg.client_state_store!r}: a host table's page is resident")
-  width, why = one_step.one_step_width(
-      epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
-      local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
-      per_client_state=per_client_state, inspects_uploads=stacks_uploads or dp.per_upload,
-      uniform_weights=cfg.shuffle == "layerwise")
-  if cfg.client_parallelism == "one_step" and why:
-    raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
-                      "client's local work to be one plain SGD step (README: Performance and scale)")
-  executor = plan_executor(
-      mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
-      num_clients=cfg.num_clients, full_participation=full_participation,
-      per_client_state=per_client_state, resident=resident_state,
-      refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
-      one_step_width=width, paged=paged)
-  stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
-                          byzantine, executor, poisoned_offset)
-  home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
-          if executor.resident and not paged else None)
-  sample = cohort_lib.make_sampler(
-      resident=home is not None, num_clients=cfg.num_clients,
-      clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
-      n_dev=n_dev, slots=slots, home=home)
-  round_fn = make_round(cfg, recipe, mesh, stages, dp, sample)
-  paging = paged_state.make_paging(
-      partial(_round_cohort, sample), mesh, cfg.num_clients, kind=cfg.client_state_store,
-      dtype=cfg.client_state_dtype, directory=cfg.client_state_dir) if paged else None
-
-  # the precision is read when a program is traced: inside the jitted bodies, it holds
-  # for this simulation's programs alone (JAX's own GPU default would be tensorfloat32)
-  precision = partial(jax.default_matmul_precision, cfg.matmul_precision)
-
-  @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
-  def run_chunk(state: SimState, store: FederatedStore, hp: dict, length: int):
-    with precision():
-      return jax.lax.scan(lambda s, _: round_fn(s, store, hp), state, None, length=length)
-
-  @partial(jax.jit, static_argnums=(3,), donate_argnums=(0,))
-  def run_replica_chunk(states: SimState, store: FederatedStore, hps: dict, length: int):
-    with precision():
-      return jax.vmap(lambda s, hp: jax.lax.scan(lambda c, _: round_fn(c, store, hp), s, None,
-                                                 length=length))(states, hps)
-
-  store = jax.device_put(store, NamedSharding(mesh, P()))
-  host_hp = hparams_lib.round_hparams(cfg, privacy)
-  hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), NamedSharding(mesh, P()))
-  layouts = (cohort_lib.resident_layout(mesh, home) if home is not None else
-             cohort_lib.sharded_layout(mesh, cfg.num_clients, executor.table_rows)
-             if executor.table_rows else {})
-  return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
-                    client_parallelism=executor.parallelism, run_chunk=run_chunk,
-                    run_replica_chunk=run_replica_chunk,
-                    evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
-                    feature_tiers=feature_tiers, calibrated=calibrated,
-                    issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
-                    inputs_digest=inputs, **layouts)
-
-
-def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,
-                   dp: dp_round.DPRound, aggregator, byzantine,
-                   executor: Executor, poisoned_offset: int | None) -> ClientStages:
-  """The client phase's stages: the recipe's, with this config's set-up."""
-  client_pipeline = recipe.client_pipeline()
-  poisoned_rows = attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
-                                           cfg.byzantine_attack, cfg.byzantine_draw,
-                                           poisoned_offset or 0, BYZANTINE_DRAW)
-  if poisoned_rows is not None and poisoned_offset is None:
-    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with "
-                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
-                      "data after the clean rows and build_simulation(poisoned_offset=) to "
-                      "say where it starts (experiment/setup.py builds both)")
-  return ClientStages(
-      train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
-                        batch_size=cfg.batch_size),
-      objective=recipe.objective(task.loss, cfg.momentum), model=model,
-      pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
-      # an attack acts on the report sent: before a server's clip, after a client's
-      byzantine_before_mechanism=byzantine is not None and boundary.before_boundary(
-          recipe.privacy.stage.boundary if recipe.privacy is not None else None,
-          attacks.placement(cfg.byzantine_attack)),
-      poisoned_rows=poisoned_rows,
-      canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
-      aggregator=None if aggregator.linear else aggregator.aggregate,
-      cluster_noise=cfg.cluster_noise == "equalize",
-      shuffle=cfg.shuffle == "layerwise",
-      aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
-                       and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
-      guard_nonfinite=client_pipeline is not None and (dp.per_upload
-                                                      or cfg.kept_noise != "none"),
-      executor=executor)
-
-
-def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientStages,
-               dp: dp_round.DPRound, sample: Callable) -> Callable:
-  """round_fn(state, store, hp) -> (state, RoundStats): one round of the stages."""
-  state_spec = stages.executor.client_state_spec
-  phase = jax.shard_map(
-      partial(client_phase, stages), mesh=mesh,
-      in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), state_spec, P(),
-                P(), P(), P(), P()),
-      out_specs=(P(), P(), state_spec, P(), P(), P()))
-  objective = stages.objective
-  server_stages = recipe.server_stages(cfg.num_clients, DOWNLINK)
-  round_client_hp = partial(client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
-                            momentum=cfg.momentum > 0, local_dp=dp.mode == "local")
-  server_optimizer = recipe.server_optimizer_fn
-  num_clients, expected_cohort = cfg.num_clients, cfg.clients_per_round
-  # central DP applies a round nobody took part in (its noise was released and
-  # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
-  keep_if = ((lambda adm, stats: adm.skip) if dp.mode == "central"
-             else (lambda adm, stats: stats.participants == 0))
-  server_context = lambda adm, stats: algorithms.ServerContext(
-      num_clients=num_clients,
-      cohort_size=expected_cohort if dp.mode == "central" else stats.participants,
-      applied=~keep_if(adm, stats))
-
-  def round_fn(state: SimState, store: FederatedStore, hp: dict) -> tuple[SimState, RoundStats]:
-    """planner -> sampling -> admission -> clients -> aggregate -> server stages ->
-    server optimizer; the ledger composes what the round applied."""
-    round_key = jax.random.fold_in(state.key, state.round)
-    plan = dp.plan(state, hp)
-    ids, mask, overflow = sample(jax.random.fold_in(round_key, COHORT_SAMPLING),
-                                 store.client_count)
-    adm = dp.admit(state, ids, mask, plan, hp)
-    clip_norm = dp.clip_norm(state, hp)
-    delta, stats, client_state, contrib_sum, cluster_info, agg_slots = phase(
-        state.params, ids, adm.mask, round_client_hp(hp, state.round), round_key, clip_norm,
-        plan.scales, adm.factor, state.client_state, state.server_state, store.x, store.y,
-        store.client_index, store.client_count)
-    server_state = {**objective.server_step(state.server_state, contrib_sum, num_clients,
-                                            hp=hp["terms"]), **agg_slots}
-    delta, ledger, clip_norm, event = dp.release(delta, state, plan, adm, ids,
-                                                 stats.participants, stats.unclipped,
-                                                 round_key, clip_norm, hp)
-    stats = stats._replace(spent=adm.spent, event=event)
-    # the local terms' change to the released update (FedDyn's -h / alpha; none for
-    # the others): post-processing of the release
-    delta, server_state = objective.server_update(delta, server_state,
-                                                  server_context(adm, stats), hp=hp["terms"])
-    ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
-                                         adm.skip, ~keep_if(adm, stats), cluster_info)
-    delta, server_state = server_stages.update(delta, server_state, ctx)
-    params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp.get("server_momentum")),
-                                     delta, state.params, state.server_opt_state,
-                                     frozen=objective.solo, keep=keep_if(adm, stats))
-    return state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
-                          participations=state.participations + stats.participants,
-                          cohort_overflow=state.cohort_overflow + overflow, ledger=ledger,
-                          clip_norm=clip_norm, client_state=client_state,
-                          server_state=server_state), stats
-  return round_fn

@@ -19,7 +19,7 @@ from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core.evaluate import batch_for_eval
-from fedjax_dp.core.simulation import build_simulation
+from fedjax_dp.core.build import build_simulation
 from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
 from fedjax_dp.errors import DataError
 from fedjax_dp.data.partition import partition
