@@ -240,6 +240,29 @@ RULES = ("fused", "semantic", "statistical")
 
 
 @jax.default_matmul_precision("float32")
+def _tier_accuracy(known_tiers, tiers, stat, sem, fused, fused_c, cls_c) -> dict:
+  """The analyzer's tiers against the known ones: the run's, each branch's, and the
+  median client's. [F] arrays but fused_c [clients, F] and cls_c [clients, F]."""
+  scored = known_tiers <= LOW
+  client_sem_tiers = cls_c[:, scored]
+  ok_clients = np.isfinite(fused_c[:, 0])
+  known = known_tiers[scored]
+  return {
+      "is": "fraction of the features with a known high/medium/low tier that get it "
+            "(public and metadata come from metadata and are not scored)",
+      "features_scored": int(scored.sum()),
+      "run_tiers": float(np.mean(tiers[scored] == known)),
+      "fused": float(np.mean(thresholds(fused)[scored] == known)),
+      "statistical_only": float(np.mean(thresholds(stat)[scored] == known)),
+      "semantic_only": float(np.mean(thresholds(sem)[scored] == known)),
+      "semantic_argmax_per_client_median": float(np.median(np.mean(
+          client_sem_tiers[ok_clients] == known[None, :], axis=1))),
+      "fused_per_client_median": float(np.median(np.mean(
+          thresholds(fused_c[ok_clients][:, scored]) == known[None, :], axis=1))),
+      "paper": 0.94,
+  }
+
+
 def analyze_clients(x_train: np.ndarray, parts: list[np.ndarray], sensitive: np.ndarray | None,
                     known_tiers: np.ndarray | None = None, seed: int = 0,
                     semantic_steps: int = 1500, rule: str = "fused") -> dict:
@@ -302,22 +325,7 @@ def analyze_clients(x_train: np.ndarray, parts: list[np.ndarray], sensitive: np.
                   "semantic_training": train_s},
   }
   if known_tiers is not None:
-    scored = known_tiers <= LOW
-    client_sem_tiers = np.array(cls_c)[:, scored]
-    ok_clients = np.isfinite(fused_c[:, 0])
-    report["tier_accuracy"] = {
-        "is": "fraction of the features with a known high/medium/low tier that get it "
-              "(public and metadata come from metadata and are not scored)",
-        "features_scored": int(scored.sum()),
-        "run_tiers": float(np.mean(tiers[scored] == known_tiers[scored])),
-        "fused": float(np.mean(thresholds(fused)[scored] == known_tiers[scored])),
-        "statistical_only": float(np.mean(thresholds(stat)[scored] == known_tiers[scored])),
-        "semantic_only": float(np.mean(thresholds(sem)[scored] == known_tiers[scored])),
-        "semantic_argmax_per_client_median": float(np.median(np.mean(
-            client_sem_tiers[ok_clients] == known_tiers[scored][None, :], axis=1))),
-        "fused_per_client_median": float(np.median(np.mean(
-            thresholds(fused_c[ok_clients][:, scored]) == known_tiers[scored][None, :], axis=1))),
-        "paper": 0.94,
-    }
+    report["tier_accuracy"] = _tier_accuracy(known_tiers, tiers, stat, sem, fused,
+                                             fused_c, np.array(cls_c))
   return {"tiers": tiers, "stat": stat, "sem": sem, "fused": fused, "client_fused": fused_c,
           "report": report}
