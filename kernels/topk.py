@@ -159,6 +159,28 @@ def _search_bracket(count, sample_at, largest_finite, d: int, k: int, key: jax.A
   not NaN, or k >= d (then hi = lo = 0 and both count d)."""
   if k >= d:
     return jnp.float32(0.0), jnp.float32(0.0), jnp.int32(d), jnp.int32(d)
+  lo, hi, c_lo, c_hi = _sample_bracket(count, sample_at, d, k, key, sample)
+
+  def below_the_top(lo, hi, c_lo, c_hi):
+    # hi above everything leaves the secant nothing finite to work with: bring it
+    # down to just above the largest finite value (counting the infinities), or,
+    # when the infinities alone are more than k, make the tie at the top the
+    # bracket (two passes, only when the sample missed or saw infinities)
+    top = _just_above(largest_finite())
+    c_top = count(top)
+    fits = c_top <= k
+    return (jnp.where(fits, lo, _FMAX), jnp.where(fits, top, hi),
+            jnp.where(fits, c_lo, count(jnp.float32(_FMAX))), jnp.where(fits, c_top, c_hi))
+
+  lo, hi, c_lo, c_hi = jax.lax.cond(_bits(hi) > _INF_BITS, below_the_top,
+                                    lambda *b: b, lo, hi, c_lo, c_hi)
+
+  return _refine_bracket(count, lo, hi, c_lo, c_hi, k, passes, tol)
+
+
+def _sample_bracket(count, sample_at, d: int, k: int, key: jax.Array, sample: int):
+  """_search_bracket's start: (lo, hi, c_lo, c_hi) from the ranks around k of a
+  systematic sample, each end replaced by the whole range's where the sample missed."""
   # a systematic sample from a random start: one random number, not `sample`
   stride = max(1, d // sample)
   n = d // stride
@@ -178,21 +200,12 @@ def _search_bracket(count, sample_at, largest_finite, d: int, k: int, key: jax.A
   lo_missed = c_lo <= k                   # then lo is the better hi (and hi was not missed)
   hi, c_hi = jnp.where(lo_missed, lo, hi), jnp.where(lo_missed, c_lo, c_hi)
   lo, c_lo = jnp.where(lo_missed, 0.0, lo), jnp.where(lo_missed, d, c_lo)
+  return lo, hi, c_lo, c_hi
 
-  def below_the_top(lo, hi, c_lo, c_hi):
-    # hi above everything leaves the secant nothing finite to work with: bring it
-    # down to just above the largest finite value (counting the infinities), or,
-    # when the infinities alone are more than k, make the tie at the top the
-    # bracket (two passes, only when the sample missed or saw infinities)
-    top = _just_above(largest_finite())
-    c_top = count(top)
-    fits = c_top <= k
-    return (jnp.where(fits, lo, _FMAX), jnp.where(fits, top, hi),
-            jnp.where(fits, c_lo, count(jnp.float32(_FMAX))), jnp.where(fits, c_top, c_hi))
 
-  lo, hi, c_lo, c_hi = jax.lax.cond(_bits(hi) > _INF_BITS, below_the_top,
-                                    lambda *b: b, lo, hi, c_lo, c_hi)
-
+def _refine_bracket(count, lo, hi, c_lo, c_hi, k: int, passes: int, tol: float):
+  """_search_bracket's passes: secant and bisection steps on a bracket (c_hi <= k <
+  c_lo) until hi keeps at least (1 - tol) k values, or `passes` run out."""
   # Stop once hi keeps at least `enough`; the secant aims at the middle of
   # [enough, k], so that it tends to land inside; every third pass bisects, so
   # the bracket at least halves every three passes whatever the distribution.
