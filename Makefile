@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow bench fmnist-data clean
+.PHONY: demo test test-slow test-experiments bench fmnist-data clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,12 @@ test: $(VENV)/.installed-dev fmnist-data
 	$(PY) -m pytest -q -n 2
 
 test-slow: $(VENV)/.installed-dev fmnist-data
-	$(PY) -m pytest -q -n 2 -m slow
+	$(PY) -m pytest -q -n 2 -m "slow and not experiments"
+
+# The README's paper-script commands (tests/test_readme_commands.py), most of an hour
+# of CPU: run after changing experiments/ or the README's reproduction sections
+test-experiments: $(VENV)/.installed-dev fmnist-data
+	$(PY) -m pytest -q -n 2 -m experiments
 
 bench: $(VENV)/.installed-bench fmnist-data
 	$(PY) benchmarks/fedavg_round.py

@@ -62,6 +62,8 @@ import pytest
 from fedjax_dp.experiment import runner
 from fedjax_dp.experiment.run_folder import saved_config
 from fedjax_dp.config import make_config
+from fedjax_dp.config.schema import data_seed
+from fedjax_dp.robust import attacks
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
 from fedjax_dp.data.tabular import TIERS
@@ -262,6 +264,18 @@ class Round:
   noise: np.ndarray | None = None
 
 
+def attack_signs(cfg) -> np.ndarray:
+  """float [num_clients]: how a client's noised report enters the round's sum under
+  local DP. The attack acts on the report after the client's clip and noise (its trust
+  boundary), so a sign-flipping client sends -s times its noise, a scaling one s times."""
+  sign = np.ones(cfg.num_clients)
+  if cfg.byzantine_fraction and cfg.byzantine_attack in ("sign_flip", "scaled"):
+    assert cfg.byzantine_draw == "fixed", "measure() knows the fixed attackers only"
+    bad = attacks.malicious_clients(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg))
+    sign[bad] = cfg.byzantine_scale * (-1 if cfg.byzantine_attack == "sign_flip" else 1)
+  return sign
+
+
 def measure(rec_: Recorder, rec: Recorded, feature_tiers) -> Round | None:
   """The multiplier the round actually applied (None: skipped, nothing released)."""
   cfg = rec.sim.cfg
@@ -286,7 +300,9 @@ def measure(rec_: Recorder, rec: Recorded, feature_tiers) -> Round | None:
     clients = np.flatnonzero(np.asarray(nc1) > np.asarray(nc0))
     assert len(clients) == n, (clients, n)
     base = jax.random.fold_in(round_key, LOCAL_NOISE)
-    normals = sum(leaf_normals(jax.random.fold_in(base, int(c)), params) for c in clients)
+    sign = attack_signs(cfg)   # an attacker's report, its noise included, is -s or s times
+    normals = sum(sign[c] * leaf_normals(jax.random.fold_in(base, int(c)), params)
+                  for c in clients)
     scale = math.sqrt(n)
   assert np.linalg.norm(noise) > 0, "the round released no noise"
   masks = part_masks(cfg, params, feature_tiers)
