@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-experiments bench fmnist-data clean
+.PHONY: demo test test-slow test-long bench fmnist-data clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,12 +43,13 @@ test: $(VENV)/.installed-dev fmnist-data
 	$(PY) -m pytest -q -n 2
 
 test-slow: $(VENV)/.installed-dev fmnist-data
-	$(PY) -m pytest -q -n 2 -m "slow and not experiments"
+	$(PY) -m pytest -q -n 2 -m "slow and not long"
 
-# The README's paper-script commands (tests/test_readme_commands.py), most of an hour
-# of CPU: run after changing experiments/ or the README's reproduction sections
-test-experiments: $(VENV)/.installed-dev fmnist-data
-	$(PY) -m pytest -q -n 2 -m experiments
+# What CI leaves out (marker long): the README's paper-script commands and the full
+# product of the privacy grids (CI runs their covering arrays), over an hour of CPU:
+# run after changing experiments/, the README's reproduction sections or privacy code
+test-long: $(VENV)/.installed-dev fmnist-data
+	$(PY) -m pytest -q -n 2 -m long
 
 bench: $(VENV)/.installed-bench fmnist-data
 	$(PY) benchmarks/fedavg_round.py

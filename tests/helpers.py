@@ -85,6 +85,41 @@ def make_test_runs(values, keep):
           for v in values]
 
 
+def covering_array(combos: list[tuple], groups: list[tuple[int, ...]]) -> list[tuple]:
+  """The combos a greedy cover picks (in the order picked; deterministic) so that, for
+  every group of axis positions, every combination of values that some combo of
+  `combos` has at those positions is in a picked one. With every pair of axes among
+  the groups, each pair of settings runs together at least once."""
+  def parts(c):
+    return {(g, tuple(c[i] for i in g)) for g in groups}
+  need = set().union(*(parts(c) for c in combos))
+  picked = []
+  while need:
+    best = max(combos, key=lambda c: len(parts(c) & need))
+    picked.append(best)
+    need -= parts(best)
+  return picked
+
+
+def pairs_and(axes: int, *triples: tuple[int, ...]) -> list[tuple[int, ...]]:
+  """Every pair of `axes` axis positions, and the given larger groups."""
+  import itertools
+  return list(itertools.combinations(range(axes), 2)) + list(triples)
+
+
+def grid_runs(values, keep, ci):
+  """Parametrize a grid's values: those in `keep` run in `make test`, those in `ci` (a
+  covering array of the grid) in `make test-slow`, which CI runs; the whole grid in
+  `make test-long` (marker long), which CI does not (its runs did not fit CI's 90
+  minutes beside the rest)."""
+  unknown = set(ci) - set(values)
+  assert not unknown, f"grid_runs: {sorted(unknown)} are not among the values"
+  return [v if v in keep else
+          pytest.param(v, marks=(pytest.mark.slow,) if v in ci else
+                       (pytest.mark.slow, pytest.mark.long))
+          for v in values]
+
+
 def is_sweep_file(path: str) -> bool:
   """A sweep file (fedjax-dp sweep: base, grid, variants, seeds), not a config."""
   import yaml

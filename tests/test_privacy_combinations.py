@@ -64,6 +64,7 @@ from fedjax_dp.experiment.run_folder import saved_config
 from fedjax_dp.config import make_config
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.robust import attacks
+from tests.helpers import covering_array, pairs_and
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
 from fedjax_dp.data.tabular import TIERS
@@ -850,8 +851,17 @@ def test_combinations_right_today(tabular, tmp_path, monkeypatch, c):
   run_combo(tabular, tmp_path, monkeypatch, c)
 
 
+# CI's cells: every pair of settings together and every triple with the mechanism
+# (23 of the grid's 152; make test-long runs all)
+GRID_CI = covering_array([tuple(c.values()) for c in GRID],
+                         pairs_and(len(GRID_AXES), *[g for g in itertools.combinations(
+                             range(len(GRID_AXES)), 3) if 0 in g]))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("c", GRID, ids=combo_id)
+@pytest.mark.parametrize("c", [
+    c if tuple(c.values()) in GRID_CI else pytest.param(c, marks=pytest.mark.long)
+    for c in GRID], ids=combo_id)
 def test_grid(tabular, tmp_path, monkeypatch, c):
   run_combo(tabular, tmp_path, monkeypatch, c)
 

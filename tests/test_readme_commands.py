@@ -162,7 +162,7 @@ def test_bash_blocks_are_complete():
 # The paper scripts' blocks rerun the papers' experiments at 2 rounds: 69 minutes of
 # CPU on all seeds and levels (2026-11-28, on 2 busy cores), over half of what CI's 90
 # minutes hold; one seed and level cut the TopkSDP-FL block, not the dynamic-DP one
-# (its large protocol's runs are one seed already). `make test-experiments`
+# (its large protocol's runs are one seed already). `make test-long`
 # runs them, not CI; each script's own tests (test_experiments.py,
 # test_adversarial_experiment.py, ...) run its commands at a small size in CI.
 PAPER_SCRIPTS = ("experiments/topksdp/run.py", "experiments/dynamic_dp/run.py",
@@ -171,7 +171,7 @@ PAPER_SCRIPTS = ("experiments/topksdp/run.py", "experiments/dynamic_dp/run.py",
 
 @pytest.mark.slow   # the other blocks: every other command of the README
 @pytest.mark.parametrize("group", [
-    pytest.param(g, marks=pytest.mark.experiments) if g in PAPER_SCRIPTS else g
+    pytest.param(g, marks=pytest.mark.long) if g in PAPER_SCRIPTS else g
     for g in sorted(block_groups())])
 def test_every_bash_block_runs(group, workdir, tmp_path):
   work, env = workdir

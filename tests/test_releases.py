@@ -12,7 +12,7 @@ import fedjax_dp
 from fedjax_dp.config import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment.setup import setup
-from tests.helpers import make_test_runs
+from tests.helpers import covering_array, grid_runs, make_test_runs, pairs_and
 
 DIGITS = dict(dataset="digits", num_clients=20, clients_per_round=5, hidden=[16], local_epochs=1,
               batch_size=16, lr=0.05, rounds=3, eval_every=1)
@@ -167,6 +167,10 @@ def _grid() -> list[tuple]:
 
 GRID = _grid()
 GRID_FAST = {"central-scaled-norm_bound-static-sweep"}
+# CI's runs: every pair of settings together, every mechanism x attack x defense and
+# every mechanism x clipping x how the run is made (26 of 104; make test-long: all)
+GRID_CI = {"-".join(c) for c in covering_array(
+    [tuple(g.split("-")) for g in GRID], pairs_and(5, (0, 1, 2), (0, 3, 4)))}
 
 
 def _blobs_data():
@@ -178,7 +182,7 @@ def _blobs_data():
                                     test=(x[200:], y[200:]))
 
 
-@pytest.mark.parametrize("combo", make_test_runs(GRID, keep=GRID_FAST))
+@pytest.mark.parametrize("combo", grid_runs(GRID, keep=GRID_FAST, ci=GRID_CI))
 def test_grid_of_runs_publishes_only_declared_outputs(tmp_path, combo):
   combo = combo.split("-")
   values = dict(DIGITS, rounds=2)
