@@ -102,7 +102,7 @@ def shrink(line: str) -> str:
     body, n = re.subn(r"--rounds (\d+)", lambda m: f"--rounds {fewer(int(m.group(1)))}", body)
     if not n and "--resume" not in body:
       body += " --rounds 2"
-    if re.search(r"python experiments/(topksdp|dynamic_dp|adversarial)/run\.py", body):
+    if any(f"python {script}" in body for script in PAPER_SCRIPTS):
       body = one_seed_and_level(body)
   return body + (" &" if background else "")
 
