@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.privacy import accounting
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.experiment.setup import setup
 
 PROTOCOL = dict(num_clients=100, clients_per_round=100, partition="dirichlet", alpha=0.5,

@@ -40,7 +40,7 @@ def worker(variant: str, chunk_rounds: int) -> None:
   from fedjax_dp.placement.host import use_cpu_devices_or_exit
   use_cpu_devices_or_exit()
   import jax
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   try:
     from fedjax_dp.experiment.setup import setup
   except ImportError:   # a tree from before setup.py split off the runner

@@ -47,7 +47,7 @@ import jax
 
 from cli_args import new_file, write_results, positive_int
 from fedavg_round import time_rounds
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.models import num_params
 

@@ -31,7 +31,7 @@ use_cpu_devices_or_exit()  # as the CLI does: one XLA CPU device per core
 import jax
 
 from cli_args import new_file, write_results, nonnegative_int, positive_int
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.models import num_params
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.core.evaluate import batch_for_eval

@@ -63,7 +63,7 @@ PARAMS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
 
 def point_config(clients: int, cohort: int, kind: str, store: str = "device",
                  dtype: str = "float32"):
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   return make_config(dict(
       dataset="synthetic", synthetic_examples=PER_CLIENT * clients,
       synthetic_features=FEATURES, synthetic_classes=CLASSES, partition="iid",

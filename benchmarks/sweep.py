@@ -62,7 +62,7 @@ def in_process(seeds: int, tmp: str) -> float:
   code = (f"import sys, time; sys.path.insert(0, {ROOT!r})\n"
           "from fedjax_dp.placement.host import use_cpu_devices_or_exit; use_cpu_devices_or_exit()\n"
           "t = time.perf_counter()\n"
-          "from fedjax_dp.config import load_config, make_config\n"
+          "from fedjax_dp import load_config, make_config\n"
           "from fedjax_dp.experiment.runner import run_experiment\n"
           f"base = load_config({DEMO!r})\n"
           f"for s in range({seeds}):\n"
@@ -119,7 +119,7 @@ def fmnist_arm(replicas: int, rounds: int, repeats: int) -> dict:
   import jax
   import jax.numpy as jnp
   from fedavg_round import PROTOCOL
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.setup import setup
   from peak import measure_matmul_peak
   _, _, sim = setup(make_config(dict(PROTOCOL, data_seed=0)))

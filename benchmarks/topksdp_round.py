@@ -42,7 +42,7 @@ import jax
 import numpy as np
 
 from cli_args import new_file, write_results, positive_int
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.kernels import topk as topk_kernels
 from fedjax_dp.experiment.setup import setup
 

@@ -56,7 +56,8 @@ _SUBMODULES = {"api": "api", "callbacks": "callbacks", "config": "config", "data
                "runner": "experiment.runner", "sweeps": "sweeps",
                "writers": "experiment.writers"}
 _NAMES = {"run": "api", "simulate": "api", "sweep": "api", "profile": "api", "Config": "config",
-          "make_config": "config", "compare": "experiment.compare",
+          "make_config": "recipes.config_checks", "load_config": "recipes.config_checks",
+          "compare": "experiment.compare",
           "ConfigError": "errors", "DataError": "errors", "RunError": "errors",
           "start_processes": "placement.processes", "load_params": "experiment.final_model",
           "attack_mia": "experiment.attack",

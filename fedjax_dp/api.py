@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from fedjax_dp import losses
-from fedjax_dp.config import Config, make_config
+from fedjax_dp.config import Config
+from fedjax_dp.recipes.config_checks import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.models import Model

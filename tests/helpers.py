@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.models import make_model
 from fedjax_dp.core.build import build_simulation
 from fedjax_dp.core.simulation import make_mesh

@@ -134,7 +134,7 @@ def test_dirichlet_client_partition():
 
 
 def test_analyzer_needs_tabular_data():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   from fedjax_dp.experiment.setup import setup
   with pytest.raises(ConfigError, match="tier_source"):

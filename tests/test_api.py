@@ -14,7 +14,7 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp.api import recipe_config
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError, RunError
 from fedjax_dp.privacy.privacy_report import privacy_report
 
@@ -149,7 +149,7 @@ def test_a_config_recipe_that_names_other_data_or_clients_is_refused():
   """A Config recipe carries dataset and num_clients: your data must not silently
   replace values it set (its defaults are fine)."""
   from fedjax_dp.api import recipe_config
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
   y = (x[:, 0] > 0).astype(np.int32)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.robust import attacks
 from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation

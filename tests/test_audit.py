@@ -105,7 +105,7 @@ def test_cosines_are_the_model_changes_with_each_direction():
 
 
 def test_the_canary_scale_flips_the_canaries_or_leaves_them_out_and_needs_canaries():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   stage = audit.make_canary_stage(10, 3, 2)
   uploads = {"w": jnp.ones((10, 4))}
@@ -206,7 +206,7 @@ def test_the_multi_run_audit_refuses_what_one_figure_cannot_cover(tmp_path):
   (tmp_path / "x" / "keep.txt").write_text("mine")
   with pytest.raises(RunError, match="is not empty"):
     run(base)
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   assert audit_run.neighbour_scale(make_config({**base, "sampling": "poisson"})) == 0.0
   assert audit_run.neighbour_scale(make_config({**base, "sampling": "fixed"})) == -1.0
   assert audit_run.neighbour_scale(make_config({**base, "dp": "local",

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.experiment import batch
 from fedjax_dp.errors import RunError
 

@@ -13,7 +13,7 @@ from fedjax_dp.experiment import checkpoint
 from fedjax_dp import losses
 from fedjax_dp.callbacks import Callback
 from fedjax_dp.cli import main
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.data import from_clients
 from fedjax_dp.models import from_flax
 from fedjax_dp.experiment.runner import run_experiment

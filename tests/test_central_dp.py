@@ -180,7 +180,7 @@ def test_bad_dp_settings(tmp_path, capsys, sets, fragment):
 
 def test_calibrated_long_run_takes_every_round():
   # 1,350 rounds: the float32 ledger's upward drift must not cost the last round
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.target_epsilon import budget_rounds
   cfg = make_config({"dp": "central", "target_epsilon": 1.9, "rounds": 1350,
                      "num_clients": 120, "clients_per_round": 12, "sampling": "poisson"})
@@ -188,7 +188,7 @@ def test_calibrated_long_run_takes_every_round():
 
 
 def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   from fedjax_dp.privacy.privacy_report import add_pld
   from fedjax_dp.privacy.planning import pld_epsilon

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.experiment.runner import run_experiment
 
 BASE = {"dataset": "digits", "num_clients": 8, "clients_per_round": 4, "hidden": [16],

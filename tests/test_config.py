@@ -5,8 +5,10 @@ import sys
 
 import pytest
 
-from fedjax_dp.config import Config, load_config, make_config, parse_set, unread_keys
+from fedjax_dp import load_config, make_config
+from fedjax_dp.config import Config, parse_set
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.recipes.config_checks import unread_keys
 
 
 # a complete kept-noise guarantee but for the algorithm

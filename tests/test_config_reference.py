@@ -11,11 +11,14 @@ import sys
 
 import pytest
 
-from fedjax_dp.config import Config, make_config, unread_keys
+from fedjax_dp import make_config
+from fedjax_dp.config import Config
+from fedjax_dp.config.checks import _check_keys
+from fedjax_dp.config.schema import _OPTIONAL, CHOICES, RANGES
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment import config_reference as reference
-from fedjax_dp.config.checks import _SWITCHES, _check_keys, read_condition
-from fedjax_dp.config.schema import _OPTIONAL, CHOICES, RANGES
+from fedjax_dp.recipes.config_checks import (_SWITCHES, _check_registered, read_condition,
+                                           unread_keys)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 FEDJAX_DP = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")   # the console script
@@ -48,7 +51,9 @@ def _accepted(key, value) -> bool:
   """Does the key's own check (its choices, its range) accept `value`? Limits that
   involve other keys are stated apart (reference._LIMITS)."""
   try:
-    _check_keys(dataclasses.replace(Config(), **{key: value}), {})
+    cfg = dataclasses.replace(Config(), **{key: value})
+    _check_keys(cfg, {})
+    _check_registered(cfg)   # a registry's names (aggregator)
     return True
   except ConfigError:
     return False

@@ -187,7 +187,7 @@ def test_run_or_reuse_reuses_same_settings_and_refuses_others(tmp_path):
   table asked for 3 rounds (or another dataset) reported a 1-round run's
   figures under the new settings."""
   import json
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.runner import run_or_reuse
   from fedjax_dp.errors import RunError
   cfg = make_config(dict(dataset="digits", num_clients=4, clients_per_round=2, hidden=[8],

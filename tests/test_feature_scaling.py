@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.data import apply_feature_scaling, load_dataset, scale_features
 from fedjax_dp.errors import DataError

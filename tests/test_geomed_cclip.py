@@ -124,7 +124,7 @@ def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):
 
 def test_metrics_rows_carry_what_each_rule_reports():
   # metrics.jsonl's keys come from the rule's `reports`, not from a list of names
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.metrics_row import aggregator_metrics
   row = lambda name, **kw: aggregator_metrics(make_config({"aggregator": name, **kw}),
                                                3.0, 8.0, 4, 5.0)

@@ -77,7 +77,7 @@ def test_attack_features_are_loss_confidence_and_entropy():
 
 
 def test_shadow_epochs_visit_each_example_as_the_run_did():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.attack import shadow_epochs
   assert shadow_epochs(make_config({"rounds": 20, "num_clients": 10, "clients_per_round": 5,
                                     "local_epochs": 2})) == 20
@@ -144,7 +144,7 @@ def test_the_bound_takes_a_guarantee_that_covers_adding_or_removing_an_example()
   data; kept noise only where the server weights the uploads uniformly (a shuffle,
   not FedAvg's n_i): multiplier's epsilon, and for paper the size_leak epsilon of
   sizes one example apart."""
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.experiment.attack import membership_privacy
   poisson = "add/remove one client (Poisson sampling; sensitivity clip_norm)"
   central = {"epsilon": 2.0, "delta": 1e-5, "neighbouring": poisson,

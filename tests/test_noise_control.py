@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.privacy import accounting, budgets, noise_control as nc
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from tests.helpers import toy_problem, toy_simulation
 

@@ -12,7 +12,7 @@ import dataclasses
 from fedjax_dp import algorithms
 from fedjax_dp.algorithms.contrastive import bounded_push
 from fedjax_dp.config import Config
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
 from tests.helpers import flat, toy_problem, toy_simulation

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import RunError
 
 FEDJAX_DP = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")

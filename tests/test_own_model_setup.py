@@ -8,7 +8,7 @@ import pytest
 
 from fedjax_dp import losses
 from fedjax_dp.cli import main
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.data import from_clients
 from fedjax_dp.errors import DataError

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.placement.paged_state import FileRows, HostTable
 from tests.helpers import keyed_state, make_test_runs, toy_problem, toy_simulation

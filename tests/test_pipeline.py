@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.compression import pipeline as pl
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.kernels import topk as topk_kernels
 from tests.helpers import flat, keyed_state, round_zero_deltas, toy_problem, toy_simulation

@@ -84,7 +84,7 @@ def test_on_cpu_the_two_settings_give_the_same_numbers(problem):
 
 
 def test_an_unknown_precision_is_refused():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   with pytest.raises(ConfigError, match="matmul_precision"):
     make_config({"matmul_precision": "bfloat16"})

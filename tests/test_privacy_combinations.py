@@ -61,7 +61,7 @@ import pytest
 
 from fedjax_dp.experiment import runner
 from fedjax_dp.experiment.run_folder import saved_config
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.robust import attacks
 from tests.helpers import covering_array, pairs_and

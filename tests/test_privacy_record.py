@@ -15,7 +15,7 @@ from fedjax_dp.cli import main
 from fedjax_dp.experiment.runner import run_experiment
 from fedjax_dp.errors import RunError
 from fedjax_dp.privacy.privacy_report import privacy_report
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from tests.helpers import toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")

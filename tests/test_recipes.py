@@ -17,7 +17,8 @@ from fedjax_dp import api, recipes
 from fedjax_dp.compression import pipeline
 from fedjax_dp.algorithms import LocalTerm
 from fedjax_dp.algorithms import registry as term_registry
-from fedjax_dp.config import Config, load_config, make_config
+from fedjax_dp.config import Config
+from fedjax_dp import load_config, make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import make_model
 from fedjax_dp.recipes import stages as st

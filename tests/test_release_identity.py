@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.experiment.final_model import load_params
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.placement.store import build_store

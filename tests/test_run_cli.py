@@ -427,7 +427,7 @@ def test_run_with_resident_state_checkpoints_and_evaluates_in_client_order(tmp_p
   run_rounds loop gives them."""
   import jax
   import numpy as np
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.core.evaluate import batch_for_eval, make_solo_evaluate
   from fedjax_dp.experiment.runner import run_experiment
   from fedjax_dp.experiment.setup import client_label_distribution, setup

@@ -33,7 +33,7 @@ from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.training import server_stages as ss
 from fedjax_dp.core import state as sim_lib   # the round's key tags
 from fedjax_dp.privacy.setup import make_privacy
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.models import make_model
 from fedjax_dp.placement.store import sample_cohort
 from tests.helpers import make_test_runs

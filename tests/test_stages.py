@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedjax_dp.algorithms import TERMS, LocalContext, ServerContext, objective_for
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.robust import AGGREGATORS
 
 # one config every stage reads its numbers from, outside any one run (so the keys of

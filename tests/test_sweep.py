@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError, RunError
 from fedjax_dp.sweeps import load_sweep
 from fedjax_dp.sweeps.run import read_record

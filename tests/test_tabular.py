@@ -153,7 +153,7 @@ def test_breast_cancer_takes_a_tier_map_by_its_feature_names(tmp_path):
 
 
 def test_tier_map_path_is_read_with_csv_and_breast_cancer_only():
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   make_config({"dataset": "breast_cancer", "tier_map_path": "t.csv"})
   with pytest.raises(ConfigError, match="read with dataset 'csv' or 'breast_cancer'"):

@@ -121,7 +121,7 @@ def test_tiered_noise_in_the_round_has_each_tiers_std():
 
 
 def test_tiers_config_errors(tmp_path):
-  from fedjax_dp.config import make_config
+  from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
   from fedjax_dp.experiment.setup import setup
   with pytest.raises(ConfigError, match="needs noise_multiplier"):

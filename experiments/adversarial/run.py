@@ -60,7 +60,7 @@ use_cpu_devices_or_exit()
 
 import yaml  # noqa: E402
 
-from fedjax_dp.config import make_config
+from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError  # noqa: E402
 from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.experiment.batch import add_tree_arguments, check_distinct, claim_tree  # noqa: E402

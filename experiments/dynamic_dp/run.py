@@ -47,7 +47,9 @@ from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 import yaml  # noqa: E402
 
-from fedjax_dp.config import Config, make_config  # noqa: E402
+from fedjax_dp.config import Config  # noqa: E402
+
+from fedjax_dp import make_config
 from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # noqa: E402
                                         check_request, claim_tree)
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402

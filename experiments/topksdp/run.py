@@ -38,7 +38,8 @@ use_cpu_devices_or_exit()
 
 from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
-from fedjax_dp.config import Config, load_config  # noqa: E402
+from fedjax_dp.config import Config  # noqa: E402
+from fedjax_dp import load_config
 from fedjax_dp.compression.pipeline import communication  # noqa: E402
 from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # noqa: E402
                                         check_request, claim_tree)

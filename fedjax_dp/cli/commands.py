@@ -9,7 +9,8 @@ import sys
 
 
 def _run(args) -> int:
-  from fedjax_dp.config import load_config, make_config, parse_set
+  from fedjax_dp.config import parse_set
+  from fedjax_dp.recipes.config_checks import load_config, make_config
   from fedjax_dp.errors import RunError
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.runner import run_experiment
@@ -177,7 +178,7 @@ def _attack(args) -> int:
 
 def _profile(args) -> int:
   """A profiler trace of --rounds compiled rounds and their top operations (profile.py)."""
-  from fedjax_dp.config import load_config
+  from fedjax_dp.recipes.config_checks import load_config
   from fedjax_dp.experiment import profile
   from fedjax_dp.errors import RunError
   if args.out is None:
@@ -202,7 +203,7 @@ def _profile(args) -> int:
 
 def _audit(args) -> int:
   """An empirical privacy audit with canary clients (experiment/audit_run.py)."""
-  from fedjax_dp.config import load_config
+  from fedjax_dp.recipes.config_checks import load_config
   from fedjax_dp.experiment import audit_run
   from fedjax_dp.errors import RunError
   if args.out is None:
@@ -234,7 +235,7 @@ def _audit(args) -> int:
 
 
 def _datasets(args) -> int:
-  from fedjax_dp.config import load_config
+  from fedjax_dp.recipes.config_checks import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
 
   from fedjax_dp.errors import RunError

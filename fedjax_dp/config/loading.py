@@ -1,6 +1,7 @@
 """Building a Config: raw values coerced to each key's type, defaults and an
-algorithm's presets with overrides applied (make_config), `--set key=value`
-parsing, and a YAML file on top of the defaults (load_config).
+algorithm's presets with overrides applied (parse_config), `--set key=value`
+parsing (parse_set) and a YAML file's mapping (read_config_file). The run's stages
+are checked at the edge (fedjax_dp.make_config, recipes/config_checks.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from fedjax_dp.config.checks import _check
+from fedjax_dp.config.checks import check_config
 from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config
 from fedjax_dp.errors import ConfigError
 
@@ -77,14 +78,13 @@ def _coerce(key: str, value: Any) -> Any:
   return value
 
 
-def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None,
-                refuse_unread: bool = True) -> Config:
-  """Returns a validated Config: `base` (or the defaults) with `overrides` applied.
-  An algorithm's PRESETS fill the keys `overrides` leave out, on the defaults or
-  when `overrides` names the algorithm; a `base` (a saved, resolved config) keeps
-  its own values (a resumed topksdp run with s_global 0 stays at 0). A key of
-  `overrides` away from its default that nothing of the run reads is a ConfigError
-  unless not `refuse_unread` (a saved config, checked when it was written)."""
+def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = None) -> Config:
+  """Returns `base` (or the defaults) with `overrides` applied, each key and the
+  population checked (checks.check_config). An algorithm's PRESETS fill the keys
+  `overrides` leave out, on the defaults or when `overrides` names the algorithm; a
+  `base` (a saved, resolved config) keeps its own values (a resumed topksdp run with
+  s_global 0 stays at 0). The run's stages are not checked here: fedjax_dp.make_config
+  does both."""
   values = (base or Config()).to_dict()
   raw = dict(overrides or {})
   algorithm = str(raw.get("algorithm", values["algorithm"]))
@@ -99,7 +99,7 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   cfg = Config(**values)
-  _check(cfg, raw, refuse_unread)
+  check_config(cfg, raw)
   return cfg
 
 
@@ -126,29 +126,25 @@ def parse_set(items: list[str]) -> dict[str, Any]:
   return out
 
 
-def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:
-  """Defaults, then the YAML file at `path`, then `key=value` overrides."""
-  overrides: dict[str, Any] = {}
-  if path:
-    try:
-      with open(path) as f:
-        loaded = yaml.safe_load(f)
-    except FileNotFoundError:
-      raise ConfigError(f"config file {path!r} does not exist")
-    except IsADirectoryError:
-      raise ConfigError(f"config file {path!r} is a folder: name a YAML file")
-    except UnicodeDecodeError:
-      raise ConfigError(f"config file {path!r} is not UTF-8 text: name a YAML file")
-    except OSError as e:
-      raise ConfigError(f"config file {path!r} cannot be read ({e.strerror})")
-    except yaml.YAMLError as e:
-      line = getattr(getattr(e, "problem_mark", None), "line", None)
-      where = f" (line {line + 1})" if line is not None else ""
-      raise ConfigError(f"config file {path!r} is not valid YAML{where}")
-    if loaded is None:
-      loaded = {}
-    if not isinstance(loaded, dict):
-      raise ConfigError(f"config file {path!r}: expected a mapping of key: value")
-    overrides.update(loaded)
-  overrides.update(parse_set(sets or []))
-  return make_config(overrides)
+def read_config_file(path: str) -> dict[str, Any]:
+  """The mapping of key: value in the YAML file at `path` ({} for an empty file)."""
+  try:
+    with open(path) as f:
+      loaded = yaml.safe_load(f)
+  except FileNotFoundError:
+    raise ConfigError(f"config file {path!r} does not exist")
+  except IsADirectoryError:
+    raise ConfigError(f"config file {path!r} is a folder: name a YAML file")
+  except UnicodeDecodeError:
+    raise ConfigError(f"config file {path!r} is not UTF-8 text: name a YAML file")
+  except OSError as e:
+    raise ConfigError(f"config file {path!r} cannot be read ({e.strerror})")
+  except yaml.YAMLError as e:
+    line = getattr(getattr(e, "problem_mark", None), "line", None)
+    where = f" (line {line + 1})" if line is not None else ""
+    raise ConfigError(f"config file {path!r} is not valid YAML{where}")
+  if loaded is None:
+    loaded = {}
+  if not isinstance(loaded, dict):
+    raise ConfigError(f"config file {path!r}: expected a mapping of key: value")
+  return loaded

@@ -141,7 +141,7 @@ class Simulation:
     """This simulation with another run key (config key `seed`: the model's
     initialisation, cohorts, local training, noise) on the same data: `data_seed`
     is pinned to the data this simulation was built from. The same compiled round."""
-    from fedjax_dp.config import make_config
+    from fedjax_dp.recipes.config_checks import make_config
     cfg = make_config({"seed": seed, "data_seed": data_seed(self.cfg)}, base=self.cfg)
     return dataclasses.replace(self, cfg=cfg)
 
@@ -182,7 +182,7 @@ class Simulation:
     return self._config_and_privacy(overrides)[1]
 
   def _config_and_privacy(self, overrides: dict):
-    from fedjax_dp.config import make_config
+    from fedjax_dp.recipes.config_checks import make_config
     bad = sorted(set(overrides) - set(hparams_lib.NUMERIC_KEYS))
     if bad:
       raise ConfigError(f"with_hparams: {', '.join(bad)} shape the compiled round (a new "
@@ -207,7 +207,7 @@ class Simulation:
     return cfg, privacy
 
   def _one_change(self, key, value):
-    from fedjax_dp.config import make_config
+    from fedjax_dp.recipes.config_checks import make_config
     cfg = make_config({key: value}, base=self.cfg)
     return cfg, self._privacy_of(cfg, {key: value})
 

@@ -58,7 +58,8 @@ def _accounted(out: str, seen: dict) -> dict:
 
 def _audit_values(config, undercharge: float | None) -> dict:
   """The config's values, or a RunError for what no audit can check."""
-  from fedjax_dp.config import Config, make_config
+  from fedjax_dp.config import Config
+  from fedjax_dp.recipes.config_checks import make_config
   values = config.to_dict() if isinstance(config, Config) else dict(config)
   for key in ("audit_canaries", "audit_canary_scale"):
     if key in values and values[key] != getattr(Config(), key):
@@ -120,7 +121,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   one round's model change (Andrew et al. 2023). The rounds then run one at a time
   and the directions stay on the device ((canaries + held_out) x params floats)."""
   import fedjax_dp
-  from fedjax_dp.config import make_config
+  from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.privacy import audit as audit_lib
   from fedjax_dp.config.schema import data_seed
@@ -204,7 +205,7 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
   others run the same compiled chunks. Writes
   out/runs.csv (run, seed, inserted, statistic, the ledger's epsilon) as the runs
   finish, then out/audit.json."""
-  from fedjax_dp.config import make_config
+  from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.config.schema import data_seed
   from fedjax_dp.privacy import audit as audit_lib
   values = _audit_values(config, undercharge)

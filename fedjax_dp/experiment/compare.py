@@ -89,7 +89,7 @@ def load_runs(paths: list[str]) -> list[RunRecord]:
 
 
 def _unread(run: RunRecord) -> frozenset[str]:
-  from fedjax_dp.config import unread_keys
+  from fedjax_dp.recipes.config_checks import unread_keys
   from fedjax_dp.experiment.run_folder import saved_config
   return unread_keys(saved_config(os.path.join(run.path, "config.json")))
 

@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 
-from fedjax_dp.config import Config, make_config, unread_keys
+from fedjax_dp.config import Config
+
+from fedjax_dp.recipes.config_checks import make_config, unread_keys
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting

@@ -20,13 +20,8 @@ import json
 import math
 
 from fedjax_dp.privacy import accounting, amplification
-from fedjax_dp.config import MIN_NOISE_MULTIPLIER
+from fedjax_dp.config import MIN_NOISE_MULTIPLIER, PLD_MIN_NOISE_MULTIPLIER  # noqa: F401
 from fedjax_dp.errors import AccountError  # noqa: F401  (its old home)
-
-
-# Below this, dp-accounting's PLD discretises a privacy-loss range of about 1 / (2 z^2)
-# in steps of 1e-4: z = 1e-3 asked for 38 GiB and failed after a whole run's training.
-PLD_MIN_NOISE_MULTIPLIER = 0.01
 
 
 def pld_epsilon(q: float, noise_multiplier: float, steps: int, delta: float) -> float:

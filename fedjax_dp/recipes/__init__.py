@@ -15,6 +15,8 @@
                 dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
   validate.py   the combination rules, over the stages' static properties
+  config_checks.py  make_config / load_config: a Config checked against the run's
+                stages (config/ checks each key on its own)
 
 A run is always built from its config's recipe (`from_config`), so config.json
 reproduces it; `to_config` refuses a recipe whose stages its keys cannot express.

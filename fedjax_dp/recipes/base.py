@@ -112,7 +112,7 @@ class Recipe:
     the recipe (else a one-line ConfigError)."""
     values = self.config_values()
     check_agrees(self, values, setup)
-    from fedjax_dp.config import make_config
+    from fedjax_dp.recipes.config_checks import make_config
     start = {k: v for k, v in (base or Config()).to_dict().items() if k in SETUP_KEYS}
     # a recipe read from a config that holds unread keys (a saved run's, accepted when
     # it was written) gives that config back; a recipe built from stages has none

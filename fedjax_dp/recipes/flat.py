@@ -91,7 +91,7 @@ def privacy_choices(cfg) -> dict[str, Choice | None]:
 def from_config(cfg: Config) -> Recipe:
   """The recipe of `cfg` (any Config: a combination validate refuses is still
   read, so that validate can name it). Raises ValueError for an algorithm or
-  aggregator that is not registered (config.make_config names those first)."""
+  aggregator that is not registered (fedjax_dp.make_config names those first)."""
   rule = robust.get_aggregator(cfg.aggregator)
   recipe = Recipe(
       name={"none": "", "central": "dp_", "local": "ldp_"}[cfg.dp] + cfg.algorithm,

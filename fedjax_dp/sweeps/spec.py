@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from fedjax_dp.config import Config, make_config
+from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.config.loading import load_config
+from fedjax_dp.recipes.config_checks import load_config, make_config
 
 SWEEP_KEYS = ("base", "config", "seeds", "grid", "variants", "replica_batch")
 

@@ -45,7 +45,7 @@ def tidy_rows(out: str, cells, named: list[str]) -> list[dict]:
 def _cell_value(cell, key: str):
   """A named key's value in a cell's config; None where nothing in the cell's run
   reads it (prox_mu of a FedAvg cell)."""
-  from fedjax_dp.config import unread_keys
+  from fedjax_dp.recipes.config_checks import unread_keys
   if key not in cell.values and key in unread_keys(cell.cfg):
     return None
   value = getattr(cell.cfg, key)

@@ -1,0 +1,229 @@
+"""The checks of a Config that need the package's stages and registries, run at the
+edge (fedjax_dp.make_config, load_config) after config/'s own (config.parse_config:
+each key, the population, a stage's numbers): the aggregator's name, an attack
+against the mechanism's trust boundary, the algorithm, which stages combine (the
+recipe's validate), the client-state store, the data, and a key set away from its
+default that nothing of the run reads. Each raises ConfigError with one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedjax_dp import robust
+from fedjax_dp.algorithms import parse_algorithm
+from fedjax_dp.algorithms.registry import TERMS
+from fedjax_dp.config import Config, parse_config, parse_set, read_config_file
+from fedjax_dp.data import TABULAR
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.privacy import boundary, dp_round
+from fedjax_dp.recipes import flat
+from fedjax_dp.robust import attacks
+from fedjax_dp.training.server import server_optimizer_name
+
+
+def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None,
+                refuse_unread: bool = True) -> Config:
+  """Returns a checked Config: `base` (or the defaults) with `overrides` applied
+  (config.parse_config: presets, coercion, each key and the population), then the
+  run's stages checked (check_run). A key of `overrides` away from its default that
+  nothing of the run reads is a ConfigError unless not `refuse_unread` (a saved
+  config, checked when it was written)."""
+  cfg = parse_config(overrides, base)
+  check_run(cfg, dict(overrides or {}), refuse_unread)
+  return cfg
+
+
+def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:
+  """Defaults, then the YAML file at `path`, then `key=value` overrides, checked."""
+  return make_config({**(read_config_file(path) if path else {}), **parse_set(sets or [])})
+
+
+def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> None:
+  """Raises ConfigError for the first problem of `cfg`'s stages, shown as the user
+  wrote it (`raw`); then a key of `raw` set away from its default that nothing of
+  this run reads (unless not `refuse_unread`)."""
+  _check_registered(cfg)
+  _check_attack_placement(cfg)
+  recipe = _check_stages(cfg)
+  _check_client_state_store(cfg)
+  _check_data(cfg)
+  if refuse_unread:
+    _check_unread(cfg, raw, recipe)
+
+
+def _check_registered(cfg: Config) -> None:
+  """A key whose values are a registry's names (config.CHOICES lists it empty)."""
+  if cfg.aggregator not in robust.AGGREGATORS:
+    raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r}: allowed values are "
+                      f"{', '.join(robust.AGGREGATORS)}")
+
+
+def _check_attack_placement(cfg: Config) -> None:
+  """An attack against the mechanism's trust boundary (privacy/boundary.py): one that
+  would pass around the clip the guarantee rests on is refused."""
+  if cfg.byzantine_fraction == 0 or cfg.dp == "none":
+    return
+  why = boundary.problem(dp_round.MECHANISMS[cfg.dp].boundary,
+                         attacks.placement(cfg.byzantine_attack))
+  if why:
+    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with dp "
+                      f"{cfg.dp!r}: {why}")
+
+
+def _check_stages(cfg: Config):
+  """The algorithm, then which stages combine (the recipe's validate) and the rule's
+  own keys; returns the recipe."""
+  try:
+    parse_algorithm(cfg.algorithm)
+  except ValueError as e:
+    raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
+  recipe = flat.from_config(cfg).validate()
+  problem = recipe.rule.check(cfg)   # the rule's own keys (Krum's f and m)
+  if problem:
+    raise ConfigError(problem)
+  return recipe
+
+
+def _check_client_state_store(cfg: Config) -> None:
+  """What a host table cannot do yet is refused rather than done wrong (its own keys,
+  read only off the device, are in _SETUP_KEYS_READ)."""
+  store = cfg.client_state_store
+  if store == "device":
+    return
+  if "solo" in parse_algorithm(cfg.algorithm)[0]:
+    raise ConfigError(f"config key 'client_state_store' = {store!r} with algorithm "
+                      f"{cfg.algorithm!r}: SOLO's evaluation reads every client's model at "
+                      "once; use client_state_store 'device'")
+
+
+def unread_keys(cfg: Config, recipe=None) -> frozenset[str]:
+  """The config keys nothing of this run reads, whatever their values: recipe keys no
+  stage stands for (recipes.flat.unread_keys_of; `recipe`: cfg's, if already read),
+  and set-up keys another key turns off (_SETUP_KEYS_READ)."""
+  return flat.unread_keys_of(recipe or flat.from_config(cfg)) | frozenset(
+      k for k, (is_read, _) in _SETUP_KEYS_READ.items() if not is_read(cfg))
+
+
+def _check_unread(cfg: Config, raw: dict[str, Any], recipe) -> None:
+  """A key set away from its default that nothing reads would be silently ignored
+  (`noise_multiplier` without `dp` trained with no privacy and exited 0): one line
+  naming the key and the setting that would make it read."""
+  defaults = Config()
+  for key in sorted(unread_keys(cfg, recipe)):
+    value = getattr(cfg, key)
+    if key in raw and value != getattr(defaults, key):
+      raise ConfigError(f"config key '{key}' = {raw[key]!r} is read by nothing in this run: "
+                        f"{_what_reads(key)}")
+
+
+def _what_reads(key: str) -> str:
+  """The setting that makes `key` read (for the message of an unread key)."""
+  condition = read_condition(key)
+  if condition is None:
+    return "leave it at its default"
+  if condition.startswith("dp "):
+    condition += " (without dp the run has no privacy)"
+  return f"it is read with {condition}"
+
+
+def read_condition(key: str) -> str | None:
+  """The setting under which `key` is read ("dp 'central' or 'local' ..."), or None
+  for a key every run reads (a switch such as `dp` is always read)."""
+  if key in _SWITCHES:
+    return None
+  if key in _SETUP_KEYS_READ:
+    return _SETUP_KEYS_READ[key][1]
+  terms = [n for n, t in TERMS.items() if key in t.keys]
+  if terms:
+    return f"algorithm {' or '.join(repr(t) for t in terms)}"
+  rules = [n for n, a in robust.AGGREGATORS.items() if key in a.keys]
+  if rules:
+    return f"aggregator {' or '.join(repr(r) for r in rules)}"
+  if key in flat.MECHANISM_KEYS or key in flat.PLANNER_KEYS:
+    return "dp 'central' or 'local'"
+  if key in flat.ADAPTIVE_KEYS:
+    return "adaptive_clipping true"
+  if key in flat.UPLOAD_KEYS["gaussian_on_kept"]:
+    return "kept_noise 'paper' or 'multiplier'"
+  if key in flat.UPLOAD_KEYS["topk"]:
+    return "s_local > 0 (top-k uploads)"
+  return None
+
+
+# switches: at its default no stage stands for such a key (unread_keys lists it), and
+# any other value adds the stage that reads it, so it is never refused as unread
+_SWITCHES = frozenset({"dp", "adaptive_clipping", "kept_noise", "s_local", "s_global", "shuffle",
+                       "coordinate_clip", "update_clip_l2", "client_budgets", "cluster_noise"})
+
+
+_DP_ON = "under dp 'central' or 'local'"
+
+# keys read only under another key's setting (set-up keys, and a mechanism's keys that
+# only some of its variants read): key -> (is it read?, what makes it read)
+_SETUP_KEYS_READ = {
+    **{k: (lambda c: c.dp != "none" and c.clip_parts == "tiers", f"clip_parts 'tiers' {_DP_ON}")
+       for k in ("rest_tier", "tier_noise_multipliers")},
+    **{k: (lambda c: c.dp != "none" and c.tier_source == "analyzer",
+           f"tier_source 'analyzer' {_DP_ON}") for k in ("analyzer_rule", "analyzer_steps")},
+    **{k: (lambda c: c.dp != "none" and c.noise_schedule != "static",
+           f"noise_schedule 'convergence' or 'weighted' {_DP_ON}")
+       for k in ("convergence_measure", "convergence_lambda", "convergence_window", "noise_ema")},
+    "convergence_beta": (lambda c: c.dp != "none" and c.noise_schedule == "convergence",
+                         f"noise_schedule 'convergence' {_DP_ON}"),
+    "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
+    "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
+              "partition 'dirichlet' or 'dirichlet_client'"),
+    "classes_per_client": (lambda c: c.partition == "shards", "partition 'shards'"),
+    "quantity_alpha": (lambda c: c.partition == "quantity", "partition 'quantity'"),
+    "byzantine_attack": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
+    "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
+        "alie", "label_flip", "targeted"), "byzantine_fraction > 0 and byzantine_attack "
+        "'sign_flip', 'scaled', 'gaussian', 'ipm' or 'backdoor'"),
+    "audit_canaries": (lambda c: c.dp != "none", "dp 'central' or 'local' (an audit checks "
+                       "a guarantee)"),
+    "audit_canary_scale": (lambda c: c.audit_canaries > 0, "audit_canaries > 0"),
+    "byzantine_draw": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
+    "attack_source_class": (lambda c: c.byzantine_fraction > 0 and
+                            c.byzantine_attack == "targeted",
+                            "byzantine_fraction > 0 and byzantine_attack 'targeted'"),
+    "attack_target_class": (lambda c: c.byzantine_fraction > 0 and
+                            c.byzantine_attack in ("targeted", "backdoor"),
+                            "byzantine_fraction > 0 and byzantine_attack 'targeted' or "
+                            "'backdoor'"),
+    "backdoor_fraction": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack == "backdoor",
+                          "byzantine_fraction > 0 and byzantine_attack 'backdoor'"),
+    "synthetic_examples": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "synthetic_features": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "synthetic_classes": (lambda c: c.dataset == "synthetic", "dataset 'synthetic'"),
+    "healthcare_examples": (lambda c: c.dataset == "healthcare", "dataset 'healthcare'"),
+    "healthcare_generator": (lambda c: c.dataset == "healthcare", "dataset 'healthcare'"),
+    "csv_path": (lambda c: c.dataset == "csv", "dataset 'csv'"),
+    "label_column": (lambda c: c.dataset == "csv", "dataset 'csv'"),
+    "tier_map_path": (lambda c: c.dataset in ("csv", "breast_cancer"),
+                      "dataset 'csv' or 'breast_cancer'"),
+    "max_cohort": (lambda c: c.sampling == "poisson", "sampling 'poisson'"),
+    "client_state_dtype": (lambda c: c.client_state_store in ("host", "disk"),
+                           "client_state_store 'host' or 'disk'"),
+    "client_state_dir": (lambda c: c.client_state_store == "disk", "client_state_store 'disk'"),
+    "feature_scaling": (lambda c: c.dataset in TABULAR,
+                        "a tabular dataset (see Datasets)"),
+    "server_momentum": (lambda c: server_optimizer_name(c) == "momentum",
+                        "server_optimizer 'momentum' or algorithm 'fedavgm'"),
+    **{k: (lambda c: server_optimizer_name(c) == "adam",
+           "server_optimizer 'adam' or algorithm 'fedadam'")
+       for k in ("server_beta1", "server_beta2", "server_eps")},
+}
+
+
+def _check_data(cfg: Config) -> None:
+  if cfg.feature_scaling != "auto" and cfg.dataset == "custom":
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      "'custom': your own data is used as given; scale it before "
+                      "data.from_arrays (e.g. with data.scale_features) and leave it 'auto'")
+  if cfg.feature_scaling != "auto" and cfg.dataset not in TABULAR:
+    raise ConfigError(f"config key 'feature_scaling' = {cfg.feature_scaling!r} with dataset "
+                      f"{cfg.dataset!r}: images are scaled to [0, 1] by a fixed rule; only "
+                      f"{', '.join(TABULAR)} are standardised (leave it 'auto')")
+  if cfg.dataset == "csv" and not cfg.csv_path:
+    raise ConfigError("config key 'csv_path' is required when dataset = 'csv'")
