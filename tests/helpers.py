@@ -13,6 +13,14 @@ from fedjax_dp.placement.host import _FLAG as DEVICE_COUNT_FLAG
 from fedjax_dp.placement.store import build_store
 
 
+def objective_of(names, cfg):
+  """The objective of the local terms `names` (registry order), each built from cfg's
+  keys as recipes.from_config builds it, with cfg's client momentum."""
+  from fedjax_dp.algorithms import TERMS, of_terms
+  from fedjax_dp.recipes.flat import build_stage
+  return of_terms([build_stage("term", n, cfg) for n in TERMS if n in names], cfg.momentum)
+
+
 def toy_problem(sizes=(7, 12, 3), features=6, classes=3, seed=0):
   """Random features, labels and a partition with the given client sizes."""
   rng = np.random.default_rng(seed)

@@ -45,7 +45,7 @@ def numpy_feddyn(xs, ys, rounds):
 
 def test_feddyn_term_on_least_squares_equals_numpy_feddyn():
   xs, ys = problem()
-  term = TERMS["feddyn"]
+  term = TERMS["feddyn"](alpha=ALPHA)
   hp = {"alpha": jnp.float32(ALPHA)}              # a traced hyperparameter, not a constant
   x, y = jnp.asarray(xs.reshape(N * n, D), jnp.float32), jnp.asarray(ys.reshape(-1), jnp.float32)
 

@@ -15,7 +15,7 @@ from fedjax_dp.config import Config
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIENT_TRAINING, COHORT_SAMPLING
-from tests.helpers import flat, toy_problem, toy_simulation
+from tests.helpers import flat, objective_of, toy_problem, toy_simulation
 
 
 RNG = np.random.default_rng(0)
@@ -34,7 +34,7 @@ def objective(terms=(), prox_mu=0.001, contrastive_form="bounded", mu1=0.01, mu2
                             contrastive_mu1=mu1, contrastive_mu2=mu2,
                             contrastive_radius=radius, contrastive_tau=contrastive_tau,
                             admm_rho=rho, momentum=momentum)
-  return algorithms.objective_for(tuple(terms), cfg)
+  return objective_of(tuple(terms), cfg)
 
 
 def penalty_grad(objective, client_state, server_state=None):
@@ -123,7 +123,7 @@ def test_moon_representation_loss_against_numpy():
   w_t = jax.tree.map(lambda v: v + 0.1 * jax.random.normal(k, v.shape), params)
   prev = jax.tree.map(lambda v: v - 0.1 * jax.random.normal(k, v.shape), params)
   ctx = algorithms.LocalContext(w_t, {"prev_model": prev, "seen": jnp.bool_(True)}, {})
-  obj = algorithms.make_objective(sim.cfg)
+  obj = objective_of(algorithms.parse_algorithm(sim.cfg.algorithm)[0], sim.cfg)
   loss = obj.make_loss(lambda p, xb: jnp.zeros((xb.shape[0], 3)), model.apply_with_features, ctx)
   xb, yb, mb = jnp.asarray(x[:6]), jnp.asarray(y[:6]), jnp.array([1, 1, 1, 1, 0, 0], bool)
 

@@ -22,7 +22,9 @@ from fedjax_dp import load_config, make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import make_model
 from fedjax_dp.recipes import stages as st
+from fedjax_dp.recipes.flat import build_stage
 from fedjax_dp.robust import Aggregator, metrics
+from tests.helpers import objective_of
 from fedjax_dp.robust import registry as rule_registry
 from fedjax_dp.core.build import build_simulation
 from fedjax_dp.core.simulation import make_mesh
@@ -122,12 +124,13 @@ def test_recipe_resolves_to_the_stages_the_flat_path_builds():
   and stage layout agree with the pre-recipe factories on every named recipe."""
   from fedjax_dp import robust
   from fedjax_dp.training import server
-  from fedjax_dp.algorithms import make_objective
+  from fedjax_dp.algorithms import parse_algorithm
   for name, (recipe, flat_keys) in NAMED.items():
     cfg = make_config({**SETUP, **flat_keys})
-    assert recipe.objective(momentum=cfg.momentum) == make_objective(cfg), name
-    assert recipe.rule is robust.get_aggregator(cfg.aggregator)
-    assert recipe.rule_hparams() == recipe.rule.hparams(cfg)
+    assert recipe.objective(momentum=cfg.momentum) == objective_of(
+        parse_algorithm(cfg.algorithm)[0], cfg), name
+    assert recipe.rule == robust.get_aggregator(cfg.aggregator, **recipe.rule_hparams())
+    assert recipe.rule_hparams() == dict(build_stage("aggregator", cfg.aggregator, cfg).hparams)
     assert recipe.server_optimizer.stage == server.server_optimizer_name(cfg)
     assert recipes.base.outline(recipe) == recipes.base.outline(recipes.from_config(cfg))
 

@@ -204,8 +204,8 @@ def test_gradient_filtering_drops_the_backward_and_the_huge_updates():
 
 def _own_options(aggregator, **options):
   """The options among `options` that `aggregator` reads (a key no stage reads is refused)."""
-  from fedjax_dp.robust import get_aggregator
-  return {k: v for k, v in options.items() if k in get_aggregator(aggregator).keys}
+  from fedjax_dp.recipes.flat import stage_keys
+  return {k: v for k, v in options.items() if k in stage_keys("aggregator", aggregator)}
 
 
 @pytest.mark.parametrize("aggregator", ["median", "trimmed_mean", "krum", "multi_krum",
@@ -308,13 +308,13 @@ def test_krum_resists_one_huge_upload_as_exact_krum_does(scale):
 def test_robust_rules_drop_non_finite_uploads_and_ignore_masked_slots(aggregator):
   """A NaN or inf upload is left out by every robust rule (and counted in
   flagged); a masked slot holding NaN or inf changes nothing (0 * inf was NaN)."""
-  from fedjax_dp.robust import get_aggregator
+  from fedjax_dp.recipes.flat import build_stage
   cfg = make_config({"aggregator": aggregator, "clients_per_round": 8, "num_clients": 8,
                      **_own_options(aggregator, byzantine_f=1, trim_fraction=0.2)})
-  spec = get_aggregator(aggregator)
+  spec = build_stage("aggregator", aggregator, cfg)
 
   def rule(u, mask, w):   # one call from the rule's initial state
-    agg, _, metrics = spec.aggregate(u, mask, w, spec.init(u.shape[1], 8), spec.hparams(cfg))
+    agg, _, metrics = spec.aggregate(u, mask, w, spec.init(u.shape[1], 8), dict(spec.hparams))
     return agg, metrics["flagged"], metrics["clusters"]
   rng = np.random.default_rng(3)
   u = rng.normal(size=(9, 5)).astype(np.float32)

@@ -13,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.algorithms import TERMS, LocalContext, ServerContext, objective_for
+from fedjax_dp.algorithms import TERMS, LocalContext, ServerContext
 from fedjax_dp import make_config
+from fedjax_dp.recipes.flat import build_stage
 from fedjax_dp.robust import AGGREGATORS
+from tests.helpers import objective_of
 
 # one config every stage reads its numbers from, outside any one run (so the keys of
 # rules and terms the config does not turn on are allowed: refuse_unread=False)
@@ -61,8 +63,8 @@ def cohort(seed):
 # ------------------------------------------------------------------ aggregators
 @pytest.mark.parametrize("name", sorted(AGGREGATORS))
 def test_aggregator_as_a_stage(name):
-  rule = AGGREGATORS[name]
-  hp = rule.hparams(CFG)
+  rule = build_stage("aggregator", name, CFG)
+  hp = dict(rule.hparams)
   state0 = rule.init(D, CFG.num_clients)
   aggregate = jax.jit(rule.aggregate)
   u, mask, w = cohort(0)
@@ -149,7 +151,7 @@ TERM_CASES = [(name, CFG) for name in TERMS] + [
                          ids=[n if c is CFG else n + "-" + c.contrastive_form
                               for n, c in TERM_CASES])
 def test_local_term_as_a_stage(name, cfg):
-  obj = objective_for((name,), cfg)
+  obj = objective_of((name,), cfg)
   hp = obj.hyperparameters()
   client0, server0 = obj.init_client_state(PARAMS), obj.init_server_state(PARAMS)
   cstate, sstate = random_like(client0, 1), random_like(server0, 2)

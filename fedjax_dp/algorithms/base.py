@@ -1,8 +1,9 @@
 """The local-term protocol: what one term of a client's objective owns.
 
 A local term is an optax-style bundle of pure functions plus static
-properties (a NamedTuple, no classes, nothing mutable), one module each in
-this package and one line in `registry.TERMS`:
+properties (a NamedTuple, no classes, nothing mutable), built by a constructor
+that takes its numbers (`fedprox(mu=0.001)`), one module each in this package
+and one line in `registry.TERMS`:
 
   init_client(params) -> dict           its slots of one client's state ({}: none)
   init_server(params) -> dict           its slots of the server state ({}: none)
@@ -19,16 +20,19 @@ this package and one line in `registry.TERMS`:
                                         correction); post-processing of it
 
 Any of the functions may be None (the term has no such part). `hp` is the
-term's hyperparameters, a flat dict {name: number} from `hparams(cfg)`: the
-numbers enter as call arguments, never as constants of the term, so that a
-caller may pass traced float32 (or int32) arrays (vmap over replicas, a change
-without recompiling). Structure (which branch, a loop's shape) stays static and
-lives in the term itself (e.g. contrastive's two forms are two terms).
+term's hyperparameters, a flat dict {name: number}: the constructor's numbers,
+kept in the term's `hparams`. They enter as call arguments, never as constants
+of the term, so that a caller may pass traced float32 (or int32) arrays (vmap
+over replicas, a change without recompiling). Structure (which branch, a loop's
+shape) stays static and lives in the term itself (contrastive's `form` builds
+one of two terms). A config key feeds a constructor argument through its row
+in config/keys.py (`feeds`): recipes.from_config builds the term from it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import types
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,10 +85,13 @@ def _none(*_):
   return {}
 
 
+_NO_NUMBERS = types.MappingProxyType({})
+
+
 class LocalTerm(NamedTuple):
   """One local term; see the module docstring. Static properties after the functions."""
   name: str
-  hparams: Callable[[Any], dict] = _none          # cfg -> {name: number}
+  hparams: Mapping[str, Any] = _NO_NUMBERS        # its numbers {name: number}
   init_client: Callable[[Any], dict] = _none
   init_server: Callable[[Any], dict] = _none
   loss: Callable | None = None
@@ -97,10 +104,6 @@ class LocalTerm(NamedTuple):
                                    # (SOLO): combines with no other term
   excludes: tuple[str, ...] = ()   # terms it does not combine with
   exclusion_reason: str = ""
-  configure: Callable | None = None  # cfg -> the variant a static option picks (contrastive's
-                                     # form); None: the term itself
-  keys: tuple[str, ...] = ()       # the config keys hparams and configure read (a recipe keeps
-                                   # their values: recipes.from_config / to_config)
   # Why no privacy guarantee on the upload would describe a run with this term ('': the
   # term only post-processes, or keeps its extra state on the client); recipes refuse the
   # combination with a DP mechanism / kept noise with this reason.

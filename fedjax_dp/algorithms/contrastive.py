@@ -57,26 +57,16 @@ def _moon_params_loss(inputs, hp):
                                      cosine(p, inputs.prev_model), hp["tau"])
 
 
-BOUNDED = LocalTerm(
-    name="contrastive", loss=_bounded_loss, needs_prev_model=True,
+def contrastive(form: str = "bounded", mu1: float = 0.01, mu2: float = 0.005,
+                radius: float = 1.0, tau: float = 0.5) -> LocalTerm:
+  """The contrastive term in the reading `form` ('bounded' reads mu1, mu2 and radius;
+  'moon_params' mu1 and tau): structure, a static choice, beside its numbers."""
+  if form == "bounded":
     # r^2 squared here, in float64, and rounded once (as the Python constant was): a
     # float32 hyperparameter squared in the round would round twice
-    hparams=lambda cfg: {"mu1": cfg.contrastive_mu1, "mu2": cfg.contrastive_mu2,
-                         "radius_sq": cfg.contrastive_radius ** 2})
-MOON_PARAMS = LocalTerm(
-    name="contrastive", loss=_moon_params_loss, needs_prev_model=True,
-    hparams=lambda cfg: {"mu1": cfg.contrastive_mu1, "tau": cfg.contrastive_tau})
-FORMS = {"bounded": BOUNDED, "moon_params": MOON_PARAMS}
-
-
-def configure(cfg) -> LocalTerm:
-  """The form `contrastive_form` picks (structure, not a number: a static choice)."""
-  return FORMS[cfg.contrastive_form]
-
-
-# every form's keys: the recipe keeps the other form's numbers too (a config round-trips)
-KEYS = ("contrastive_form", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
-        "contrastive_tau")
-BOUNDED, MOON_PARAMS = BOUNDED._replace(keys=KEYS), MOON_PARAMS._replace(keys=KEYS)
-FORMS = {"bounded": BOUNDED, "moon_params": MOON_PARAMS}
-TERM = BOUNDED._replace(configure=configure)
+    return LocalTerm(name="contrastive", loss=_bounded_loss, needs_prev_model=True,
+                     hparams={"mu1": mu1, "mu2": mu2, "radius_sq": radius ** 2})
+  if form == "moon_params":
+    return LocalTerm(name="contrastive", loss=_moon_params_loss, needs_prev_model=True,
+                     hparams={"mu1": mu1, "tau": tau})
+  raise ValueError(f"contrastive form {form!r}: allowed are bounded, moon_params")

@@ -39,6 +39,10 @@ def _finish(inputs, upload, state, hp):
   return upload, {**state, "dual": new_dual}, {}
 
 
+def _init_client(params) -> dict:
+  return {"dual": zeros_like_tree(params)}
+
+
 def _finish_change(inputs, upload, state, hp):
   new_dual = _new_dual(inputs, state, hp["rho"])
   # (y_new - y_old) / rho = delta exactly: the upload is 2 delta, not a rounded quotient
@@ -46,17 +50,11 @@ def _finish_change(inputs, upload, state, hp):
   return upload, {**state, "dual": new_dual}, {}
 
 
-KEYS = ("admm_rho", "admm_upload")
-AUGMENTED = LocalTerm(name="fedadmm", hparams=lambda cfg: {"rho": cfg.admm_rho},
-                      init_client=lambda params: {"dual": zeros_like_tree(params)},
-                      loss=_loss, finish=_finish, keys=KEYS)
-CHANGE = AUGMENTED._replace(finish=_finish_change)
-UPLOADS = {"augmented": AUGMENTED, "change": CHANGE}
-
-
-def configure(cfg) -> LocalTerm:
-  """The upload `admm_upload` picks (structure, not a number: a static choice)."""
-  return UPLOADS[cfg.admm_upload]
-
-
-TERM = AUGMENTED._replace(configure=configure)
+def fedadmm(rho: float = 0.01, upload: str = "augmented") -> LocalTerm:
+  """The FedADMM term with penalty `rho`, uploading as `upload` says (module
+  docstring): structure, a static choice, beside its number."""
+  finish = {"augmented": _finish, "change": _finish_change}.get(upload)
+  if finish is None:
+    raise ValueError(f"fedadmm upload {upload!r}: allowed are augmented, change")
+  return LocalTerm(name="fedadmm", hparams={"rho": rho}, init_client=_init_client, loss=_loss,
+                   finish=finish)

@@ -44,10 +44,18 @@ def _server_update(update, server_state, ctx, hp):
   return update, {**server_state, "feddyn_h": h}
 
 
-TERM = LocalTerm(
-    name="feddyn", hparams=lambda cfg: {"alpha": cfg.feddyn_alpha},
-    init_client=lambda params: {"feddyn_g": zeros_like_tree(params)},
-    init_server=lambda params: {"feddyn_h": zeros_like_tree(params)},
-    loss=_loss, finish=_finish, server_update=_server_update,
-    excludes=("fedadmm",), keys=("feddyn_alpha",),
-    exclusion_reason="both keep a dual variable of the same consensus constraint; use one")
+def _init_client(params) -> dict:
+  return {"feddyn_g": zeros_like_tree(params)}
+
+
+def _init_server(params) -> dict:
+  return {"feddyn_h": zeros_like_tree(params)}
+
+
+def feddyn(alpha: float = 0.01) -> LocalTerm:
+  """The FedDyn term with regulariser weight `alpha`."""
+  return LocalTerm(
+      name="feddyn", hparams={"alpha": alpha},
+      init_client=_init_client, init_server=_init_server, loss=_loss, finish=_finish,
+      server_update=_server_update, excludes=("fedadmm",),
+      exclusion_reason="both keep a dual variable of the same consensus constraint; use one")

@@ -7,5 +7,6 @@ def _loss(inputs, hp):
   return 0.5 * hp["mu"] * sq_dist(inputs.params, inputs.global_params)
 
 
-TERM = LocalTerm(name="fedprox", hparams=lambda cfg: {"mu": cfg.prox_mu}, loss=_loss,
-                 keys=("prox_mu",))
+def fedprox(mu: float = 0.001) -> LocalTerm:
+  """The FedProx term with proximal weight `mu`."""
+  return LocalTerm(name="fedprox", hparams={"mu": mu}, loss=_loss)

@@ -24,5 +24,7 @@ def _loss(inputs, hp):
   return hp["mu"] * jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-TERM = LocalTerm(name="moon", hparams=lambda cfg: {"mu": cfg.moon_mu, "tau": cfg.moon_tau},
-                 loss=_loss, needs_prev_model=True, needs_features=True, keys=("moon_mu", "moon_tau"))
+def moon(mu: float = 1.0, tau: float = 0.5) -> LocalTerm:
+  """The MOON term with weight `mu` and temperature `tau`."""
+  return LocalTerm(name="moon", hparams={"mu": mu, "tau": tau}, loss=_loss,
+                   needs_prev_model=True, needs_features=True)

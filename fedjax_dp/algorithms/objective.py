@@ -10,7 +10,7 @@ which is what the round passes today). A caller may instead pass the same dict
 with traced float32 / int32 arrays (the seam for the round's hyperparameters as
 data: a change does not recompile, replicas can be vmapped). Float32 arrays
 rounded once from the config's float64 values then give the numbers the Python
-constants give: a derived value (contrastive's r^2) is derived in hparams(cfg),
+constants give: a derived value (contrastive's r^2) is derived by its constructor,
 and a term divides by a hyperparameter as a product with base.reciprocal (XLA
 turns a division by a constant into that product, but divides by a traced
 value). tests/test_stages.py checks it bit for bit for every term and rule at
@@ -31,7 +31,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from fedjax_dp.algorithms import registry, scaffold
+from fedjax_dp.algorithms import scaffold
 from fedjax_dp.algorithms.base import FinishInputs, LocalContext, LocalTerm, LossInputs
 from fedjax_dp.losses import masked_cross_entropy
 
@@ -167,21 +167,11 @@ class Objective:
     return update, server_state
 
 
-def objective_for(names, cfg, data_loss: Callable = masked_cross_entropy) -> Objective:
-  """The objective of the terms `names` with cfg's hyperparameters (cfg: a Config or
-  anything with its attributes) on the task loss `data_loss` (losses.py)."""
-  terms = registry.resolve(names, cfg)
-  return of_terms(terms, {t.name: t.hparams(cfg) for t in terms}, cfg.momentum, data_loss)
-
-
-def of_terms(terms, hp: dict, momentum: float,
-             data_loss: Callable = masked_cross_entropy) -> Objective:
-  """The objective of resolved `terms` (registry order) with hyperparameters
-  hp {term: {key: number}} (a recipe's: recipes.Recipe.objective)."""
-  return Objective(terms=tuple(terms), frozen_hp=_freeze(hp), momentum=momentum,
-                   data_loss=data_loss)
-
-
-def make_objective(cfg, data_loss: Callable = masked_cross_entropy) -> Objective:
-  terms, _ = registry.parse_algorithm(cfg.algorithm)
-  return objective_for(terms, cfg, data_loss)
+def of_terms(terms, momentum: float, data_loss: Callable = masked_cross_entropy) -> Objective:
+  """The objective of built `terms` (registry order) with their numbers (each term's
+  hparams; a recipe's: recipes.Recipe.objective)."""
+  hp = {t.name: dict(t.hparams) for t in terms}
+  # the numbers live in frozen_hp: the terms keep their functions and properties only,
+  # so that an objective hashes and compares by structure and numbers
+  return Objective(terms=tuple(t._replace(hparams=None) for t in terms), frozen_hp=_freeze(hp),
+                   momentum=momentum, data_loss=data_loss)

@@ -1,4 +1,5 @@
-"""The local terms by name, and the algorithm presets built from them.
+"""The local terms by name (each a constructor that takes its numbers), and the
+algorithm presets built from them.
 
 TERMS is also the order in which terms add to the loss and finish after
 training (the numbers of a combination do not depend on how the user spelled
@@ -7,18 +8,27 @@ it). A new term is one module and one line here.
 
 from __future__ import annotations
 
-from fedjax_dp.algorithms import contrastive, fedadmm, feddyn, fedprox, moon, scaffold, solo
-from fedjax_dp.algorithms.base import LocalTerm
+from typing import Callable
 
-TERMS: dict[str, LocalTerm] = {t.name: t for t in (
-    fedprox.TERM,
-    contrastive.TERM,
-    moon.TERM,
-    scaffold.TERM,
-    fedadmm.TERM,
-    solo.TERM,
-    feddyn.TERM,
-)}
+from fedjax_dp.algorithms.base import LocalTerm
+from fedjax_dp.algorithms.contrastive import contrastive
+from fedjax_dp.algorithms.fedadmm import fedadmm
+from fedjax_dp.algorithms.feddyn import feddyn
+from fedjax_dp.algorithms.fedprox import fedprox
+from fedjax_dp.algorithms.moon import moon
+from fedjax_dp.algorithms.scaffold import scaffold
+from fedjax_dp.algorithms.solo import solo
+
+# name -> constructor (keyword numbers -> LocalTerm); constructor() has the defaults
+TERMS: dict[str, Callable[..., LocalTerm]] = {
+    "fedprox": fedprox,
+    "contrastive": contrastive,
+    "moon": moon,
+    "scaffold": scaffold,
+    "fedadmm": fedadmm,
+    "solo": solo,
+    "feddyn": feddyn,
+}
 
 # algorithm name -> (the local terms it adds, the server optimizer it implies); every
 # term is also an algorithm of its own with the sgd server
@@ -31,13 +41,23 @@ ALGORITHMS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def register_term(term: LocalTerm, server_optimizer: str = "sgd") -> None:
-  """Adds `term` (and the algorithm of its name) at run time, e.g. from user code;
-  it adds to the loss after the built-in terms."""
-  if term.name in ALGORITHMS:
-    raise ValueError(f"a term or algorithm {term.name!r} is already registered")
-  TERMS[term.name] = term
-  ALGORITHMS[term.name] = ((term.name,), server_optimizer)
+def register_term(term: LocalTerm | Callable[..., LocalTerm],
+                  server_optimizer: str = "sgd") -> None:
+  """Adds a term (and the algorithm of its name) at run time, e.g. from user code:
+  its constructor (keyword numbers -> LocalTerm), or a LocalTerm whose numbers are
+  fixed. It adds to the loss after the built-in terms."""
+  make = term if callable(term) else (lambda: term)
+  name = make().name
+  if name in ALGORITHMS:
+    raise ValueError(f"a term or algorithm {name!r} is already registered")
+  TERMS[name] = make
+  ALGORITHMS[name] = ((name,), server_optimizer)
+
+
+def term_properties(name: str) -> LocalTerm:
+  """The registered term `name` at its constructor's defaults: its static properties
+  (which do not depend on its numbers)."""
+  return TERMS[name]()
 
 
 def parse_algorithm(name: str) -> tuple[tuple[str, ...], str]:
@@ -53,17 +73,12 @@ def parse_algorithm(name: str) -> tuple[tuple[str, ...], str]:
     terms += [x for x in t if x not in terms]
     server = s if s != "sgd" else server
   for t in terms:
-    if TERMS[t].own_model and len(parts) > 1:
+    term = term_properties(t)
+    if term.own_model and len(parts) > 1:
       raise ValueError(f"algorithm {name!r}: {t} (each client trains alone) combines with "
                        "nothing")
-    clash = [x for x in TERMS[t].excludes if x in terms]
+    clash = [x for x in term.excludes if x in terms]
     if clash:
       raise ValueError(f"algorithm {name!r}: {t} does not combine with {clash[0]} "
-                       f"({TERMS[t].exclusion_reason})")
+                       f"({term.exclusion_reason})")
   return tuple(terms), server
-
-
-def resolve(names, cfg) -> tuple[LocalTerm, ...]:
-  """The terms `names` lists, in TERMS order, each in the variant cfg picks."""
-  chosen = [TERMS[n] for n in TERMS if n in names]
-  return tuple(t.configure(cfg) if t.configure is not None else t for t in chosen)

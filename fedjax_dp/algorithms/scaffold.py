@@ -49,11 +49,16 @@ def _server_step(server_state, contrib_sum, num_clients, hp):
                                   server_state["control"], contrib_sum["control"])}
 
 
-TERM = LocalTerm(name="scaffold", init_client=lambda params: {"control": zeros_like_tree(params)},
-                 init_server=lambda params: {"control": zeros_like_tree(params)},
-                 loss=_loss, finish=_finish, server_step=_server_step,
-                 outside_dp="SCAFFOLD's control variates are not privatized, so no guarantee "
-                            "would hold",
-                 outside_kept_noise="SCAFFOLD's control-variate update c_i' - c_i is built "
-                                    "from the raw, unclipped update and reaches the server "
-                                    "unnoised, so no kept-noise guarantee would hold")
+_TERM = LocalTerm(name="scaffold", init_client=lambda params: {"control": zeros_like_tree(params)},
+                  init_server=lambda params: {"control": zeros_like_tree(params)},
+                  loss=_loss, finish=_finish, server_step=_server_step,
+                  outside_dp="SCAFFOLD's control variates are not privatized, so no guarantee "
+                             "would hold",
+                  outside_kept_noise="SCAFFOLD's control-variate update c_i' - c_i is built "
+                                     "from the raw, unclipped update and reaches the server "
+                                     "unnoised, so no kept-noise guarantee would hold")
+
+
+def scaffold() -> LocalTerm:
+  """The SCAFFOLD term (no tunable number: its step count follows local training)."""
+  return _TERM

@@ -15,10 +15,15 @@ def _finish(inputs, upload, state, hp):
   return jax.tree.map(jnp.zeros_like, inputs.delta), state, {}
 
 
-TERM = LocalTerm(name="solo", init_client=lambda params: {"model": params}, finish=_finish,
-                 own_model=True,
-                 outside_dp="SOLO's clients send nothing, and the per-client models it "
-                            "evaluates are never noised, so no epsilon would describe the run; "
-                            "use dp 'none'",
-                 outside_kept_noise="SOLO's per-client models are evaluated and never noised, "
-                                    "so no kept-noise guarantee would describe the run")
+_TERM = LocalTerm(name="solo", init_client=lambda params: {"model": params}, finish=_finish,
+                  own_model=True,
+                  outside_dp="SOLO's clients send nothing, and the per-client models it "
+                             "evaluates are never noised, so no epsilon would describe the run; "
+                             "use dp 'none'",
+                  outside_kept_noise="SOLO's per-client models are evaluated and never noised, "
+                                     "so no kept-noise guarantee would describe the run")
+
+
+def solo() -> LocalTerm:
+  """The SOLO term: each client trains its own model (no number)."""
+  return _TERM

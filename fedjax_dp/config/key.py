@@ -16,6 +16,9 @@ class Key:
     exclusive ends). nullable: it may be null; the type of its value when set.
   limit: a limit that involves another key (config/checks.py), shown beside the
     range; allowed: the allowed values stated by hand where the range would mislead.
+  feeds: the stage arguments it is, "SLOT:STAGE.ARGUMENT" ("term:fedprox.mu",
+    "aggregator:krum.f"): recipes.from_config builds the registered stage STAGE with
+    this key's value as ARGUMENT (the constructor's default equals the key's).
   section: the reference's section (set by `section`).
   """
   name: str
@@ -29,6 +32,7 @@ class Key:
   nullable: type | None = None
   limit: str = ""
   allowed: str = ""
+  feeds: tuple[str, ...] = ()
   section: str = ""
 
   @property

@@ -140,14 +140,12 @@ def _as_array(v) -> np.ndarray:
 
 def _term_and_rule_hparams(cfg) -> dict:
   """{'terms': {term: {key: array}}, 'aggregator': {key: array}}: the local terms'
-  and the aggregation rule's numbers (algorithms/, robust/), as their hparams(cfg)."""
-  from fedjax_dp import robust
-  from fedjax_dp.algorithms import make_objective
-  terms = make_objective(cfg).hyperparameters()
-  rule = robust.get_aggregator(cfg.aggregator).hparams(cfg)
-  return {"terms": {t: {k: _as_array(v) for k, v in values.items()}
-                    for t, values in terms.items()},
-          "aggregator": {k: _as_array(v) for k, v in rule.items()}}
+  and the aggregation rule's numbers (algorithms/, robust/), each stage's hparams."""
+  from fedjax_dp.recipes import from_config   # recipes import this module's users
+  recipe = from_config(cfg)
+  return {"terms": {c.stage.name: {k: _as_array(v) for k, v in c.stage.hparams.items()}
+                    for c in recipe.terms},
+          "aggregator": {k: _as_array(v) for k, v in recipe.rule_hparams().items()}}
 
 
 def _pipeline_hparams(cfg) -> tuple:

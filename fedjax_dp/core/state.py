@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp import algorithms
+from fedjax_dp import recipes
 from fedjax_dp import robust
 from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config
@@ -89,7 +89,7 @@ def init_state(cfg: Config, model: Model, run_key: jax.Array, client_table=None)
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
   server_opt = server_lib.make_server_optimizer(cfg)
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
-  objective = algorithms.make_objective(cfg)
+  objective = recipes.from_config(cfg).objective(momentum=cfg.momentum)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))

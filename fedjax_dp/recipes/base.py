@@ -124,9 +124,8 @@ class Recipe:
     """The clients' objective: the task loss plus the terms (algorithms.Objective).
     `momentum`: the client optimizer's (SCAFFOLD's step count)."""
     from fedjax_dp.algorithms import objective as objective_lib
-    hp = {c.stage.name: c.stage.hparams(types.SimpleNamespace(**c.config)) for c in self.terms}
     extra = {} if data_loss is None else {"data_loss": data_loss}
-    return objective_lib.of_terms([c.stage for c in self.terms], hp, momentum, **extra)
+    return objective_lib.of_terms([c.stage for c in self.terms], momentum, **extra)
 
   @property
   def rule(self):
@@ -135,8 +134,7 @@ class Recipe:
     return self.aggregator.stage if self.aggregator is not None else robust.get_aggregator("mean")
 
   def rule_hparams(self) -> dict:
-    config = self.aggregator.config if self.aggregator is not None else {}
-    return self.rule.hparams(types.SimpleNamespace(**config))
+    return dict(self.rule.hparams)
 
   def client_pipeline(self):
     """The upload stages chained (pipeline.ClientStage), or None without any."""
@@ -182,12 +180,25 @@ def check_expressed(recipe: Recipe, cfg: Config) -> Config:
   """cfg, or a ConfigError where cfg's recipe (the one a run builds) has other stages
   than `recipe`: a stage the config has no key for would be dropped without a word."""
   from fedjax_dp.recipes.flat import from_config
-  built = outline(from_config(cfg))
+  rebuilt = from_config(cfg)
+  built = outline(rebuilt)
   if built != outline(recipe):
     raise ConfigError(f"recipe {recipe.name!r}: its stages {outline(recipe)} are not what its "
                       f"config keys give {built}; a stage without config keys must be "
                       "registered (README: Extending)")
+  if numbers(rebuilt) != numbers(recipe):
+    # a registered stage built with a number no config key feeds would run at its
+    # constructor's default: refused rather than changed without a word
+    raise ConfigError(f"recipe {recipe.name!r}: its stages' numbers {numbers(recipe)} are not "
+                      f"what its config keys give {numbers(rebuilt)}; a number needs a config "
+                      "key that feeds it (config/keys.py; README: Extending)")
   return cfg
+
+
+def numbers(recipe: Recipe) -> dict[str, dict]:
+  """The local terms' and the aggregation rule's numbers, by stage name."""
+  return {**{c.stage.name: dict(c.stage.hparams) for c in recipe.terms},
+          recipe.rule.name: dict(recipe.rule.hparams)}
 
 
 def outline(recipe: Recipe) -> dict[str, Any]:

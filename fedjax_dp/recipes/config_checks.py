@@ -79,7 +79,8 @@ def _check_stages(cfg: Config):
   except ValueError as e:
     raise ConfigError(f"config key 'algorithm' = {cfg.algorithm!r}: {str(e).split(': ', 1)[1]}")
   recipe = flat.from_config(cfg).validate()
-  problem = recipe.rule.check(cfg)   # the rule's own keys (Krum's f and m)
+  # the rule's numbers against the cohort (Krum's f and m)
+  problem = recipe.rule.check(recipe.rule.hparams, cfg.clients_per_round)
   if problem:
     raise ConfigError(problem)
   return recipe
@@ -134,10 +135,10 @@ def read_condition(key: str) -> str | None:
     return None
   if key in _SETUP_KEYS_READ:
     return _SETUP_KEYS_READ[key][1]
-  terms = [n for n, t in TERMS.items() if key in t.keys]
+  terms = [n for n in TERMS if key in flat.stage_keys("term", n)]
   if terms:
     return f"algorithm {' or '.join(repr(t) for t in terms)}"
-  rules = [n for n, a in robust.AGGREGATORS.items() if key in a.keys]
+  rules = [n for n in robust.AGGREGATORS if key in flat.stage_keys("aggregator", n)]
   if rules:
     return f"aggregator {' or '.join(repr(r) for r in rules)}"
   if key in flat.MECHANISM_KEYS or key in flat.PLANNER_KEYS:

@@ -19,6 +19,7 @@ from fedjax_dp.training import server as server_lib
 from fedjax_dp.training import server_stages
 from fedjax_dp.algorithms import registry
 from fedjax_dp.config import Config
+from fedjax_dp.config.keys import KEYS
 from fedjax_dp.recipes.base import _DEFAULTS, RECIPE_KEYS, Choice, Recipe
 
 # pipeline.ClientStage name -> the config keys it stands for
@@ -44,10 +45,41 @@ def _take(cfg, keys) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in keys}
 
 
+# (slot, stage name) -> ((config key, constructor argument), ...): the keys' `feeds`
+FEEDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+for _key in KEYS:
+  for _feed in _key.feeds:
+    _slot, _, _target = _feed.partition(":")
+    _stage, _, _arg = _target.partition(".")
+    FEEDS[_slot, _stage] = FEEDS.get((_slot, _stage), ()) + ((_key.name, _arg),)
+
+
+def stage_keys(slot: str, name: str) -> tuple[str, ...]:
+  """The config keys that feed the registered stage `name` of `slot` ('term',
+  'aggregator'): the values a recipe keeps for it."""
+  return tuple(key for key, _ in FEEDS.get((slot, name), ()))
+
+
+def build_stage(slot: str, name: str, cfg):
+  """The registered stage `name` built from cfg's values of the keys that feed it
+  (a user's stage without keys: its constructor's defaults)."""
+  make = registry.TERMS[name] if slot == "term" else robust.AGGREGATORS[name]
+  return make(**{arg: getattr(cfg, key) for key, arg in FEEDS.get((slot, name), ())})
+
+
 def term_choices(cfg) -> tuple[Choice, ...]:
-  """The algorithm's local terms (registry order, the variant cfg picks) with their keys."""
+  """The algorithm's local terms (registry order) built from cfg, with their keys."""
   names, _ = registry.parse_algorithm(cfg.algorithm)
-  return tuple(Choice(t, _take(cfg, t.keys)) for t in registry.resolve(names, cfg))
+  return tuple(Choice(build_stage("term", n, cfg), _take(cfg, stage_keys("term", n)))
+               for n in registry.TERMS if n in names)
+
+
+def aggregator_choice(cfg) -> Choice:
+  """The aggregation rule built from cfg, with its keys (ValueError: not registered)."""
+  robust.get_aggregator(cfg.aggregator)   # names the registered rules if it is not one
+  return Choice(build_stage("aggregator", cfg.aggregator, cfg),
+                {"aggregator": cfg.aggregator,
+                 **_take(cfg, stage_keys("aggregator", cfg.aggregator))})
 
 
 def upload_choices(cfg) -> tuple[Choice, ...]:
@@ -92,7 +124,6 @@ def from_config(cfg: Config) -> Recipe:
   """The recipe of `cfg` (any Config: a combination validate refuses is still
   read, so that validate can name it). Raises ValueError for an algorithm or
   aggregator that is not registered (fedjax_dp.make_config names those first)."""
-  rule = robust.get_aggregator(cfg.aggregator)
   recipe = Recipe(
       name={"none": "", "central": "dp_", "local": "ldp_"}[cfg.dp] + cfg.algorithm,
       algorithm=cfg.algorithm,
@@ -100,7 +131,7 @@ def from_config(cfg: Config) -> Recipe:
       upload=upload_choices(cfg),
       shuffle=(Choice(pipeline.SHUFFLERS[cfg.shuffle], {"shuffle": cfg.shuffle})
                if cfg.shuffle != "none" else None),
-      aggregator=Choice(rule, {"aggregator": cfg.aggregator, **_take(cfg, rule.keys)}),
+      aggregator=aggregator_choice(cfg),
       server=server_choices(cfg),
       server_optimizer=Choice(server_lib.server_optimizer_name(cfg),
                               _take(cfg, SERVER_OPTIMIZER_KEYS)),

@@ -17,8 +17,6 @@ from fedjax_dp.privacy import budgets, dp_round, noise_control
 
 from fedjax_dp.compression import pipeline
 
-from fedjax_dp import robust
-
 from fedjax_dp.training import server_stages
 from fedjax_dp.config import Config
 from fedjax_dp.recipes import flat
@@ -62,9 +60,7 @@ def adam(lr: float = 1.0, b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) 
 def aggregator(name: str = "mean", **keys) -> Slot:
   """The aggregation rule `name` (robust.AGGREGATORS) with its config keys, e.g.
   aggregator('trimmed_mean', trim_fraction=0.2)."""
-  rule = robust.get_aggregator(name)
-  cfg = _cfg(aggregator=name, **keys)
-  return "aggregator", Choice(rule, {"aggregator": name, **flat._take(cfg, rule.keys)})
+  return "aggregator", flat.aggregator_choice(_cfg(aggregator=name, **keys))
 
 
 def upload(**keys) -> list[Slot]:

@@ -4,7 +4,7 @@
   mean.py              the weighted mean (FedAvg; linear: the round fuses it)
   median.py, trimmed_mean.py, krum.py (krum, multi_krum), outlier_median.py,
   cluster.py, geometric_median.py, centered_clip.py (stateful)
-  registry.py          AGGREGATORS (name -> aggregator)
+  registry.py          AGGREGATORS (name -> constructor taking its numbers)
 
 The kernels of the older rules are in kernels/robust_aggregation.py. Every rule
 but `mean` needs the whole cohort's updates in one place: the round all-gathers

@@ -19,45 +19,43 @@ Static properties the round, the executor and recipes/validate.py read:
              server_state["aggregator"] (only then, so stateless set-ups keep their
              state pytree) and passes it back in the next round
   reports    the metrics that mean something for it, for metrics.jsonl
-  check      cfg -> a one-line config error, or None (its own keys' bounds)
-  keys       the config keys `hparams` reads (recipes.from_config keeps their values)
+  hparams    its numbers {name: number}, from its constructor (centered_clip(tau=1.0))
+  check      (hparams, clients_per_round) -> a one-line config error, or None (its
+             numbers against the cohort: Krum's f and m)
 
-hp's numbers are call arguments, never baked in: the round passes the config's
-Python numbers today and may pass traced arrays (floats float32, counts
-int32), e.g. vmapped over replicas.
+hp's numbers are call arguments, never baked in: the round passes the rule's
+numbers as float32 (counts int32) arrays, which may be traced (vmapped over
+replicas, changed without recompiling). A config key feeds a constructor
+argument through its row in config/keys.py (`feeds`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import types
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax.numpy as jnp
 
 from fedjax_dp.kernels import robust_aggregation as ra
 
 
-def _no_hparams(cfg) -> dict:
-  return {}
-
-
 def stateless(d: int, num_clients: int):
   return ()
 
 
-def _no_check(cfg):
+def _no_check(hparams, clients_per_round):
   return None
 
 
 class Aggregator(NamedTuple):
   name: str
   aggregate: Callable                            # (u, mask, weights, state, hp) -> ...
-  hparams: Callable[[Any], dict] = _no_hparams   # cfg -> {name: number}
+  hparams: Mapping[str, Any] = types.MappingProxyType({})   # its numbers
   init: Callable[[int, int], Any] = stateless    # (d, num_clients) -> state
   linear: bool = False
   stateful: bool = False
   reports: tuple[str, ...] = ()
-  check: Callable[[Any], str | None] = _no_check
-  keys: tuple[str, ...] = ()   # the config keys hparams reads (a recipe keeps their values)
+  check: Callable[[Mapping, int], str | None] = _no_check
 
 
 def metrics(flagged=None, clusters=None) -> dict:

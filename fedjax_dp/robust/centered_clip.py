@@ -39,8 +39,15 @@ def _aggregate(u, mask, weights, state, hp):
   return agg, v, metrics(clipped)
 
 
-AGGREGATOR = Aggregator(name="centered_clip", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"tau": cfg.cclip_tau, "iters": cfg.cclip_iters},
-                        keys=("cclip_tau", "cclip_iters"),
-                        init=lambda d, num_clients: jnp.zeros((d,), jnp.float32),
-                        stateful=True, reports=("flagged",))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def _init(d: int, num_clients: int):
+  return jnp.zeros((d,), jnp.float32)   # the last round's aggregate, the next centre
+
+
+def centered_clip(tau: float = 1.0, iters: int = 1) -> Aggregator:
+  """`iters` clipping steps of radius `tau` around the last round's aggregate."""
+  return Aggregator(name="centered_clip", aggregate=_AGGREGATE,
+                    hparams={"tau": tau, "iters": iters}, init=_init, stateful=True,
+                    reports=("flagged",))

@@ -11,7 +11,10 @@ def _aggregate(u, mask, weights, state, hp):
   return agg, state, metrics(clusters=k)
 
 
-AGGREGATOR = Aggregator(name="cluster", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"threshold": cfg.cluster_threshold},
-                        keys=("cluster_threshold",),
-                        reports=("clusters",))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def cluster(threshold: float = 0.5) -> Aggregator:
+  """Clusters joined at cosine similarity `threshold`; the largest cluster's mean."""
+  return Aggregator(name="cluster", aggregate=_AGGREGATE, hparams={"threshold": threshold},
+                    reports=("clusters",))

@@ -14,6 +14,11 @@ def _aggregate(u, mask, weights, state, hp):
   return agg, state, metrics(dropped)
 
 
-AGGREGATOR = Aggregator(name="filtered_mean", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"cos_min": cfg.filter_cosine, "z": cfg.outlier_z},
-                        reports=("flagged",), keys=("filter_cosine", "outlier_z"))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def filtered_mean(cos_min: float = 0.0, z: float = 3.5) -> Aggregator:
+  """The mean of the uploads whose cosine with the median is >= `cos_min` and whose
+  norm's robust z-score is <= `z`."""
+  return Aggregator(name="filtered_mean", aggregate=_AGGREGATE,
+                    hparams={"cos_min": cos_min, "z": z}, reports=("flagged",))

@@ -33,6 +33,10 @@ def _aggregate(u, mask, weights, state, hp):
   return weiszfeld(u, mask, weights, hp["iters"], hp["eps"]), state, metrics()
 
 
-AGGREGATOR = Aggregator(name="geometric_median", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"iters": cfg.geomed_iters, "eps": cfg.geomed_eps},
-                        keys=("geomed_iters", "geomed_eps"))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def geometric_median(iters: int = 4, eps: float = 1e-6) -> Aggregator:
+  """`iters` Weiszfeld steps from the weighted mean, distances smoothed by `eps`."""
+  return Aggregator(name="geometric_median", aggregate=_AGGREGATE,
+                    hparams={"iters": iters, "eps": eps})

@@ -23,27 +23,34 @@ def _multi_krum(u, mask, weights, state, hp):
   return ra.krum(u, mask, f=f, m_keep=keep), state, metrics(n - jnp.minimum(keep, n))
 
 
-def _check_f(cfg):
-  if 2 * cfg.byzantine_f + 2 >= cfg.clients_per_round:
-    return (f"config key 'byzantine_f' = {cfg.byzantine_f}: Krum needs "
+def _check_f(hp, clients_per_round):
+  if 2 * hp["f"] + 2 >= clients_per_round:
+    return (f"config key 'byzantine_f' = {hp['f']}: Krum needs "
             f"clients_per_round > 2 byzantine_f + 2 (Blanchard et al. 2017; "
-            f"clients_per_round is {cfg.clients_per_round})")
+            f"clients_per_round is {clients_per_round})")
   return None
 
 
-def _check_multi(cfg):
-  if _check_f(cfg):
-    return _check_f(cfg)
-  if cfg.multi_krum_m > cfg.clients_per_round:
-    return (f"config key 'multi_krum_m' = {cfg.multi_krum_m}: at most "
-            f"clients_per_round ({cfg.clients_per_round}); 0 means n - byzantine_f")
+def _check_multi(hp, clients_per_round):
+  if _check_f(hp, clients_per_round):
+    return _check_f(hp, clients_per_round)
+  if hp["m"] > clients_per_round:
+    return (f"config key 'multi_krum_m' = {hp['m']}: at most "
+            f"clients_per_round ({clients_per_round}); 0 means n - byzantine_f")
   return None
 
 
-KRUM = Aggregator(name="krum", aggregate=on_finite_uploads(_krum),
-                  hparams=lambda cfg: {"f": cfg.byzantine_f}, reports=("flagged",),
-                  check=_check_f, keys=("byzantine_f",))
-MULTI_KRUM = Aggregator(name="multi_krum", aggregate=on_finite_uploads(_multi_krum),
-                        hparams=lambda cfg: {"f": cfg.byzantine_f, "m": cfg.multi_krum_m},
-                        reports=("flagged",), check=_check_multi,
-                        keys=("byzantine_f", "multi_krum_m"))
+_KRUM = on_finite_uploads(_krum)
+_MULTI_KRUM = on_finite_uploads(_multi_krum)
+
+
+def krum(f: int = 0) -> Aggregator:
+  """Krum for at most `f` Byzantine clients."""
+  return Aggregator(name="krum", aggregate=_KRUM, hparams={"f": f}, reports=("flagged",),
+                    check=_check_f)
+
+
+def multi_krum(f: int = 0, m: int = 0) -> Aggregator:
+  """Multi-Krum: the mean of the `m` (0: n - f) uploads of least score."""
+  return Aggregator(name="multi_krum", aggregate=_MULTI_KRUM, hparams={"f": f, "m": m},
+                    reports=("flagged",), check=_check_multi)

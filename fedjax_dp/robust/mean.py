@@ -12,4 +12,6 @@ def _aggregate(u, mask, weights, state, hp):
   return ra.weighted_mean(u, mask, weights), state, metrics()
 
 
-AGGREGATOR = Aggregator(name="mean", aggregate=_aggregate, linear=True)
+def mean() -> Aggregator:
+  """The weighted mean (linear: the round fuses it into its sum)."""
+  return Aggregator(name="mean", aggregate=_aggregate, linear=True)

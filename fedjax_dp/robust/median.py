@@ -9,4 +9,9 @@ def _aggregate(u, mask, weights, state, hp):
   return ra.coordinate_median(u, mask), state, metrics()
 
 
-AGGREGATOR = Aggregator(name="median", aggregate=on_finite_uploads(_aggregate))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def median() -> Aggregator:
+  """The coordinate-wise median."""
+  return Aggregator(name="median", aggregate=_AGGREGATE)

@@ -13,6 +13,10 @@ def _aggregate(u, mask, weights, state, hp):
   return agg, state, metrics(flagged)
 
 
-AGGREGATOR = Aggregator(name="outlier_median", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"z": cfg.outlier_z}, reports=("flagged",),
-                        keys=("outlier_z",))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def outlier_median(z: float = 3.5) -> Aggregator:
+  """The mean of the uploads whose distance to the median has a robust z-score <= `z`."""
+  return Aggregator(name="outlier_median", aggregate=_AGGREGATE, hparams={"z": z},
+                    reports=("flagged",))

@@ -1,40 +1,57 @@
-"""The aggregators by name. A new rule is one module and one line here."""
+"""The aggregators by name, each a constructor that takes its numbers. A new rule is
+one module and one line here."""
 
 from __future__ import annotations
 
-from fedjax_dp.robust import (centered_clip, cluster, filtered_mean, geometric_median, krum,
-                              mean, median, outlier_median, trimmed_mean)
+from typing import Callable
+
 from fedjax_dp.robust.base import Aggregator
+from fedjax_dp.robust.centered_clip import centered_clip
+from fedjax_dp.robust.cluster import cluster
+from fedjax_dp.robust.filtered_mean import filtered_mean
+from fedjax_dp.robust.geometric_median import geometric_median
+from fedjax_dp.robust.krum import krum, multi_krum
+from fedjax_dp.robust.mean import mean
+from fedjax_dp.robust.median import median
+from fedjax_dp.robust.outlier_median import outlier_median
+from fedjax_dp.robust.trimmed_mean import trimmed_mean
 
-AGGREGATORS: dict[str, Aggregator] = {a.name: a for a in (
-    mean.AGGREGATOR,
-    median.AGGREGATOR,
-    trimmed_mean.AGGREGATOR,
-    krum.KRUM,
-    krum.MULTI_KRUM,
-    outlier_median.AGGREGATOR,
-    cluster.AGGREGATOR,
-    geometric_median.AGGREGATOR,
-    centered_clip.AGGREGATOR,
-    filtered_mean.AGGREGATOR,
-)}
+# name -> constructor (keyword numbers -> Aggregator); constructor() has the defaults
+AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
+    "mean": mean,
+    "median": median,
+    "trimmed_mean": trimmed_mean,
+    "krum": krum,
+    "multi_krum": multi_krum,
+    "outlier_median": outlier_median,
+    "cluster": cluster,
+    "geometric_median": geometric_median,
+    "centered_clip": centered_clip,
+    "filtered_mean": filtered_mean,
+}
 
 
-def register_aggregator(aggregator: Aggregator) -> None:
-  """Adds `aggregator` at run time (e.g. from user code)."""
-  if aggregator.name in AGGREGATORS:
-    raise ValueError(f"an aggregator {aggregator.name!r} is already registered")
-  if aggregator.linear:
+def register_aggregator(aggregator: Aggregator | Callable[..., Aggregator]) -> None:
+  """Adds a rule at run time (e.g. from user code): its constructor (keyword numbers
+  -> Aggregator), or an Aggregator whose numbers are fixed."""
+  make = aggregator if callable(aggregator) else (lambda: aggregator)
+  rule = make()
+  if rule.name in AGGREGATORS:
+    raise ValueError(f"an aggregator {rule.name!r} is already registered")
+  if rule.linear:
     # `linear` tells the round it may run its own fused weighted mean instead of
     # calling `aggregate`: a user's rule so marked would never run
-    raise ValueError(f"aggregator {aggregator.name!r}: linear=True means the built-in "
+    raise ValueError(f"aggregator {rule.name!r}: linear=True means the built-in "
                      "weighted mean (the round fuses it and never calls aggregate); register "
                      "your rule with linear=False")
-  AGGREGATORS[aggregator.name] = aggregator
+  AGGREGATORS[rule.name] = make
 
 
-def get_aggregator(name: str) -> Aggregator:
+def get_aggregator(name: str, **numbers) -> Aggregator:
+  """The rule `name` built with `numbers` (its constructor's defaults for the rest;
+  its static properties do not depend on them)."""
   try:
-    return AGGREGATORS[name]
+    make = AGGREGATORS[name]
   except KeyError:
     raise ValueError(f"aggregator {name!r}: allowed are {', '.join(AGGREGATORS)}") from None
+  return make(**numbers)

@@ -9,5 +9,9 @@ def _aggregate(u, mask, weights, state, hp):
   return ra.trimmed_mean(u, mask, beta=hp["beta"]), state, metrics()
 
 
-AGGREGATOR = Aggregator(name="trimmed_mean", aggregate=on_finite_uploads(_aggregate),
-                        hparams=lambda cfg: {"beta": cfg.trim_fraction}, keys=("trim_fraction",))
+_AGGREGATE = on_finite_uploads(_aggregate)
+
+
+def trimmed_mean(beta: float = 0.1) -> Aggregator:
+  """The coordinate-wise mean after trimming a fraction `beta` at each end."""
+  return Aggregator(name="trimmed_mean", aggregate=_AGGREGATE, hparams={"beta": beta})

@@ -1,0 +1,65 @@
+"""Config keys feed stage constructors (issue 40, item 2): each key that is a number
+of a local term or an aggregation rule names the constructor argument it becomes
+(config/keys.py `feeds`), and recipes.from_config builds the stage from it."""
+
+import inspect
+
+import pytest
+
+from fedjax_dp import make_config, recipes
+from fedjax_dp.algorithms import TERMS, LocalTerm, register_term
+from fedjax_dp.algorithms import registry as term_registry
+from fedjax_dp.config.keys import KEYS
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.recipes import stages as st
+from fedjax_dp.recipes.flat import FEEDS
+from fedjax_dp.robust import AGGREGATORS
+
+REGISTRY = {"term": TERMS, "aggregator": AGGREGATORS}
+
+
+@pytest.mark.parametrize("key", [k for k in KEYS if k.feeds], ids=lambda k: k.name)
+def test_a_key_feeds_an_argument_whose_default_is_the_keys(key):
+  for feed in key.feeds:
+    slot, _, target = feed.partition(":")
+    stage, _, arg = target.partition(".")
+    params = inspect.signature(REGISTRY[slot][stage]).parameters
+    assert arg in params, feed
+    assert params[arg].default == key.default, (feed, params[arg].default, key.default)
+
+
+@pytest.mark.parametrize("slot,name", [(s, n) for s in REGISTRY for n in REGISTRY[s]])
+def test_every_argument_of_a_built_in_stage_has_a_key(slot, name):
+  """No number of a built-in term or rule is out of the CLI's reach."""
+  args = set(inspect.signature(REGISTRY[slot][name]).parameters)
+  fed = {arg for _, arg in FEEDS.get((slot, name), ())}
+  assert args == fed, (slot, name, args - fed)
+
+
+def test_from_config_builds_each_stage_with_its_keys_values():
+  cfg = make_config({"algorithm": "fedprox+scaffold", "prox_mu": 0.25, "aggregator": "multi_krum",
+                     "byzantine_f": 1, "multi_krum_m": 3})
+  recipe = recipes.from_config(cfg)
+  assert dict(recipe.terms[0].stage.hparams) == {"mu": 0.25}
+  assert recipe.rule_hparams() == {"f": 1, "m": 3}
+  assert recipe.rule == AGGREGATORS["multi_krum"](f=1, m=3)
+
+
+def test_a_number_no_key_feeds_is_refused_not_dropped():
+  """A registered stage built with a number the config cannot spell would run at its
+  constructor's default once the run is rebuilt from its config: refused."""
+  def scaled_loss(inputs, hp):
+    return 0.0 * hp["c"]
+
+  def scaled(c: float = 1.0) -> LocalTerm:
+    return LocalTerm(name="scaled_term", hparams={"c": c}, loss=scaled_loss)
+  register_term(scaled)
+  try:
+    at_default = recipes.compose("scaled_term", ("terms", recipes.Choice(scaled(), {})), st.sgd())
+    at_default.to_config(dataset="digits")   # the default: what the config rebuilds
+    other = recipes.compose("scaled_term", ("terms", recipes.Choice(scaled(c=2.0), {})),
+                            st.sgd())
+    with pytest.raises(ConfigError, match="numbers .* are not what its config keys give"):
+      other.to_config(dataset="digits")
+  finally:
+    del TERMS["scaled_term"], term_registry.ALGORITHMS["scaled_term"]
