@@ -237,6 +237,7 @@ def test_data_seed_separates_the_data_from_the_run_key():
   # the run key; null keeps the old meaning (the data follows seed)
   import jax
   import numpy as np
+  from fedjax_dp import recipes
   from fedjax_dp.core.state import init_state
   from fedjax_dp.experiment.setup import client_partition, load_data
   from fedjax_dp.models import make_model
@@ -250,8 +251,9 @@ def test_data_seed_separates_the_data_from_the_run_key():
   assert same(parts(seed=3), parts(seed=3, data_seed=3))
   assert not same(parts(seed=3), parts(seed=0))
   model = make_model(base.model, ds.input_shape, ds.output_size, base.hidden)
-  w = lambda **kw: np.asarray(init_state(make_config(kw, base=base), model,
-                                         jax.random.PRNGKey(0)).params["Dense_0"]
-                              ["kernel"])
+  def w(**kw):
+    cfg = make_config(kw, base=base)
+    state = init_state(cfg, recipes.from_config(cfg), model, jax.random.PRNGKey(0))
+    return np.asarray(state.params["Dense_0"]["kernel"])
   assert np.array_equal(w(seed=3, data_seed=0), w(seed=3))   # the model follows seed
   assert not np.array_equal(w(seed=3, data_seed=0), w(seed=0, data_seed=0))

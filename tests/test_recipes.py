@@ -123,7 +123,6 @@ def test_recipe_resolves_to_the_stages_the_flat_path_builds():
   """Objective (terms + numbers), aggregation rule and its numbers, server optimizer
   and stage layout agree with the pre-recipe factories on every named recipe."""
   from fedjax_dp import robust
-  from fedjax_dp.training import server
   from fedjax_dp.algorithms import parse_algorithm
   for name, (recipe, flat_keys) in NAMED.items():
     cfg = make_config({**SETUP, **flat_keys})
@@ -131,7 +130,7 @@ def test_recipe_resolves_to_the_stages_the_flat_path_builds():
         parse_algorithm(cfg.algorithm)[0], cfg), name
     assert recipe.rule == robust.get_aggregator(cfg.aggregator, **recipe.rule_hparams())
     assert recipe.rule_hparams() == dict(build_stage("aggregator", cfg.aggregator, cfg).hparams)
-    assert recipe.server_optimizer.stage == server.server_optimizer_name(cfg)
+    assert recipe.server_optimizer.stage == recipes.flat.server_optimizer_name(cfg)
     assert recipes.base.outline(recipe) == recipes.base.outline(recipes.from_config(cfg))
 
 

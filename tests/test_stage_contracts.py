@@ -33,7 +33,7 @@ from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.training import server_stages as ss
 from fedjax_dp.core import state as sim_lib   # the round's key tags
 from fedjax_dp.privacy.setup import make_privacy
-from fedjax_dp import make_config
+from fedjax_dp import make_config, recipes
 from fedjax_dp.models import make_model
 from fedjax_dp.placement.store import sample_cohort
 from tests.helpers import make_test_runs
@@ -133,8 +133,8 @@ CLIENT_STAGES = {
         lambda ctx: jnp.asarray(z, jnp.float32), "aggregate"), Z, False),
     "kept_noise-paper": (lambda _: pl.gaussian_on_kept(pl.paper_std(8.0, 1e-5, 1.0, 10)), None,
                          True),
-    "pipeline-topksdp": (lambda _: pl.make_client_pipeline(TOPKSDP, D), None, True),
-    "pipeline-paper": (lambda _: pl.make_client_pipeline(PAPER, D), None, True),
+    "pipeline-topksdp": (lambda _: recipes.from_config(TOPKSDP).client_pipeline(), None, True),
+    "pipeline-paper": (lambda _: recipes.from_config(PAPER).client_pipeline(), None, True),
 }
 
 
@@ -271,7 +271,7 @@ def chain_case():
   cfg, _, _, hp = dp_setup(dp="local", noise_multiplier=1.0, noise_schedule="convergence",
                            s_local=0.5, s_global=0.5, index_selection="public_topk",
                            aggregator="cluster", cluster_noise="equalize")
-  return ss.make_server_stages(cfg, True, sim_lib.DOWNLINK), hp
+  return recipes.from_config(cfg).server_stages(cfg.num_clients, sim_lib.DOWNLINK), hp
 
 
 # name -> () -> (ServerStage, hp)
@@ -409,7 +409,7 @@ def dp_case(name):
                                   sim_lib.CLIP_COUNT_NOISE, sim_lib.LOCAL_NOISE)
   params = model.init(key(0))
   d = sum(a.size for a in jax.tree.leaves(params))
-  server_state = ss.make_server_stages(cfg, privacy.mode != "none", sim_lib.DOWNLINK).init(
+  server_state = recipes.from_config(cfg).server_stages(cfg.num_clients, sim_lib.DOWNLINK).init(
       params, d)
   server_state = some_server_state(server_state, 2)
   if "noise_control" in server_state:
@@ -570,7 +570,7 @@ def test_no_two_draws_in_a_round_share_a_key(monkeypatch):
   # the cohort draw
   sample_cohort(tag(sim_lib.COHORT_SAMPLING), N, m, "fixed", m)
   # the client pipeline of each client, from its own key (as the client phase derives it)
-  pipe = pl.make_client_pipeline(TOPKSDP, D)
+  pipe = recipes.from_config(TOPKSDP).client_pipeline()
   for c in np.asarray(ids):
     ctx = a_stage_context(0)._replace(key=jax.random.fold_in(tag(sim_lib.PIPELINE), c))
     pipe.update(an_upload(int(c)), pipe.init(D), ctx)

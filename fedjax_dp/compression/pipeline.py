@@ -320,40 +320,6 @@ def kept_noise_draw(cfg) -> str:
   return "aggregate" if linear else "client"
 
 
-def upload_stages(cfg, draw: str) -> list[ClientStage]:
-  """The client stages the config's pipeline keys name, in the paper's order:
-  clip, top-k with error feedback, noise on the kept coordinates (`draw`: its
-  resolved kept_noise_draw). Stages a combination check refuses are still
-  built (final_clip_l2 without top-k, kept noise without a clip): recipes
-  read their properties and refuse them with a one-line message."""
-  stages = []
-  if cfg.coordinate_clip is not None:
-    stages.append(clip_per_coordinate(cfg.coordinate_clip))
-  if cfg.update_clip_l2 is not None:
-    stages.append(clip_l2(cfg.update_clip_l2))
-  if cfg.s_local > 0:
-    stages.append(topk_with_error_feedback(cfg.s_local, cfg.index_selection, cfg.error_feedback,
-                                           cfg.topk_kernel, cfg.final_clip_l2))
-  elif cfg.final_clip_l2 is not None:
-    stages.append(clip_sent(cfg.final_clip_l2))
-  if cfg.kept_noise != "none":
-    clips = (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2)
-    clip = next((c for c in clips if c is not None), None)
-    if cfg.kept_noise == "paper":
-      stages.append(paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip, cfg.s_local, draw))
-    else:
-      stages.append(noise_on_kept(cfg.kept_noise_multiplier * (clip or 0.0), draw))
-  return stages
-
-
-def make_client_pipeline(cfg, d: int) -> ClientStage | None:
-  """The configured client stages (the run's recipe's, recipes.from_config),
-  chained; None when no stage is configured. `d` is unused (stages size
-  themselves from the upload); kept for callers."""
-  from fedjax_dp.recipes import from_config   # recipes import this module
-  return from_config(cfg).client_pipeline()
-
-
 def communication(cfg, d: int) -> dict:
   """Bytes per participant and round, each way, and the encodings.
 

@@ -119,7 +119,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
                     issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
-                    inputs_digest=inputs, **layouts)
+                    inputs_digest=inputs, recipe=recipe, **layouts)
 
 
 def _privacy_and_round(cfg: Config, model: Model, feature_tiers, calibrated, client_budgets):

@@ -90,7 +90,7 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
   """The compiled round's hyperparameters from the config and its resolved
   `privacy` (privacy/setup.Privacy): host numpy float32, placed by the caller."""
   from fedjax_dp.privacy import accounting   # (accounting imports nothing of ours)
-  from fedjax_dp.training.server import server_optimizer_name
+  from fedjax_dp.recipes.flat import server_optimizer_name
   # only what the round reads: an entry it never reads would let a sweep over it
   # run identical replicas (with_hparams refuses such a key)
   hp = {"lr": _f32(cfg.lr), "server_lr": _f32(cfg.server_lr), "clip_norm": _f32(cfg.clip_norm)}

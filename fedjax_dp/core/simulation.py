@@ -90,6 +90,7 @@ class Simulation:
   # the release's inputs (data, own model and loss, tiers, budgets): with the config,
   # the run key's identity (privacy/release_identity.py)
   inputs_digest: str = ""
+  recipe: Any = None   # the run's stages (recipes.from_config(cfg), built once per start)
 
   @property
   def noise_multiplier(self) -> float:
@@ -119,7 +120,8 @@ class Simulation:
                           "release's, and these name none)")
     key = (secret_run_key() if cfg.noise_seed == "secret" else
            release_identity.run_key(cfg, self.inputs_digest))
-    state = init_state(self.cfg, self.model, key, self.paging and self.paging.make_table)
+    state = init_state(self.cfg, self.recipe, self.model, key,
+                       self.paging and self.paging.make_table)
     if hparams is not None:
       state = state._replace(clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32))
     return self.replicate(state)
@@ -133,9 +135,10 @@ class Simulation:
     recomputed with the config path's own functions: the ledger charges what the
     round applies. Structural changes, and keys that would change nothing in this
     round, are refused in one line."""
+    from fedjax_dp import recipes
     cfg, privacy, hp = self._issue(overrides)
-    return dataclasses.replace(self, cfg=cfg, privacy=privacy, hparams=self.replicate(
-        jax.tree.map(jnp.asarray, hp)))
+    return dataclasses.replace(self, cfg=cfg, privacy=privacy, recipe=recipes.from_config(cfg),
+                               hparams=self.replicate(jax.tree.map(jnp.asarray, hp)))
 
   def with_seed(self, seed: int) -> "Simulation":
     """This simulation with another run key (config key `seed`: the model's

@@ -17,13 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import recipes
-from fedjax_dp import robust
-from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import accounting
-from fedjax_dp.training import server as server_lib
-from fedjax_dp.training import server_stages as server_stages_lib
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
@@ -81,26 +77,26 @@ def secret_run_key() -> jax.Array:
   return jnp.asarray(from_primary(np.frombuffer(os.urandom(8), np.uint32).copy()))
 
 
-def init_state(cfg: Config, model: Model, run_key: jax.Array, client_table=None) -> SimState:
+def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax.Array,
+               client_table=None) -> SimState:
   """Round 0's state with `run_key` (release_identity.run_key). The model's
   initialisation is the seed's alone (it reads no data). `client_table(one_client_row)
   -> client_state` holds the per-client rows (default: a dense [num_clients, ...]
   device table; a HostTable for client_state_store host/disk, placement/paged_state.py)."""
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
-  server_opt = server_lib.make_server_optimizer(cfg)
+  server_opt = recipe.server_optimizer_fn()
   ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
-  objective = recipes.from_config(cfg).objective(momentum=cfg.momentum)
+  objective = recipe.objective(momentum=cfg.momentum)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  client_pipeline = pipeline_lib.make_client_pipeline(cfg, d)
+  client_pipeline = recipe.client_pipeline()
   if client_pipeline is not None:
     one_client["pipeline"] = client_pipeline.init(d)
-  aggregator = robust.get_aggregator(cfg.aggregator)
+  aggregator = recipe.rule
   if aggregator.stateful:   # only then: a stateless rule's runs keep their state pytree
     server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
-  server_state.update(server_stages_lib.make_server_stages(cfg, cfg.dp != "none", DOWNLINK)
-                      .init(params, d))
+  server_state.update(recipe.server_stages(cfg.num_clients, DOWNLINK).init(params, d))
   client_state = (client_table(one_client) if client_table is not None else
                   jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
                                one_client))

@@ -19,7 +19,6 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, dp_round
 from fedjax_dp.recipes import flat
 from fedjax_dp.robust import attacks
-from fedjax_dp.training.server import server_optimizer_name
 
 
 def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None,
@@ -209,9 +208,9 @@ _SETUP_KEYS_READ = {
     "client_state_dir": (lambda c: c.client_state_store == "disk", "client_state_store 'disk'"),
     "feature_scaling": (lambda c: c.dataset in TABULAR,
                         "a tabular dataset (see Datasets)"),
-    "server_momentum": (lambda c: server_optimizer_name(c) == "momentum",
+    "server_momentum": (lambda c: flat.server_optimizer_name(c) == "momentum",
                         "server_optimizer 'momentum' or algorithm 'fedavgm'"),
-    **{k: (lambda c: server_optimizer_name(c) == "adam",
+    **{k: (lambda c: flat.server_optimizer_name(c) == "adam",
            "server_optimizer 'adam' or algorithm 'fedadam'")
        for k in ("server_beta1", "server_beta2", "server_eps")},
 }

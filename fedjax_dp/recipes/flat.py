@@ -1,6 +1,6 @@
 """`from_config`: the flat Config (CLI, YAML, config.json) read as a recipe.
 
-Each stage is built by its own module (registry lookups, pipeline.upload_stages,
+Each stage is built by its own module (registry lookups, the pipeline's stages,
 the server stage specs) from the config's keys, and keeps the keys it stands
 for, so that `from_config(cfg).to_config(**setup of cfg)` is `cfg` again. The
 tables below are the config's vocabulary: which keys belong to which stage.
@@ -15,7 +15,6 @@ from fedjax_dp.privacy import budgets, dp_round, noise_control
 from fedjax_dp.compression import pipeline
 
 from fedjax_dp import robust
-from fedjax_dp.training import server as server_lib
 from fedjax_dp.training import server_stages
 from fedjax_dp.algorithms import registry
 from fedjax_dp.config import Config
@@ -86,8 +85,36 @@ def upload_choices(cfg) -> tuple[Choice, ...]:
   """The client upload stages (pipeline.upload_stages) with their keys; kept_noise_draw
   'auto' resolves as pipeline.kept_noise_draw does (the set-up's Byzantine clients
   included: the recipe of a run is read from its whole config)."""
-  stages = pipeline.upload_stages(cfg, pipeline.kept_noise_draw(cfg))
+  stages = _upload_stages(cfg, pipeline.kept_noise_draw(cfg))
   return tuple(Choice(s, _take(cfg, UPLOAD_KEYS[s.name])) for s in stages)
+
+
+def _upload_stages(cfg, draw: str) -> list:
+  """The client stages the config's pipeline keys name, in the paper's order:
+  clip, top-k with error feedback, noise on the kept coordinates (`draw`: its
+  resolved kept_noise_draw). Stages a combination check refuses are still
+  built (final_clip_l2 without top-k, kept noise without a clip): recipes
+  read their properties and refuse them with a one-line message."""
+  stages = []
+  if cfg.coordinate_clip is not None:
+    stages.append(pipeline.clip_per_coordinate(cfg.coordinate_clip))
+  if cfg.update_clip_l2 is not None:
+    stages.append(pipeline.clip_l2(cfg.update_clip_l2))
+  if cfg.s_local > 0:
+    stages.append(pipeline.topk_with_error_feedback(cfg.s_local, cfg.index_selection,
+                                                    cfg.error_feedback, cfg.topk_kernel,
+                                                    cfg.final_clip_l2))
+  elif cfg.final_clip_l2 is not None:
+    stages.append(pipeline.clip_sent(cfg.final_clip_l2))
+  if cfg.kept_noise != "none":
+    clips = (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2)
+    clip = next((c for c in clips if c is not None), None)
+    if cfg.kept_noise == "paper":
+      stages.append(pipeline.paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip,
+                                                 cfg.s_local, draw))
+    else:
+      stages.append(pipeline.noise_on_kept(cfg.kept_noise_multiplier * (clip or 0.0), draw))
+  return stages
 
 
 def server_choices(cfg) -> tuple[Choice, ...]:
@@ -120,6 +147,14 @@ def privacy_choices(cfg) -> dict[str, Choice | None]:
   }
 
 
+def server_optimizer_name(cfg: Config) -> str:
+  """`server_optimizer`, or with 'auto' the one the algorithm implies
+  (fedavgm: momentum, fedadam: adam, otherwise sgd)."""
+  if cfg.server_optimizer != "auto":
+    return cfg.server_optimizer
+  return registry.parse_algorithm(cfg.algorithm)[1]
+
+
 def from_config(cfg: Config) -> Recipe:
   """The recipe of `cfg` (any Config: a combination validate refuses is still
   read, so that validate can name it). Raises ValueError for an algorithm or
@@ -133,7 +168,7 @@ def from_config(cfg: Config) -> Recipe:
                if cfg.shuffle != "none" else None),
       aggregator=aggregator_choice(cfg),
       server=server_choices(cfg),
-      server_optimizer=Choice(server_lib.server_optimizer_name(cfg),
+      server_optimizer=Choice(server_optimizer_name(cfg),
                               _take(cfg, SERVER_OPTIMIZER_KEYS)),
       **privacy_choices(cfg))
   unused = {k: getattr(cfg, k) for k in unread_keys_of(recipe)

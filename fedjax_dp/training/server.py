@@ -7,31 +7,13 @@
 
 import optax
 
-from fedjax_dp.config import Config
-
-
-def server_optimizer_name(cfg: Config) -> str:
-  """`server_optimizer`, or with 'auto' the one the algorithm implies
-  (fedavgm: momentum, fedadam: adam, otherwise sgd)."""
-  if cfg.server_optimizer != "auto":
-    return cfg.server_optimizer
-  from fedjax_dp.algorithms import parse_algorithm
-  return parse_algorithm(cfg.algorithm)[1]
-
-
-def make_server_optimizer(cfg: Config, lr=None, momentum=None) -> optax.GradientTransformation:
-  """The optimizer; `lr` and `momentum` (default: the config's) may be traced
-  arrays (hyperparameters as data: hparams.py). Adam's betas and eps stay
-  constants: optax computes 1 - beta from them, which rounds differently from
-  a float32 array's."""
-  return make_optimizer(server_optimizer_name(cfg), cfg.server_lr if lr is None else lr,
-                        cfg.server_momentum if momentum is None else momentum,
-                        cfg.server_beta1, cfg.server_beta2, cfg.server_eps)
-
 
 def make_optimizer(name: str, lr, momentum=0.9, b1: float = 0.9, b2: float = 0.99,
                    eps: float = 1e-3) -> optax.GradientTransformation:
-  """sgd, momentum (FedAvgM) or adam (FedAdam) at server learning rate `lr`."""
+  """sgd, momentum (FedAvgM) or adam (FedAdam) at server learning rate `lr`. `lr` and
+  `momentum` may be traced arrays (hyperparameters as data: core/hparams.py); Adam's
+  betas and eps stay constants: optax computes 1 - beta from them, which rounds
+  differently from a float32 array's."""
   if name == "sgd":
     return optax.sgd(lr)
   if name == "momentum":

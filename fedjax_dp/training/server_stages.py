@@ -146,11 +146,3 @@ def public_update_spec() -> ServerStageSpec:
 def cluster_noise_spec() -> ServerStageSpec:
   return ServerStageSpec("cluster_noise", lambda n, tag: cluster_noise(n), needs_clusters=True,
                          needs_client_noise=True)
-
-
-def make_server_stages(cfg, dp_on: bool, downlink_key_tag: int) -> ServerStage:
-  """The config's server stages, in the round's order: its recipe's
-  (recipes.from_config), whose DP mechanism brings the noise controller
-  (`dp_on` is cfg.dp != 'none'; kept for callers)."""
-  from fedjax_dp.recipes import from_config   # recipes import this module
-  return from_config(cfg).server_stages(cfg.num_clients, downlink_key_tag)
