@@ -78,8 +78,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   aggregator = recipe.rule
   byzantine = _byzantine(cfg)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
-  per_client_state = bool(jax.tree.leaves(
-      jax.eval_shape(lambda: init_state(cfg, model, jax.random.PRNGKey(0)).client_state)))
+  shape = jax.eval_shape(lambda: init_state(cfg, recipe, model, jax.random.PRNGKey(0)))
+  per_client_state = bool(jax.tree.leaves(shape.client_state))
   # a stage that needs the cohort's uploads stacked (DP's client half, one upload
   # at a time, runs inside the client loop's sum)
   stacks_uploads = (byzantine is not None or not aggregator.linear
