@@ -125,7 +125,7 @@ def write_peer_data(clients: int, cohort: int, path: str) -> None:
   import numpy as np
   from fedjax_dp.data import apply_feature_scaling
   from fedjax_dp.experiment.setup import client_partition, load_data
-  from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+  from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
   cfg = point_config(clients, cohort, "stateless")
   raw = load_data(cfg)
   parts = client_partition(cfg, raw)

@@ -16,7 +16,7 @@ import fedjax_dp
 from fedjax_dp.api import recipe_config
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError, RunError
-from fedjax_dp.privacy.privacy_report import privacy_report
+from fedjax_dp.experiment.reports.privacy_report import privacy_report
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 

@@ -190,7 +190,7 @@ def test_calibrated_long_run_takes_every_round():
 def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
   from fedjax_dp import make_config
   from fedjax_dp.errors import ConfigError
-  from fedjax_dp.privacy.privacy_report import add_pld
+  from fedjax_dp.experiment.reports.privacy_report import add_pld
   from fedjax_dp.privacy.planning import pld_epsilon
   with pytest.raises(ConfigError, match="'noise_multiplier' = 0.001 with accountant 'pld'"):
     make_config({"dp": "central", "sampling": "poisson", "accountant": "pld",

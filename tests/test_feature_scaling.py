@@ -15,7 +15,7 @@ from fedjax_dp.data import apply_feature_scaling, load_dataset, scale_features
 from fedjax_dp.errors import DataError
 from fedjax_dp.data.dataset import train_test_split
 from fedjax_dp.data.partition import partition
-from fedjax_dp.privacy import privacy_report
+from fedjax_dp.experiment.reports import privacy_report
 from fedjax_dp.experiment import runner
 from fedjax_dp.experiment.setup import load_data, setup
 

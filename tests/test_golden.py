@@ -37,8 +37,8 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import privacy_log
-from fedjax_dp.privacy.privacy_report import privacy_report
+from fedjax_dp.experiment.reports import privacy_log
+from fedjax_dp.experiment.reports.privacy_report import privacy_report
 from fedjax_dp.core.build import build_simulation
 from fedjax_dp.data.tabular import TIERS
 from tests.helpers import toy_problem, toy_simulation

@@ -184,7 +184,7 @@ def test_overrides_the_round_would_ignore_or_could_not_account_are_refused(base,
 
 def test_local_pld_is_not_reported_at_another_simulations_noise():
   # rounds run with less noise than the reporting simulation's must not get its PLD figure
-  from fedjax_dp.privacy.privacy_report import privacy_report
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
   x, y, parts = toy_problem()
   sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=8.0, accountant="pld")
   quiet = sim.with_hparams(noise_multiplier=1.0)

@@ -188,7 +188,7 @@ def test_local_ledgers_match_participations_on_several_devices(devices, sampling
 
 def test_local_dp_pld_report_for_the_most_frequent_client():
   from dp_accounting.pld import pld_privacy_accountant
-  from fedjax_dp.privacy.privacy_report import privacy_report
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13))
   z = 3.0
   sim = toy_simulation(x, y, parts, hidden=[6], dp="local", noise_multiplier=z,

@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.cli import main
 from fedjax_dp.experiment.runner import run_experiment
 from fedjax_dp.errors import RunError
-from fedjax_dp.privacy.privacy_report import privacy_report
+from fedjax_dp.experiment.reports.privacy_report import privacy_report
 from fedjax_dp import make_config
 from tests.helpers import toy_problem, toy_simulation
 
@@ -240,7 +240,7 @@ def test_kept_noise_is_accounted_at_the_learning_rates_the_rounds_ran_with(tmp_p
   # rounds' kept noise was recomputed from the new schedule (3.26 reported, 3.57 right)
   import optax
   from fedjax_dp.models import num_params
-  from fedjax_dp.privacy.topksdp_privacy import topksdp_report
+  from fedjax_dp.experiment.reports.topksdp_privacy import topksdp_report
   over = dict(s_local=0.9, index_selection="random_k",
               final_clip_l2=0.1, kept_noise="paper", ldp_epsilon=1.0, lr=0.05,
               lr_schedule="cosine", lr_min=0.01, sampling="fixed")

@@ -83,7 +83,7 @@ def test_tiered_accounting_equals_dp_accountings_composition():
 @pytest.mark.slow   # ~12 s: make test-slow, so make test stays under 10 minutes
 def test_tiered_central_pld_report_uses_the_composed_multiplier():
   from dp_accounting.pld import pld_privacy_accountant
-  from fedjax_dp.privacy.privacy_report import privacy_report
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
   z, q, rounds = 1.0, 0.3, 6
   sim = toy_simulation(x, y, parts, hidden=[16], dp="central", noise_multiplier=z,

@@ -10,7 +10,7 @@ from fedjax_dp.privacy import amplification
 
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp import make_config
-from fedjax_dp.privacy.topksdp_privacy import gaussian_pair_rdp, topksdp_report
+from fedjax_dp.experiment.reports.topksdp_privacy import gaussian_pair_rdp, topksdp_report
 
 dpa = pytest.importorskip("dp_accounting")
 

@@ -35,7 +35,7 @@ def _undercharge(factor: float, seen: dict):
   metrics.jsonl, epsilon.png) then give no epsilon (RunContext.test_mode), so the
   audit compares with seen["charged"]: the privacy report without that mark."""
   from fedjax_dp.experiment.loop import Callback
-  from fedjax_dp.privacy.privacy_report import privacy_report
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
 
   def start(ctx) -> None:
     ctx.sim = _undercharged(ctx.sim, factor)
@@ -120,7 +120,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   report's "all_iterates"): each direction's statistic is its largest cosine with
   one round's model change (Andrew et al. 2023). The rounds then run one at a time
   and the directions stay on the device ((canaries + held_out) x params floats)."""
-  import fedjax_dp
+  from fedjax_dp.experiment.runner import run_experiment
   from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.privacy import audit as audit_lib
@@ -133,7 +133,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   cfg = make_config({**values, "audit_canaries": canaries})
   observer, seen = _observer(cfg, canaries, held_out, all_iterates)
   callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge, seen)])
-  fedjax_dp.run(cfg, out=out, log=log, progress=progress, callbacks=callbacks)
+  run_experiment(cfg, out, log=log, progress=progress, callbacks=callbacks)
   change = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), load_params(out),
                         seen["theta0"])
   inserted, outside = audit_lib.cosines(change, cfg.num_clients, canaries, held_out,
@@ -255,11 +255,12 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
 
 def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   """Every run's statistic and ledger epsilon (float64 [runs] each), the first
-  run's privacy report and the rounds run. Run 0 through fedjax_dp.run (into
+  run's privacy report and the rounds run. Run 0 as fedjax_dp.run runs it (into
   out/run), the others on its simulation, in its chunks."""
   import csv
   from jax.flatten_util import ravel_pytree
-  import fedjax_dp
+  from fedjax_dp.experiment.loop import Callback
+  from fedjax_dp.experiment.runner import run_experiment
   from fedjax_dp.config.schema import data_seed
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.experiment.loop import chunk_ends
@@ -269,9 +270,9 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   def keep(ctx) -> None:
     seen["sim"], seen["rounds"], seen["state"] = ctx.sim, ctx.round, ctx.state
   callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge, seen)]) + [
-      fedjax_dp.callbacks.Callback(on_run_end=keep)]
+      Callback(on_run_end=keep)]
   first = os.path.join(out, "run")
-  fedjax_dp.run(cfg, out=first, log=log, progress=progress, callbacks=callbacks)
+  run_experiment(cfg, first, log=log, progress=progress, callbacks=callbacks)
   d = ravel_pytree(seen["theta0"])[0].shape[0]
   c = np.asarray(audit_lib.direction_matrix(cfg.num_clients, 1, 0, data_seed(cfg), d)[0],
                  np.float64)

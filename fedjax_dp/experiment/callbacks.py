@@ -51,8 +51,8 @@ from fedjax_dp.experiment.resume import mark_released
 from fedjax_dp.placement import paged_state
 from fedjax_dp.experiment.setup import client_label_distribution
 from fedjax_dp.experiment.summary import run_summary
-from fedjax_dp.privacy.local_dp_report import clients_spent
-from fedjax_dp.privacy.privacy_report import rounds_skipped
+from fedjax_dp.experiment.reports.local_dp_report import clients_spent
+from fedjax_dp.experiment.reports.privacy_report import rounds_skipped
 from fedjax_dp.experiment.loop import (  # noqa: F401  (the protocol, public here)
     DIAGNOSTICS, Callback, RunContext, after_chunk, check_callbacks, checkpoint_due,
     chunk_ends, client_order, end_run, eval_due, run_loop, start_run, unfinished)

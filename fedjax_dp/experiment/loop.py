@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from fedjax_dp.experiment import interrupts
-from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.config import Config
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.losses import Task

@@ -10,9 +10,9 @@ import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
-from fedjax_dp.privacy.local_dp_report import clients_spent
-from fedjax_dp.privacy.privacy_report import (headline, mark_test_mode, privacy_report,
-                                              rounds_skipped)
+from fedjax_dp.experiment.reports.local_dp_report import clients_spent
+from fedjax_dp.experiment.reports.privacy_report import (headline, mark_test_mode,
+                                                         privacy_report, rounds_skipped)
 
 
 def expected_cohorts_only(cfg: Config) -> bool:

@@ -23,7 +23,8 @@ from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.run_folder import rounds_done, saved_config
 from fedjax_dp.experiment.target_epsilon import calibrated_multiplier
 from fedjax_dp.placement import paged_state
-from fedjax_dp.privacy import accounting, privacy_log
+from fedjax_dp.privacy import accounting
+from fedjax_dp.experiment.reports import privacy_log
 
 SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
 FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0

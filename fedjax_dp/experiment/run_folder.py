@@ -19,7 +19,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting
 from fedjax_dp.errors import RunError
-from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.release_identity import RELEASE_NEUTRAL_KEYS
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming

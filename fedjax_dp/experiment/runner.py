@@ -40,7 +40,8 @@ from fedjax_dp.experiment.setup import setup
 from fedjax_dp.experiment.target_epsilon import budget_rounds
 from fedjax_dp.models import Model, num_params
 from fedjax_dp.placement import processes
-from fedjax_dp.privacy import accounting, privacy_log
+from fedjax_dp.privacy import accounting
+from fedjax_dp.experiment.reports import privacy_log
 
 __all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
 

@@ -27,7 +27,7 @@ from fedjax_dp.data.registry import load_dataset
 from fedjax_dp.data.scaling import apply_feature_scaling
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
-from fedjax_dp.privacy.privacy_report import resolved_feature_scaling
+from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 
 
 def load_data(cfg: Config) -> Dataset:

@@ -12,7 +12,7 @@ from fedjax_dp.config import Config
 from fedjax_dp.experiment.metrics_row import published_participations
 from fedjax_dp.experiment import reporting
 from fedjax_dp.privacy import releases
-from fedjax_dp.privacy.privacy_report import mark_test_mode, privacy_report, report_facts
+from fedjax_dp.experiment.reports.privacy_report import mark_test_mode, privacy_report, report_facts
 
 
 def run_summary(ctx, stopped: bool | None = None) -> dict:

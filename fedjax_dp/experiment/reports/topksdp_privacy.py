@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.privacy import accounting, amplification
 from fedjax_dp.compression.pipeline import keep_count, kept_noise_draw, noise_clip
 
@@ -218,7 +219,6 @@ def _learning_rate_scale(cfg, rounds: int, round_lrs: Sequence[float] | None) ->
   rate / lr, as the rounds recorded it, else from the config's schedule."""
   if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
     return np.asarray(round_lrs, np.float64) / cfg.lr
-  from fedjax_dp.core.schedules import learning_rate_schedule  # simulation imports this module's deps
   lr_at = learning_rate_schedule(cfg)
   return np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
 

@@ -23,7 +23,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from fedjax_dp.privacy import privacy_log
+from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.privacy import releases
 from fedjax_dp.config import Config
 from fedjax_dp.data.registry import TABULAR
@@ -102,7 +102,7 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
                                      "is taken to have run with this simulation's noise (it "
                                      "composes to the state's ledger)")
   if cfg.kept_noise != "none":
-    from fedjax_dp.privacy.topksdp_privacy import topksdp_report
+    from fedjax_dp.experiment.reports.topksdp_privacy import topksdp_report
     d = num_params(jax.tree.leaves(state.params))
     sizes = [int(n) for n in np.asarray(sim.store.client_count)]
     # each round's noise at the learning rate it ran with (a resume may change the schedule)
@@ -241,7 +241,7 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
   if cfg.dp == "central":
     _central_section(report, cfg, sim, state, plog, rounds, skipped, stopped_by_budget)
   else:
-    from fedjax_dp.privacy.local_dp_report import local_section
+    from fedjax_dp.experiment.reports.local_dp_report import local_section
     local_section(report, cfg, sim, state)
   report.update(_schedule_section(cfg, sim, state))
   # the mechanism's influences; a run's summary adds what its folder publishes (summary.py)

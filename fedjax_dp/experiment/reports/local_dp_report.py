@@ -14,7 +14,7 @@ from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.hparams import budget_limit
 from fedjax_dp.privacy import accounting
-from fedjax_dp.privacy.privacy_report import add_pld, finite_or_none
+from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none
 
 
 def clients_spent(sim: Simulation, state) -> np.ndarray:
