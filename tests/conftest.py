@@ -59,3 +59,22 @@ def pytest_runtest_makereport(item, call):
       report.longrepr = (str(item.path), item.location[1] or 0,
                          f"Skipped: more devices than this {jax.default_backend()} machine "
                          f"has ({message})")
+
+
+def _listed_slow_cases() -> frozenset[str]:
+  """The node ids of tests/slow_cases.txt (fast cases measured at 10 s or more)."""
+  with open(os.path.join(ROOT, "tests", "slow_cases.txt")) as f:
+    return frozenset(line.split("#")[0].strip() for line in f
+                     if line.strip() and not line.startswith("#"))
+
+
+SLOW_CASES = _listed_slow_cases()
+
+
+# before -m selects (addopts' "not slow"): the listed cases are slow tests like the
+# decorated ones
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.nodeid in SLOW_CASES:
+      item.add_marker(pytest.mark.slow)
