@@ -45,7 +45,9 @@ use_cpu_devices_or_exit()
 
 import jax  # noqa: E402
 
-from fedjax_dp.privacy import accounting, analyzer, planning  # noqa: E402
+from fedjax_dp.privacy import accounting, planning  # noqa: E402
+
+from fedjax_dp.privacy.tiers import analyzer
 from fedjax_dp.privacy import setup as privacy_setup  # noqa: E402
 from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402

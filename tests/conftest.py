@@ -35,7 +35,7 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "float32")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     ROOT, ".cache", "jax-tests", os.environ.get("PYTEST_XDIST_WORKER", "main")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-# The analyzer's trained semantic network (privacy/semantic_cache.py): kept in the
+# The analyzer's trained semantic network (privacy/tiers/semantic_cache.py): kept in the
 # project's .cache, not the user's home, and shared by the workers like the programs.
 os.environ.setdefault("FEDJAX_DP_CACHE", os.path.join(ROOT, ".cache", "fedjax-dp-tests"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import analyzer, semantic, semantic_cache, sensitivity
+from fedjax_dp.privacy.tiers import analyzer, semantic, semantic_cache, sensitivity
 from fedjax_dp.data.partition import partition
 from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, PUBLIC
 

@@ -1,4 +1,4 @@
-"""Byzantine attacks (robust/attacks.py) against hand computations: ALIE's z and
+"""Byzantine attacks (adversary/attacks.py) against hand computations: ALIE's z and
 upload, IPM's, and the malicious clients drawn afresh each round."""
 
 import jax
@@ -9,7 +9,7 @@ from scipy.stats import norm
 
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
 
 U = np.array([[1.0, -2.0, 0.5],     # malicious

@@ -1,4 +1,4 @@
-"""Attribute inference (privacy/attribute.py, `fedjax-dp attack attribute`): the
+"""Attribute inference (adversary/attribute.py, `fedjax-dp attack attribute`): the
 candidates and bins, a model whose label is the column (the attack must find it),
 and the command on a healthcare run."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fedjax_dp
-from fedjax_dp.privacy import attribute
+from fedjax_dp.adversary import attribute
 
 
 def test_candidates_are_the_values_or_quantile_bins():

@@ -1,4 +1,4 @@
-"""The empirical privacy audit (privacy/audit.py, `fedjax-dp audit`): the
+"""The empirical privacy audit (adversary/audit.py, `fedjax-dp audit`): the
 Gaussians' epsilon against the Gaussian DP closed form and dp-accounting, the
 canary stage, the all-iterates statistic against numpy, the multi-run bound
 against scipy's exact binomial intervals and randomized response, and audits
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from fedjax_dp.privacy import audit
+from fedjax_dp.adversary import audit
 
 
 def gdp_delta(eps, mu):

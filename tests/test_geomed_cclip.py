@@ -95,7 +95,7 @@ def test_rule_beats_the_mean_against_byzantine_clients(aggregator, extra):
   """Two of ten clients send -100 x their update, on 2 devices: the rule's update
   stays near the honest clients' mean, the plain mean does not; centred
   clipping's state is the applied update (server sgd at lr 1), carried on."""
-  from fedjax_dp.robust import attacks
+  from fedjax_dp.adversary import attacks
   x, y, parts = toy_problem(sizes=(8, 9, 10, 11, 7, 12, 9, 10, 8, 11))
   common = dict(hidden=[6], byzantine_fraction=0.2, byzantine_attack="sign_flip",
                 byzantine_scale=100.0, devices=2)

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = (
     ("errors.py", "config/", "kernels/"),
     ("placement/", "data/", "models.py", "losses.py"),
-    ("algorithms/", "robust/", "compression/", "privacy/", "training/"),
+    ("algorithms/", "robust/", "adversary/", "compression/", "privacy/", "training/"),
     ("recipes/",),
     ("core/",),
     ("experiment/", "sweeps/", "callbacks.py"),

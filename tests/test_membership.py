@@ -1,4 +1,4 @@
-"""Membership inference (privacy/membership.py, `fedjax-dp attack mia`): the ROC
+"""Membership inference (adversary/membership.py, `fedjax-dp attack mia`): the ROC
 figures against scikit-learn, the balanced sets, the DP bound, and the attack on
 an overfit model with and without DP."""
 
@@ -13,7 +13,7 @@ import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
 import fedjax_dp
-from fedjax_dp.privacy import membership
+from fedjax_dp.adversary import membership
 
 
 @pytest.mark.parametrize("ties", [False, True])

@@ -1,4 +1,4 @@
-"""Data poisoning (robust/poisoning.py) and norm bounding (server_clip_l2): the
+"""Data poisoning (adversary/poisoning.py) and norm bounding (server_clip_l2): the
 trigger, the poisoned labels against hand computations, the attack metrics of a
 run, and the server's clip of every received upload against numpy."""
 
@@ -11,7 +11,7 @@ import fedjax_dp
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment.setup import setup
-from fedjax_dp.robust import attacks, poisoning
+from fedjax_dp.adversary import attacks, poisoning
 from tests.helpers import flat, round_zero_deltas, toy_problem, toy_simulation
 
 

@@ -63,7 +63,7 @@ from fedjax_dp.experiment import runner
 from fedjax_dp.experiment.run_folder import saved_config
 from fedjax_dp import make_config
 from fedjax_dp.config.schema import data_seed
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 from tests.helpers import covering_array, pairs_and
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
@@ -1006,7 +1006,7 @@ def run_attacked_own_data(folder, tmp_path, monkeypatch, **overrides):
   rows replaced (the same round, same keys, negligible noise); dp-accounting then
   composes the rounds at the measured noise over the measured sensitivity (replace-one:
   at most 2 C by construction; 9.9 to 16.8 C before the fix)."""
-  from fedjax_dp.robust import attacks
+  from fedjax_dp.adversary import attacks
   rec = Recorder(monkeypatch)
   values = dict(dataset="custom", num_clients=20, clients_per_round=10, hidden=[32],
                 batch_size=32, local_epochs=1, lr=0.05, momentum=0.0, clip_norm=0.3,

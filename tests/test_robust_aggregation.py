@@ -244,7 +244,7 @@ def test_round_applies_the_rule_to_the_clients_deltas(aggregator):
 
 
 def test_byzantine_clients_send_their_attack_and_robust_rules_resist():
-  from fedjax_dp.robust import attacks
+  from fedjax_dp.adversary import attacks
   bad = attacks.malicious_clients(10, 0.2, seed=0)
   assert bad.sum() == 2
   np.testing.assert_array_equal(bad, attacks.malicious_clients(10, 0.2, seed=0))

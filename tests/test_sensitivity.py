@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.privacy import sensitivity as sa
+from fedjax_dp.privacy.tiers import sensitivity as sa
 
 
 def test_shannon_entropy_of_a_known_discrete_distribution():

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 from fedjax_dp.privacy import dp_round as dp_round_lib
 from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.compression import pipeline as pl

@@ -18,7 +18,7 @@ import pytest
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 from tests.helpers import flat, toy_problem, toy_simulation
 
 dpa = pytest.importorskip("dp_accounting")

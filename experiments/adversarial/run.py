@@ -237,7 +237,7 @@ def clean_attack_rates(kind: str, args, clean: list[str]) -> dict:
   import jax.numpy as jnp
   import numpy as np
   from fedjax_dp.experiment.attack import load_run
-  from fedjax_dp.robust import poisoning
+  from fedjax_dp.adversary import poisoning
   rates = []
   for cell in clean:
     path = os.path.join(args.out, args.dataset, kind, "cells", cell)

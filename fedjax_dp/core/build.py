@@ -31,12 +31,12 @@ from fedjax_dp.placement import cohort as cohort_lib
 from fedjax_dp.placement import paged_state
 from fedjax_dp.placement.executor import Executor, plan_executor
 from fedjax_dp.placement.store import FederatedStore, default_max_cohort
-from fedjax_dp.privacy import audit
+from fedjax_dp.adversary import audit
 from fedjax_dp.privacy import boundary
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.privacy import release_identity
 from fedjax_dp.privacy.setup import make_privacy
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 from fedjax_dp.training import client as client_lib
 from fedjax_dp.core.round import make_round
 from fedjax_dp.core.simulation import Simulation, make_mesh
@@ -110,7 +110,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   run_chunk, run_replica_chunk = _compiled_chunks(round_fn, cfg.matmul_precision)
   replicated = NamedSharding(mesh, P())
   store = jax.device_put(store, replicated)
-  host_hp = hparams_lib.round_hparams(cfg, privacy)
+  host_hp = hparams_lib.round_hparams(cfg, privacy, recipe)
   hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), replicated)
   layouts = _layouts(mesh, home, cfg.num_clients, executor.table_rows)
   return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,

@@ -46,6 +46,7 @@ import math
 
 import numpy as np
 
+from fedjax_dp.config.keys import KEYS
 from fedjax_dp.errors import ConfigError
 
 
@@ -60,15 +61,14 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
                 "noise_multiplier", "target_epsilon", "delta", "target_quantile", "clip_lr",
                 "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema",
                 "tier_noise_multipliers",
-                # the local terms' and the aggregation rules' (algorithms/, robust/)
-                "prox_mu", "contrastive_mu1", "contrastive_mu2", "contrastive_radius",
-                "contrastive_tau", "moon_mu", "moon_tau", "admm_rho", "feddyn_alpha",
-                "trim_fraction", "outlier_z", "filter_cosine", "cclip_tau", "cclip_iters",
-                "geomed_eps", "geomed_iters", "cluster_threshold", "byzantine_f", "multi_krum_m",
                 # the upload stages' (compression/pipeline.py)
                 "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier",
-                # the audit's canaries (privacy/audit.py)
-                "audit_canary_scale")
+                # the audit's canaries (adversary/audit.py)
+                "audit_canary_scale") + tuple(
+    # the local terms' and the aggregation rules' numbers: each key that feeds a
+    # constructor argument with a number (its row in config/keys.py); a string fed
+    # (contrastive's form, FedADMM's upload) is structure
+    k.name for k in KEYS if k.feeds and type(k.default) in (int, float))
 
 
 # keys after which central DP's calibration to target_epsilon is done again
@@ -86,9 +86,10 @@ def budget_limit(target_epsilon):
   return target_epsilon * (1 - 1e-5)
 
 
-def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
-  """The compiled round's hyperparameters from the config and its resolved
-  `privacy` (privacy/setup.Privacy): host numpy float32, placed by the caller."""
+def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
+  """The compiled round's hyperparameters from the config, its resolved `privacy`
+  (privacy/setup.Privacy) and its `recipe` (the stages' numbers; None: read from
+  cfg): host numpy float32, placed by the caller."""
   from fedjax_dp.privacy import accounting   # (accounting imports nothing of ours)
   from fedjax_dp.recipes.flat import server_optimizer_name
   # only what the round reads: an entry it never reads would let a sweep over it
@@ -101,8 +102,11 @@ def round_hparams(cfg, privacy) -> dict[str, np.ndarray]:
     hp["momentum"] = _f32(cfg.momentum)
   if server_optimizer_name(cfg) == "momentum":
     hp["server_momentum"] = _f32(cfg.server_momentum)
-  hp.update(_term_and_rule_hparams(cfg))
-  hp["pipeline"] = _pipeline_hparams(cfg)
+  if recipe is None:
+    from fedjax_dp.recipes import from_config   # recipes import this module's users
+    recipe = from_config(cfg)
+  hp.update(_term_and_rule_hparams(recipe))
+  hp["pipeline"] = _pipeline_hparams(recipe)
   if cfg.audit_canaries > 0:
     hp["audit_canary_scale"] = _f32(cfg.audit_canary_scale)
   if privacy.mode == "none":
@@ -138,21 +142,18 @@ def _as_array(v) -> np.ndarray:
   return np.int32(v) if isinstance(v, (int, np.integer)) else _f32(v)
 
 
-def _term_and_rule_hparams(cfg) -> dict:
+def _term_and_rule_hparams(recipe) -> dict:
   """{'terms': {term: {key: array}}, 'aggregator': {key: array}}: the local terms'
   and the aggregation rule's numbers (algorithms/, robust/), each stage's hparams."""
-  from fedjax_dp.recipes import from_config   # recipes import this module's users
-  recipe = from_config(cfg)
   return {"terms": {c.stage.name: {k: _as_array(v) for k, v in c.stage.hparams.items()}
                     for c in recipe.terms},
           "aggregator": {k: _as_array(v) for k, v in recipe.rule_hparams().items()}}
 
 
-def _pipeline_hparams(cfg) -> tuple:
+def _pipeline_hparams(recipe) -> tuple:
   """The upload stages' numbers, one dict per stage in the chain's order
   (pipeline.ClientStage.hparams): clip bounds, the kept noise's std."""
-  from fedjax_dp.recipes import from_config   # recipes import this module's users
-  chain = from_config(cfg).client_pipeline()
+  chain = recipe.client_pipeline()
   if chain is None:
     return ()
   return tuple({k: _as_array(v) for k, v in stage.items()} for stage in chain.hparams)

@@ -82,7 +82,7 @@ class Simulation:
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
-  # a data attack's test set (robust/poisoning.py): (metric name, evaluation batches)
+  # a data attack's test set (adversary/poisoning.py): (metric name, evaluation batches)
   attack_data: Any = None
   paging: paged_state.Paging | None = None   # client_state_store host/disk (paged_state.py)
   # run_chunk vmapped over stacked replicas: ([R] states, store, [R] hparams, length)
@@ -135,9 +135,8 @@ class Simulation:
     recomputed with the config path's own functions: the ledger charges what the
     round applies. Structural changes, and keys that would change nothing in this
     round, are refused in one line."""
-    from fedjax_dp import recipes
-    cfg, privacy, hp = self._issue(overrides)
-    return dataclasses.replace(self, cfg=cfg, privacy=privacy, recipe=recipes.from_config(cfg),
+    cfg, privacy, hp, recipe = self._issue(overrides)
+    return dataclasses.replace(self, cfg=cfg, privacy=privacy, recipe=recipe,
                                hparams=self.replicate(jax.tree.map(jnp.asarray, hp)))
 
   def with_seed(self, seed: int) -> "Simulation":
@@ -170,15 +169,17 @@ class Simulation:
     """`with_hparams(**overrides).hparams` as host arrays, for stacking replicas
     (`jax.vmap` over run_chunk) or run_rounds(hparams=...). A run's reports and
     privacy log must come from the matching `with_hparams` simulation."""
-    return self._issue(overrides)[2]
+    return self._issue(overrides)[2]   # (cfg, privacy, hparams, recipe)
 
   def _issue(self, overrides: dict):
-    """(config, privacy, host hyperparameters) with `overrides`; the pytree's digest
-    is recorded, so that run_rounds accepts it."""
+    """(config, privacy, host hyperparameters, recipe) with `overrides`; the pytree's
+    digest is recorded, so that run_rounds accepts it."""
+    from fedjax_dp import recipes
     cfg, privacy = self._config_and_privacy(overrides)
-    hp = hparams_lib.round_hparams(cfg, privacy)
+    recipe = recipes.from_config(cfg)
+    hp = hparams_lib.round_hparams(cfg, privacy, recipe)
     self.issued[hparams_lib.digest(hp)] = cfg
-    return cfg, privacy, hp
+    return cfg, privacy, hp, recipe
 
   def privacy_for(self, **overrides) -> Privacy:
     """make_privacy of the config with `overrides` (see with_hparams)."""

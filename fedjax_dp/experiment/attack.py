@@ -46,10 +46,10 @@ def shadow_epochs(cfg) -> int:
 
 def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shadows: int = 0,
                data=None, model=None) -> dict:
-  """The loss-threshold membership-inference attack (privacy/membership.py) on the
+  """The loss-threshold membership-inference attack (adversary/membership.py) on the
   model a run saved, and with `shadows` > 0 the shadow-model attack beside it
   (under 'shadow'); the report also names the run and its reported guarantee."""
-  from fedjax_dp.privacy import membership
+  from fedjax_dp.adversary import membership
   cfg, params, ds, sim = load_run(run_dir, data, model, "attack_mia")
   if ds.num_classes < 2:
     raise RunError(f"{run_dir}: the loss-threshold attack reads a classifier's "
@@ -118,10 +118,10 @@ def membership_privacy(cfg, privacy: dict, smallest_client: int) -> dict:
 
 def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int | None = None,
                      seed: int = 0, data=None, model=None) -> dict:
-  """Attribute inference (privacy/attribute.py) on the model a run saved: one
+  """Attribute inference (adversary/attribute.py) on the model a run saved: one
   sensitive column of tabular data, `feature` by name (default: the data's first
   sensitive column with at most 10 values, else its first)."""
-  from fedjax_dp.privacy import attribute
+  from fedjax_dp.adversary import attribute
   cfg, params, ds, sim = load_run(run_dir, data, model, "attack_attribute")
   if ds.x_train.ndim != 2 or ds.num_classes < 2:
     raise RunError(f"{run_dir}: attribute inference reads a column of tabular data under a "

@@ -1,11 +1,11 @@
 """`fedjax-dp audit`: a run with canary clients, then the one-shot estimate
-(privacy/audit.py) beside the epsilon the run's accountant reported.
+(adversary/audit.py) beside the epsilon the run's accountant reported.
 
 The run is an ordinary run folder (metrics.jsonl, summary.json, model.msgpack)
 with `audit_canaries` set; its audit.json holds the estimate. theta_0 is the
 run's seeded initialisation (public in every mode), taken as the run starts.
 With `all_iterates`, the rounds run one at a time and a second estimate reads
-every round's model (privacy/audit.iterate_tracker).
+every round's model (adversary/audit.iterate_tracker).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _observer(cfg, canaries: int, held_out: int, all_iterates: bool):
   at a time and tracks each direction's largest cosine with a round's change)."""
   from fedjax_dp.experiment.loop import Callback
   from fedjax_dp.config.schema import data_seed
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   seen: dict = {}
 
   def start(ctx) -> None:
@@ -123,7 +123,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   from fedjax_dp.experiment.runner import run_experiment
   from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.experiment.final_model import load_params
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   from fedjax_dp.config.schema import data_seed
   values = _audit_values(config, undercharge)
   held_out = canaries if held_out is None else held_out
@@ -168,7 +168,7 @@ def neighbour_scale(cfg) -> float:
 
 def _check_runs(cfg, runs: int, confidence: float, out: str) -> None:
   """RunErrors for a multi-run audit that could not hold, before anything runs."""
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   if runs < 2 * audit_lib.MIN_CANARIES:
     raise RunError(f"fedjax-dp audit: --runs {runs}: at least {2 * audit_lib.MIN_CANARIES} "
                    "(half with the canary, half without)")
@@ -197,7 +197,7 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
   neighbour_scale). Each run's statistic is <theta_T - theta_0, c>. Reports the
   Gaussian fit of the two sets (as the one-shot audit's) and a lower bound on
   epsilon that holds with probability `confidence`
-  (privacy/audit.threshold_bound), beside the accounted epsilon, which must be
+  (adversary/audit.threshold_bound), beside the accounted epsilon, which must be
   the same in every run (checked).
 
   The first run is an ordinary run folder, out/run (its summary.json holds the
@@ -207,7 +207,7 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
   finish, then out/audit.json."""
   from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.config.schema import data_seed
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   values = _audit_values(config, undercharge)
   base = make_config({**values, "audit_canaries": 1})
   _check_runs(base, runs, confidence, out)
@@ -264,7 +264,7 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   from fedjax_dp.config.schema import data_seed
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.experiment.loop import chunk_ends
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   observer, seen = _observer(cfg, 1, 0, False)
 
   def keep(ctx) -> None:
@@ -315,7 +315,7 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
 
 
 def _all_iterates(result, delta: float, bootstrap: int) -> dict:
-  from fedjax_dp.privacy import audit as audit_lib
+  from fedjax_dp.adversary import audit as audit_lib
   inserted, outside = result()
   if not (np.all(np.isfinite(inserted)) and np.all(np.isfinite(outside))):
     raise RunError("fedjax-dp audit: no round changed the model, so no iterate shows the "

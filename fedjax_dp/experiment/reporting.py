@@ -101,7 +101,7 @@ def append_metrics(path: str, row: dict) -> None:
     f.flush()
 
 
-# a data attack's success on its test set (robust/poisoning.py), in metrics.jsonl
+# a data attack's success on its test set (adversary/poisoning.py), in metrics.jsonl
 ATTACK_METRICS = ("attack_success_rate", "target_misclassification")
 
 

@@ -140,12 +140,12 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
 
 def poison_data(cfg: Config, ds: Dataset, parts: list[np.ndarray], task: losses.Task):
   """(ds, the attack's test set (name, x, y), the poisoned copy) for a data attack
-  (robust/poisoning.py); else (ds, None, None). byzantine_draw 'fixed': ds holds the
+  (adversary/poisoning.py); else (ds, None, None). byzantine_draw 'fixed': ds holds the
   malicious clients' data poisoned, no copy. 'round': ds stays clean, and the copy
   (x, y) is every client's data poisoned, which the store keeps after the clean
   rows for whichever clients the round draws (attacks.make_data_redraw): twice
   the training data's memory."""
-  from fedjax_dp.robust import attacks, poisoning
+  from fedjax_dp.adversary import attacks, poisoning
   kind = cfg.byzantine_attack
   if cfg.byzantine_fraction <= 0 or kind not in poisoning.DATA_ATTACKS:
     return ds, None, None
@@ -236,7 +236,7 @@ def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):
   tiers, analysis, budgets = ds.feature_tiers, None, None
   client_tiers = np.full(len(parts), 1)   # medium, unless the analyzer says otherwise
   if cfg.tier_source == "analyzer":
-    from fedjax_dp.privacy.analyzer import analyze_clients, thresholds
+    from fedjax_dp.privacy.tiers.analyzer import analyze_clients, thresholds
     out = analyze_clients(ds.x_train, parts, ds.sensitive, ds.feature_tiers, seed=data_seed(cfg),
                           semantic_steps=cfg.analyzer_steps, rule=cfg.analyzer_rule)
     tiers, analysis = out["tiers"], out["report"]

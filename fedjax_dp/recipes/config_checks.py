@@ -18,7 +18,7 @@ from fedjax_dp.data import TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, dp_round
 from fedjax_dp.recipes import flat
-from fedjax_dp.robust import attacks
+from fedjax_dp.adversary import attacks
 
 
 def make_config(overrides: dict[str, Any] | None = None, base: Config | None = None,

@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dp.privacy import semantic, semantic_cache
-from fedjax_dp.privacy import sensitivity
+from fedjax_dp.privacy.tiers import semantic, semantic_cache
+from fedjax_dp.privacy.tiers import sensitivity
 from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, PUBLIC, TIERS
 
 STAT_WEIGHT, SEM_WEIGHT = 0.6, 0.4

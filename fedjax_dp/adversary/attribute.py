@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dp.privacy.membership import balanced_sets, example_losses
+from fedjax_dp.adversary.membership import balanced_sets, example_losses
 
 
 def candidates(column: np.ndarray, max_values: int = 10, bins: int = 4):

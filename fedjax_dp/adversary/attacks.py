@@ -139,7 +139,7 @@ def make_byzantine(num_clients: int, fraction: float, seed: int, kind: str, scal
   draw 'round': the malicious clients are drawn from fold_in(round_key, draw_tag)."""
   if fraction <= 0:
     return None
-  from fedjax_dp.robust.poisoning import DATA_ATTACKS
+  from fedjax_dp.adversary.poisoning import DATA_ATTACKS
   if kind in DATA_ATTACKS:   # poisoned data, honest protocol; a backdoor may boost its upload
     if kind != "backdoor" or scale == 1.0:
       return None
@@ -164,7 +164,7 @@ def make_data_redraw(num_clients: int, fraction: float, kind: str, draw: str, of
   (the draw of make_byzantine, from fold_in(round_key, draw_tag)) reads its
   examples `offset` further on, in the poisoned copy of every client's data that
   the store holds after the clean one (experiment/setup.py). None otherwise."""
-  from fedjax_dp.robust.poisoning import DATA_ATTACKS
+  from fedjax_dp.adversary.poisoning import DATA_ATTACKS
   if fraction <= 0 or kind not in DATA_ATTACKS or draw != "round":
     return None
   count = malicious_count(num_clients, fraction)

@@ -50,7 +50,7 @@ def model_key(seed: int, steps: int) -> str:
   import jaxlib
   import optax
   from fedjax_dp.data import tabular
-  from fedjax_dp.privacy import analyzer, semantic, sensitivity
+  from fedjax_dp.privacy.tiers import analyzer, semantic, sensitivity
   h = hashlib.sha256(json.dumps({
       "format": FORMAT, "seed": int(seed), "steps": int(steps),
       "jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__,
