@@ -63,3 +63,15 @@ def test_a_number_no_key_feeds_is_refused_not_dropped():
       other.to_config(dataset="digits")
   finally:
     del TERMS["scaled_term"], term_registry.ALGORITHMS["scaled_term"]
+
+
+def test_a_constructor_without_defaults_is_refused_at_registration():
+  from fedjax_dp.robust import Aggregator, register_aggregator
+
+  def bounded(bound: float) -> Aggregator:   # no default: from_config could not build it
+    return Aggregator(name="bounded_rule", aggregate=lambda *a: a)
+  with pytest.raises(ValueError, match="no arguments, each number with a default"):
+    register_aggregator(bounded)
+  with pytest.raises(ValueError, match="no arguments, each number with a default"):
+    register_term(lambda lam: LocalTerm(name="no_default_term", hparams={"lam": lam}))
+  assert "bounded_rule" not in AGGREGATORS and "no_default_term" not in TERMS

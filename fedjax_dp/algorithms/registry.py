@@ -47,11 +47,21 @@ def register_term(term: LocalTerm | Callable[..., LocalTerm],
   its constructor (keyword numbers -> LocalTerm), or a LocalTerm whose numbers are
   fixed. It adds to the loss after the built-in terms."""
   make = term if callable(term) else (lambda: term)
-  name = make().name
+  name = _built(make, "term").name
   if name in ALGORITHMS:
     raise ValueError(f"a term or algorithm {name!r} is already registered")
   TERMS[name] = make
   ALGORITHMS[name] = ((name,), server_optimizer)
+
+
+def _built(make: Callable, kind: str):
+  """make() for registering: a constructor must build its stage from its defaults
+  (a run without a config key for a number uses the default)."""
+  try:
+    return make()
+  except TypeError as e:
+    raise ValueError(f"a {kind} constructor must build its stage with no arguments, each "
+                     f"number with a default ({e})") from None
 
 
 def term_properties(name: str) -> LocalTerm:

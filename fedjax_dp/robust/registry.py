@@ -35,7 +35,11 @@ def register_aggregator(aggregator: Aggregator | Callable[..., Aggregator]) -> N
   """Adds a rule at run time (e.g. from user code): its constructor (keyword numbers
   -> Aggregator), or an Aggregator whose numbers are fixed."""
   make = aggregator if callable(aggregator) else (lambda: aggregator)
-  rule = make()
+  try:
+    rule = make()
+  except TypeError as e:   # a run without a config key for a number uses the default
+    raise ValueError("an aggregator constructor must build its rule with no arguments, each "
+                     f"number with a default ({e})") from None
   if rule.name in AGGREGATORS:
     raise ValueError(f"an aggregator {rule.name!r} is already registered")
   if rule.linear:
