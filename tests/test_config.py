@@ -257,3 +257,12 @@ def test_data_seed_separates_the_data_from_the_run_key():
     return np.asarray(state.params["Dense_0"]["kernel"])
   assert np.array_equal(w(seed=3, data_seed=0), w(seed=3))   # the model follows seed
   assert not np.array_equal(w(seed=3, data_seed=0), w(seed=0, data_seed=0))
+
+
+def test_the_old_home_of_make_config_says_where_it_went():
+  """make_config and load_config left config/ (issue 40: config/ checks each key on its
+  own); importing them from there names the new home instead of a bare ImportError."""
+  with pytest.raises(ImportError, match="use fedjax_dp.make_config"):
+    from fedjax_dp.config import make_config  # noqa: F401
+  with pytest.raises(ImportError, match="use fedjax_dp.load_config"):
+    from fedjax_dp.config import load_config  # noqa: F401

@@ -22,6 +22,19 @@ from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER,
                                      PLD_MIN_NOISE_MULTIPLIER, PRESETS, RANGES, Config)
 from fedjax_dp.errors import ConfigError
 
+# moved by issue 40 (config/ checks each key on its own; the run's stages are checked at
+# the edge): an import of the old name says where it went
+_MOVED = {"make_config": "fedjax_dp.make_config", "load_config": "fedjax_dp.load_config",
+          "unread_keys": "fedjax_dp.recipes.config_checks.unread_keys"}
+
+
+def __getattr__(name: str):
+  if name in _MOVED:
+    raise ImportError(f"fedjax_dp.config.{name} moved: use {_MOVED[name]} (it checks the "
+                      "run's stages too; config.parse_config checks each key on its own)")
+  raise AttributeError(f"module 'fedjax_dp.config' has no attribute {name!r}")
+
+
 __all__ = ["CHOICES", "FLOAT32_MAX", "MIN_NOISE_MULTIPLIER", "PLD_MIN_NOISE_MULTIPLIER",
            "PRESETS", "RANGES", "Config", "ConfigError", "parse_config", "parse_set",
            "read_config_file"]
