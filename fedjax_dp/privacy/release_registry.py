@@ -95,7 +95,8 @@ FIGURES: dict[str, tuple[Status, str]] = {
     "clip_norm": (COVERED, "the clip norm: configured, or moved by the noised and accounted "
                            "clipped count (adaptive clipping)"),
     "unclipped_fraction": (NOT_COVERED, "the share of uploads within the clip norm, " + _TRAINING
-                                        + " (under Poisson central DP over the expected cohort)"),
+                                        + " (under Poisson central DP over the expected cohort, so it "
+                                        "can exceed 1: the realised cohort is private)"),
     "nonfinite_uploads": (NOT_COVERED, "uploads with a NaN or inf, sent as zero, " + _TRAINING),
     "flagged": (_post_processing_under_local,
                 "uploads a robust rule left out: from the uploads before any noise on their sum "
