@@ -61,9 +61,12 @@ def stage_keys(slot: str, name: str) -> tuple[str, ...]:
 
 def build_stage(slot: str, name: str, cfg):
   """The registered stage `name` built from cfg's values of the keys that feed it
-  (a user's stage without keys: its constructor's defaults)."""
-  make = registry.TERMS[name] if slot == "term" else robust.AGGREGATORS[name]
-  return make(**{arg: getattr(cfg, key) for key, arg in FEEDS.get((slot, name), ())})
+  (a user's stage without keys: its constructor's defaults). An aggregator that is
+  not registered is get_aggregator's ValueError, naming the registered ones."""
+  numbers = {arg: getattr(cfg, key) for key, arg in FEEDS.get((slot, name), ())}
+  if slot == "term":
+    return registry.TERMS[name](**numbers)
+  return robust.get_aggregator(name, **numbers)
 
 
 def term_choices(cfg) -> tuple[Choice, ...]:
@@ -75,7 +78,6 @@ def term_choices(cfg) -> tuple[Choice, ...]:
 
 def aggregator_choice(cfg) -> Choice:
   """The aggregation rule built from cfg, with its keys (ValueError: not registered)."""
-  robust.get_aggregator(cfg.aggregator)   # names the registered rules if it is not one
   return Choice(build_stage("aggregator", cfg.aggregator, cfg),
                 {"aggregator": cfg.aggregator,
                  **_take(cfg, stage_keys("aggregator", cfg.aggregator))})
