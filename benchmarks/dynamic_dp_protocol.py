@@ -49,6 +49,7 @@ from fedjax_dp.privacy import accounting, planning  # noqa: E402
 
 from fedjax_dp.privacy.tiers import analyzer
 from fedjax_dp.privacy import setup as privacy_setup  # noqa: E402
+from fedjax_dp.privacy.mechanisms import central_gaussian  # noqa: E402
 from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402
 
@@ -66,7 +67,7 @@ ARMS["dynamic_dp_first"] = ARMS["dynamic_dp"]
 
 # Per-process memos of the analyzer and the accountant: a run in a new process has none.
 MEMOS = (analyzer.semantic_model, analyzer.training_set, accounting._poisson_gaussian_rdp,
-         accounting._log_likelihood_ratio_moments, privacy_setup._round_event_rdp,
+         accounting._log_likelihood_ratio_moments, central_gaussian._event_rdp,
          privacy_setup.noise_multiplier_for, planning._pld_epsilon_composed)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.privacy import accounting, mechanisms
+from fedjax_dp.privacy import accounting, clip_layout
 from fedjax_dp.kernels import clipping, gaussian_noise
 from tests.helpers import (flat, keyed_state, make_test_runs, round_zero_deltas, toy_problem,
                            toy_simulation)
@@ -34,9 +34,9 @@ def test_client_noise_is_independent_across_clients_and_rounds():
   updates = jax.tree.map(lambda x: jnp.zeros((clients,) + x.shape), TREE)
   ids = jnp.arange(100, 100 + clients)
   key = jax.random.PRNGKey(0)
-  n1 = np.stack([flat(jax.tree.map(lambda x: x[i], mechanisms.add_client_noise(
+  n1 = np.stack([flat(jax.tree.map(lambda x: x[i], clip_layout.add_client_noise(
       updates, ids, jax.random.fold_in(key, 1), std))) for i in range(clients)])
-  n2 = np.stack([flat(jax.tree.map(lambda x: x[i], mechanisms.add_client_noise(
+  n2 = np.stack([flat(jax.tree.map(lambda x: x[i], clip_layout.add_client_noise(
       updates, ids, jax.random.fold_in(key, 2), std))) for i in range(clients)])
   d = n1.shape[1]
   # right std per client: (d - 1) s^2 / std^2 ~ chi2(d - 1), two-sided 1e-4 band
@@ -55,7 +55,7 @@ def test_client_noise_is_independent_across_clients_and_rounds():
   r_rounds = np.array([np.corrcoef(n1[i], n2[i])[0, 1] for i in range(clients)])
   assert np.max(np.abs(r_rounds)) < 4.5 / np.sqrt(d)
   # the same key gives the same noise (determinism)
-  again = mechanisms.add_client_noise(updates, ids, jax.random.fold_in(key, 1), std)
+  again = clip_layout.add_client_noise(updates, ids, jax.random.fold_in(key, 1), std)
   np.testing.assert_array_equal(flat(jax.tree.map(lambda x: x[0], again)), n1[0])
 
 
@@ -64,11 +64,11 @@ def test_per_part_clip_against_numpy():
   tree = {"l0": {"w": rng.normal(size=(5, 4)), "b": rng.normal(size=(4,))},
           "l1": {"w": rng.normal(size=(4, 3)) * 0.01, "b": rng.normal(size=(3,)) * 0.01}}
   tree = jax.tree.map(jnp.asarray, tree)
-  layout = mechanisms.clip_layout(tree, "per_layer")
+  layout = clip_layout.clip_layout(tree, "per_layer")
   assert layout.names == ("l0", "l1") and layout.part_of_leaf == (0, 0, 1, 1)
   assert sum(f * f for f in layout.fractions) == pytest.approx(1.0)
   assert layout.fractions[0] == pytest.approx(np.sqrt(24 / 39))
-  clipped, norm = mechanisms.clip_update(tree, jnp.float32(1.0), layout)
+  clipped, norm = clip_layout.clip_update(tree, jnp.float32(1.0), layout)
   for name, f in zip(layout.names, layout.fractions):
     part = np.concatenate([np.ravel(np.asarray(v)) for v in jax.tree.leaves(tree[name])])
     want = part * min(1.0, f / np.linalg.norm(part))
@@ -77,8 +77,8 @@ def test_per_part_clip_against_numpy():
   assert float(norm) == pytest.approx(np.linalg.norm(flat(tree)), rel=1e-5)
   assert np.linalg.norm(flat(clipped)) <= 1.0 + 1e-5
   # flat layout is the plain L2 clip
-  flat_layout = mechanisms.clip_layout(tree, "flat")
-  a, _ = mechanisms.clip_update(tree, jnp.float32(0.5), flat_layout)
+  flat_layout = clip_layout.clip_layout(tree, "flat")
+  a, _ = clip_layout.clip_update(tree, jnp.float32(0.5), flat_layout)
   b, _ = clipping.l2_clip_reference(tree, 0.5)
   np.testing.assert_allclose(flat(a), flat(b), rtol=1e-6)
 
@@ -116,7 +116,7 @@ def test_noiseless_round_is_the_mean_of_clipped_updates(dp, clip_parts):
   sim = toy_simulation(x, y, parts, hidden=[6], dp=dp, noise_multiplier=0.0, clip_norm=0.05,
                        clip_parts=clip_parts)
   deltas, step, _, st = _one_round(sim)
-  layout = mechanisms.clip_layout(deltas[0], clip_parts)
+  layout = clip_layout.clip_layout(deltas[0], clip_parts)
   want = []
   for d in deltas:
     if clip_parts == "flat":
@@ -221,11 +221,11 @@ def test_adaptive_clip_norm_follows_the_geometric_rule():
 
 def test_adaptive_clipping_noise_split_costs_one_gaussian():
   z, s = 1.2, 2.0
-  zu = mechanisms.update_noise_multiplier(z, s)
+  zu = clip_layout.update_noise_multiplier(z, s)
   assert zu ** -2 + (2 * s) ** -2 == pytest.approx(z ** -2)
   # the update (sensitivity 1 in units of C) and the centred count (sensitivity 1/2)
   a = dpa.rdp.RdpAccountant(orders=list(accounting.DEFAULT_ORDERS))
   a.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(zu), dpa.GaussianDpEvent(2 * s)]))
   np.testing.assert_allclose(a._rdp, accounting.gaussian_rdp(z), rtol=1e-9)
   with pytest.raises(ValueError, match="clip_count_stddev"):
-    mechanisms.update_noise_multiplier(2.0, 0.9)
+    clip_layout.update_noise_multiplier(2.0, 0.9)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dp.privacy import accounting, mechanisms
+from fedjax_dp.privacy import accounting, clip_layout
 from fedjax_dp.kernels import clipping
 from fedjax_dp.models import make_model
 from fedjax_dp.data.tabular import HIGH, LOW, MEDIUM, METADATA, PUBLIC, TIERS
@@ -26,7 +26,7 @@ def mlp_params(features=6, hidden=(64,), classes=3):
 
 def test_tier_map_over_parameters_by_hand():
   params = mlp_params()
-  layout = mechanisms.tier_layout(params, FEATURE_TIERS, MEDIUM, MULTS)
+  layout = clip_layout.tier_layout(params, FEATURE_TIERS, MEDIUM, MULTS)
   assert layout.names == ("high", "medium", "low", "public", "metadata")
   # leaves: Dense_0 bias [64], Dense_0 kernel [6, 64], Dense_1 bias [3], Dense_1 kernel [64, 3]
   shapes = [x.shape for x in jax.tree.leaves(params)]
@@ -36,16 +36,16 @@ def test_tier_map_over_parameters_by_hand():
   np.testing.assert_allclose(np.square(layout.fractions), sizes / sizes.sum())
   assert layout.noise_scales == MULTS
   with pytest.raises(ValueError, match="no parameter has 7 rows"):
-    mechanisms.tier_layout(params, np.zeros(7, int), MEDIUM, MULTS)
+    clip_layout.tier_layout(params, np.zeros(7, int), MEDIUM, MULTS)
 
 
 def test_per_tier_clip_against_numpy():
   params = mlp_params()
-  layout = mechanisms.tier_layout(params, FEATURE_TIERS, MEDIUM, MULTS)
+  layout = clip_layout.tier_layout(params, FEATURE_TIERS, MEDIUM, MULTS)
   rng = np.random.default_rng(0)
   update = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
   clip = 0.7
-  got, norms = mechanisms.clip_update(update, jnp.float32(clip), layout)
+  got, norms = clip_layout.clip_update(update, jnp.float32(clip), layout)
   # numpy: the tier of every coordinate, then each tier scaled to its bound
   leaves = [np.asarray(x) for x in jax.tree.leaves(update)]
   tier_of = [np.full(x.shape, MEDIUM) for x in leaves]

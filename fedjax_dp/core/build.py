@@ -87,7 +87,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   paged = cfg.client_state_store != "device"
   if paged:
     _check_paging(cfg.client_state_store, per_client_state, resident_state)
-  width = _one_step_width(cfg, recipe, store, per_client_state, stacks_uploads or dp.per_upload)
+  width = _one_step_width(cfg, recipe, store, per_client_state, stacks_uploads or dp.client is not None)
   executor = plan_executor(
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
@@ -229,7 +229,7 @@ def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: loss
       shuffle=cfg.shuffle == "layerwise",
       aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
                        and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
-      guard_nonfinite=client_pipeline is not None and (dp.per_upload
+      guard_nonfinite=client_pipeline is not None and (dp.client is not None
                                                       or cfg.kept_noise != "none"),
       executor=executor)
 

@@ -47,7 +47,7 @@ class ClientStages(NamedTuple):
   objective: algorithms.Objective  # the loss and the local terms
   model: Model
   pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
-  dp: DPRound                     # the mechanism; its client half where dp.per_upload
+  dp: DPRound                     # the mechanism; its client half where dp.client
   byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
   byzantine_before_mechanism: bool  # the mechanism's boundary is the server's: attacks
                                     # run before its clip (privacy/boundary.py)
@@ -101,7 +101,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   """
   counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
   dp_client = None
-  if stages.dp.per_upload:   # (upload, id) -> (clipped [and noised] upload, its norm)
+  if stages.dp.client is not None:   # (upload, id) -> (clipped [and noised] upload, its norm)
     dp_client = lambda u, cid: stages.dp.client(u, cid, round_key, clip_norm, client_hp,
                                                 noise_scales, client_noise_factor[cid])
   (res, contribs, owed, nonfinite, dp_norms), sums, client_state = _train_cohort(
@@ -121,8 +121,9 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   attack = lambda d: stages.byzantine(d, cohort_ids, cohort_mask, round_key, sum_over_devices)
   if stages.byzantine is not None and stages.byzantine_before_mechanism:
     deltas = attack(deltas)   # what the trusted server receives, which it clips below
-  if stages.dp.per_upload:
+  if stages.dp.mechanism.divides_by != "examples":
     weights = mask_f
+  if dp_client is not None:
     if sums is None:   # the uploads are stacked (a later stage reads them): over the stack
       deltas, dp_norms = jax.vmap(dp_client)(deltas, cohort_ids)
     unclipped = jnp.sum((dp_norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
@@ -152,7 +153,8 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
         stages.aggregator, stages.cluster_noise)
   else:
     mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
-                                   mode=stages.dp.mode, shuffle=stages.shuffle,
+                                   divides_by=stages.dp.mechanism.divides_by,
+                                   shuffle=stages.shuffle,
                                    aggregate_noise=stages.aggregate_noise)
   stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters,
                        client_hp["lr"], bounded)
@@ -270,7 +272,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     norm = ()
     if dp_client is not None:   # always finite: a non-finite upload is sent as zero
       upload, norm = dp_client(upload, cid)
-    uniform = stages.shuffle or dp_client is not None
+    uniform = stages.shuffle or stages.dp.mechanism.divides_by != "examples"
     w = (took_part if uniform else count).astype(jnp.float32)
     out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
@@ -309,8 +311,8 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
   return unravel(agg), flagged, clusters, cluster_info, {}
 
 
-def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *, mode: str,
-                      shuffle: bool, aggregate_noise: bool):
+def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
+                      divides_by: str, shuffle: bool, aggregate_noise: bool):
   """The weighted sum of the uploads over the devices (summed in the client loop
   where `sums`), plus the kept-coordinate noise owed to it in one draw; divided by
   the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
@@ -332,24 +334,23 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
     flat, unravel = ravel_pytree(delta_sum)
     noise = std * jax.random.normal(jax.random.fold_in(round_key, KEPT_NOISE), flat.shape)
     delta_sum = unravel(flat + noise)
-  if mode == "central":
+  if divides_by == "expected_cohort":   # the mechanism's release divides
     return delta_sum
-  total_weight = sum_over_devices(jnp.sum(counts if (mode == "none" and not shuffle) else mask_f,
-                                          dtype=jnp.float32))
+  by_examples = divides_by == "examples" and not shuffle
+  total_weight = sum_over_devices(jnp.sum(counts if by_examples else mask_f, dtype=jnp.float32))
   return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
 
 
 def client_hparams(hp: dict, round_index, *, schedule: str, rounds: int, momentum: bool,
-                    local_dp: bool) -> dict:
+                   mechanism_keys: tuple = ()) -> dict:
   """What the client phase reads of the hyperparameters this round: the lr, the
   local terms', the aggregator's and the upload stages' numbers, momentum and
-  local DP's noise."""
+  those the mechanism's client half reads (`mechanism_keys`: local DP's noise)."""
   out = {"lr": round_learning_rate(hp, round_index, schedule, rounds), "terms": hp["terms"],
          "aggregator": hp["aggregator"], "pipeline": hp["pipeline"]}
   if momentum:
     out["momentum"] = hp["momentum"]
-  if local_dp:
-    out["update_noise"] = hp["update_noise"]
+  out.update({k: hp[k] for k in mechanism_keys})
   if "audit_canary_scale" in hp:
     out["audit_canary_scale"] = hp["audit_canary_scale"]
   return out

@@ -109,7 +109,9 @@ def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
   hp["pipeline"] = _pipeline_hparams(recipe)
   if cfg.audit_canaries > 0:
     hp["audit_canary_scale"] = _f32(cfg.audit_canary_scale)
-  if privacy.mode == "none":
+  from fedjax_dp.privacy import mechanisms
+  mechanism = mechanisms.get_mechanism(privacy.mode)
+  if not mechanism.private:
     return hp
   hp.update(tier_scales=_f32(privacy.tier_scales()),
             update_noise=_f32(privacy.update_noise_multiplier), delta=_f32(cfg.delta),
@@ -126,7 +128,7 @@ def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
     hp["event_table"] = np.asarray(privacy.event_table, np.float32)
   if privacy.target_epsilon is not None:
     hp["budget_limit"] = _f32(budget_limit(privacy.target_epsilon))
-    if privacy.mode == "local":
+    if mechanism.per_client_ledgers:
       # as the round computed them: one target rounded once, or float32 budgets
       # times the float32 factor
       hp["client_budget_limits"] = (

@@ -37,17 +37,20 @@ def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientSt
       out_specs=(P(), P(), state_spec, P(), P(), P()))
   objective = stages.objective
   server_stages = recipe.server_stages(cfg.num_clients, DOWNLINK)
+  mechanism = dp.mechanism
   round_client_hp = partial(client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
-                            momentum=cfg.momentum > 0, local_dp=dp.mode == "local")
+                            momentum=cfg.momentum > 0, mechanism_keys=mechanism.client_hparams)
   server_optimizer = recipe.server_optimizer_fn
   num_clients, expected_cohort = cfg.num_clients, cfg.clients_per_round
-  # central DP applies a round nobody took part in (its noise was released and
-  # accounted); otherwise such a round (empty Poisson draw, all spent) applies nothing
-  keep_if = ((lambda adm, stats: adm.skip) if dp.mode == "central"
+  # a mechanism that releases every round (central DP) applies a round nobody took
+  # part in (its noise was released and accounted); otherwise such a round (empty
+  # Poisson draw, all spent) applies nothing
+  keep_if = ((lambda adm, stats: adm.skip) if mechanism.releases_every_round
              else (lambda adm, stats: stats.participants == 0))
   server_context = lambda adm, stats: algorithms.ServerContext(
       num_clients=num_clients,
-      cohort_size=expected_cohort if dp.mode == "central" else stats.participants,
+      cohort_size=(expected_cohort if mechanism.divides_by == "expected_cohort"
+                   else stats.participants),
       applied=~keep_if(adm, stats))
 
   def round_fn(state: SimState, store: FederatedStore, hp: dict) -> tuple[SimState, RoundStats]:

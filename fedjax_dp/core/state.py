@@ -85,7 +85,8 @@ def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax
   device table; a HostTable for client_state_store host/disk, placement/paged_state.py)."""
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
   server_opt = recipe.server_optimizer_fn()
-  ledger_shape = (cfg.num_clients,) if cfg.dp == "local" else ()
+  mechanism = recipe.privacy.stage if recipe.privacy is not None else None
+  ledger_shape = (cfg.num_clients,) if mechanism and mechanism.per_client_ledgers else ()
   objective = recipe.objective(momentum=cfg.momentum)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)

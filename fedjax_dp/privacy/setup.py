@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -21,16 +20,17 @@ from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import Model
 from fedjax_dp.privacy import accounting
-from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy import clip_layout
 from fedjax_dp.privacy import noise_control
-from fedjax_dp.privacy.dp_round import SCORE_GRID
+from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy.mechanisms.base import SCORE_GRID, CohortSampling, poisson_rate_used
 
 
 @dataclasses.dataclass(frozen=True)
 class Privacy:
   """The static DP set-up of a compiled round (resolved from the config)."""
-  mode: str = "none"               # none | central | local
-  layout: Any = None               # mechanisms.ClipLayout
+  mode: str = "none"               # the mechanism's registered name (privacy/mechanisms/)
+  layout: Any = None               # clip_layout.ClipLayout
   update_noise_multiplier: float = 0.0  # std of the noise on updates / clip norm
   noise_multiplier: float = 0.0    # what the accountant charges (z)
   accounted_noise_multiplier: float = 0.0  # the parts' noise composed into one Gaussian
@@ -62,13 +62,6 @@ def sampling_rate(cfg: Config) -> float:
   return poisson_rate_used(q) if cfg.sampling == "poisson" else q
 
 
-def poisson_rate_used(q: float) -> float:
-  """P(u < float32(q)) for jax.random.bernoulli's u, uniform on the grid j / 2^23
-  (float32 mantissa bits), j = 0 .. 2^23 - 1: ceil(float32(q) 2^23) / 2^23, exact
-  in float64. It differs from q by at most 2^-23 (e.g. 0.1 -> 0.10000002384)."""
-  return min(1.0, math.ceil(float(np.float32(q)) * 2.0 ** 23) / 2.0 ** 23)
-
-
 def make_privacy(cfg: Config, model: Model, feature_tiers=None,
                  calibrated: float | None = None) -> Privacy:
   """Resolves the config's DP keys: clip layout, noise multipliers, the accounted event.
@@ -76,25 +69,26 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
   `calibrated`: under central DP with target_epsilon, the accounted multiplier to
   use instead of calibrating from round 0 (a resumed run keeps the multiplier its
   rounds were calibrated to; see runner.calibrated_multiplier)."""
-  if cfg.dp == "none":
-    return Privacy()
+  mechanism = mechanisms.get_mechanism(cfg.dp)
+  if not mechanism.private:
+    return Privacy(mode=cfg.dp)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   if cfg.clip_parts == "tiers":
     from fedjax_dp.data.tabular import TIERS
     if feature_tiers is None:
       raise ValueError("clip_parts 'tiers' needs data with sensitivity tiers (dataset "
                        "healthcare, or csv or breast_cancer with tier_map_path)")
-    layout = mechanisms.tier_layout(shapes, feature_tiers, TIERS.index(cfg.rest_tier),
+    layout = clip_layout.tier_layout(shapes, feature_tiers, TIERS.index(cfg.rest_tier),
                                     cfg.tier_noise_multipliers)
   else:
-    layout = mechanisms.clip_layout(shapes, cfg.clip_parts)
+    layout = clip_layout.clip_layout(shapes, cfg.clip_parts)
   tier_scales = layout.noise_scales or (1.0,) * len(layout.fractions)
   # z_accounted = z * ratio(score): the composed parts' multiplier at controller output
   # `score`; the noise is least, the ratio smallest, at score 1
-  ratio = lambda score: accounting.effective_noise_multiplier(mechanisms.part_noise_multipliers(
+  ratio = lambda score: accounting.effective_noise_multiplier(clip_layout.part_noise_multipliers(
       layout._replace(noise_scales=tuple(np.asarray(noise_control.noise_scales(
           cfg.noise_schedule, score, tier_scales, cfg.convergence_beta), np.float64))), 1.0))
-  if cfg.noise_multiplier is None and cfg.dp == "central":
+  if cfg.noise_multiplier is None and mechanism.calibrates_to_target:
     # calibrate the accounted multiplier to target_epsilon, then the base z so that
     # even the least-noise rounds (score 1) stay within it
     z = (noise_multiplier_for(cfg) if calibrated is None else calibrated) / ratio(1.0)
@@ -104,7 +98,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
   z_update = z
   # per-part bounds with isotropic noise compose to one Gaussian with multiplier z
   z_accounted = accounting.effective_noise_multiplier(
-      mechanisms.part_noise_multipliers(layout, z)) if z > 0 else 0.0
+      clip_layout.part_noise_multipliers(layout, z)) if z > 0 else 0.0
   if cfg.adaptive_clipping and z > 0:
     # the count query is one more Gaussian on the same record (sensitivity 1/2,
     # multiplier 2 s); the updates' noise is raised so that the pair composes to
@@ -112,26 +106,25 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     weight = (z / z_accounted) ** 2     # S = sum_p (f_p / scale_p)^2
     count_stddev = clip_count_stddev(cfg, z_accounted)
     try:
-      z_update = mechanisms.update_noise_multiplier(z, count_stddev, weight)
+      z_update = clip_layout.update_noise_multiplier(z, count_stddev, weight)
     except ValueError as e:
       raise ConfigError(str(e)) from None
     # composed from the noise actually applied, not assumed: (S / z_u^2 + 1/(2 s)^2)^(-1/2)
     z_accounted = accounting.effective_noise_multiplier(
-        mechanisms.part_noise_multipliers(layout, z_update) + [2.0 * count_stddev])
-  event = (local_event_rdp(cfg, z_accounted) if cfg.dp == "local"
-           else round_event_rdp(cfg, z_accounted))
+        clip_layout.part_noise_multipliers(layout, z_update) + [2.0 * count_stddev])
+  event = event_rdp(cfg, z_accounted)
   table = None
   multipliers = (z_accounted,)
-  if cfg.dp == "central" and cfg.noise_schedule != "static" and z > 0:
+  if mechanism.noises_sum and cfg.noise_schedule != "static" and z > 0:
     # (recipes/validate.py refuses adaptive clipping with a schedule: no count part here)
     multipliers = tuple(z * ratio(k / (SCORE_GRID - 1)) for k in range(SCORE_GRID))
-    table = np.stack([accounting.event_to_float32(round_event_rdp(cfg, m)) for m in multipliers])
+    table = np.stack([accounting.event_to_float32(event_rdp(cfg, m)) for m in multipliers])
   return Privacy(mode=cfg.dp, layout=layout, update_noise_multiplier=z_update,
                  noise_multiplier=z, accounted_noise_multiplier=z_accounted, event_rdp=event,
                  target_epsilon=cfg.target_epsilon,
                  delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev,
                  schedule=cfg.noise_schedule, event_table=table, event_multipliers=multipliers,
-                 stop_in_round=(cfg.dp == "central" and cfg.target_epsilon is not None
+                 stop_in_round=(mechanism.noises_sum and cfg.target_epsilon is not None
                                 and (cfg.clip_parts == "tiers" or cfg.noise_schedule != "static")))
 
 
@@ -145,36 +138,24 @@ def clip_count_stddev(cfg: Config, accounted_multiplier: float) -> float:
   return max(cfg.clients_per_round / 20.0, accounted_multiplier)
 
 
+def cohort_sampling(cfg: Config) -> CohortSampling:
+  return CohortSampling(cfg.sampling, cfg.clients_per_round, cfg.num_clients)
+
+
+def event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
+  """RDP of what the config's mechanism charges per round (or participation) at
+  accounted multiplier `noise_multiplier` (its module says which)."""
+  return mechanisms.get_mechanism(cfg.dp).event_rdp(noise_multiplier, cohort_sampling(cfg))
+
+
 def local_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
-  """RDP of one participation under local DP: the client's own clipped update
-  with N(0, (z C)^2), released whole (no amplification by sampling), replace-one
-  (sensitivity 2C, so multiplier z / 2). Infinite without noise."""
-  if noise_multiplier == 0:
-    return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
-  return accounting.gaussian_rdp(noise_multiplier / 2)
+  """RDP of one participation under local DP (local_gaussian.event_rdp)."""
+  return mechanisms.get_mechanism("local").event_rdp(noise_multiplier, cohort_sampling(cfg))
 
 
 def round_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
-  """RDP of one central-DP round, N(0, (z C)^2) on the sum of updates clipped to C:
-    sampling 'poisson': Poisson-subsampled Gaussian, add/remove-one client
-      (sensitivity C, multiplier z);
-    sampling 'fixed': exactly clients_per_round of num_clients without replacement,
-      replace-one client (sensitivity 2C, so multiplier z / 2; WBK 2019).
-  Infinite without noise."""
-  return _round_event_rdp(cfg.sampling, cfg.clients_per_round, cfg.num_clients,
-                          float(noise_multiplier)).copy()
-
-
-@functools.lru_cache(maxsize=4096)
-def _round_event_rdp(sampling: str, per_round: int, num_clients: int, z: float) -> np.ndarray:
-  """round_event_rdp by the values it depends on (cached: a calibration and a noise
-  schedule's table each evaluate dozens of curves, at 0.1-0.2 s each)."""
-  if z == 0:
-    return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
-  if sampling == "fixed":
-    return accounting.fixed_size_gaussian_rdp(per_round, num_clients, z / 2)
-  q = per_round / num_clients
-  return accounting.poisson_gaussian_rdp(poisson_rate_used(q), z)
+  """RDP of one central-DP round (central_gaussian.event_rdp)."""
+  return mechanisms.get_mechanism("central").event_rdp(noise_multiplier, cohort_sampling(cfg))
 
 
 def neighbouring_relation(cfg: Config) -> str:
@@ -195,5 +176,5 @@ def noise_multiplier_for(cfg: Config) -> float:
   aim = cfg.target_epsilon * (1.0 - 1e-5 - 3e-7 * cfg.rounds)
   return accounting.calibrate_noise_multiplier(
       aim, sampling_rate(cfg), cfg.rounds, cfg.delta,
-      epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * round_event_rdp(cfg, z),
+      epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * event_rdp(cfg, z),
                                                  cfg.delta)[0])

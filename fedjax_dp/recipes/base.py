@@ -5,7 +5,7 @@ the shuffler, the aggregation rule, the server stages, the server optimizer and
 the privacy mechanism (with its noise planner, adaptive clipping and per-client
 budgets). Each slot holds a `Choice`: the stage module's own object (a
 algorithms.LocalTerm, a robust.Aggregator, a pipeline.ClientStage, a
-server_stages.ServerStageSpec, a dp_round.Mechanism, ...), whose static fields
+server_stages.ServerStageSpec, a privacy.mechanisms.Mechanism, ...), whose static fields
 are the properties `validate` reads, and the flat Config keys it stands for.
 
 What is not a recipe is the set-up (`SETUP_KEYS`): the data and its clients,
@@ -76,7 +76,7 @@ class Recipe:
   aggregator: Choice | None = None          # robust.Aggregator (None: the weighted mean)
   server: tuple[Choice, ...] = ()           # server_stages.ServerStageSpec choices, in order
   server_optimizer: Choice | None = None    # stage: 'sgd' | 'momentum' | 'adam'
-  privacy: Choice | None = None             # dp_round.Mechanism (None: no DP)
+  privacy: Choice | None = None             # privacy.mechanisms.Mechanism (None: no DP)
   planner: Choice | None = None             # noise_control.Planner
   adaptive_clip: Choice | None = None       # dp_round.AdaptiveClipping
   budgets: Choice | None = None             # budgets.Allocation

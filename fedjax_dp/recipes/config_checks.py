@@ -16,7 +16,7 @@ from fedjax_dp.algorithms.registry import TERMS
 from fedjax_dp.config import Config, parse_config, parse_set, read_config_file
 from fedjax_dp.data import TABULAR
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.privacy import boundary, dp_round
+from fedjax_dp.privacy import boundary, mechanisms
 from fedjax_dp.recipes import flat
 from fedjax_dp.adversary import attacks
 
@@ -61,9 +61,10 @@ def _check_registered(cfg: Config) -> None:
 def _check_attack_placement(cfg: Config) -> None:
   """An attack against the mechanism's trust boundary (privacy/boundary.py): one that
   would pass around the clip the guarantee rests on is refused."""
-  if cfg.byzantine_fraction == 0 or cfg.dp == "none":
+  mechanism = mechanisms.get_mechanism(cfg.dp)
+  if cfg.byzantine_fraction == 0 or not mechanism.private:
     return
-  why = boundary.problem(dp_round.MECHANISMS[cfg.dp].boundary,
+  why = boundary.problem(mechanism.boundary,
                          attacks.placement(cfg.byzantine_attack))
   if why:
     raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with dp "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedjax_dp.privacy import budgets, dp_round, noise_control
+from fedjax_dp.privacy import budgets, dp_round, mechanisms, noise_control
 
 from fedjax_dp.compression import pipeline
 
@@ -137,9 +137,10 @@ def privacy_choices(cfg) -> dict[str, Choice | None]:
   """The DP mechanism, its noise planner (a mechanism always has one; a varying
   schedule without a mechanism is kept for validate to refuse), adaptive
   clipping and per-client budgets."""
-  on = cfg.dp != "none"
+  mechanism = mechanisms.get_mechanism(cfg.dp)
+  on = mechanism.private
   return {
-      "privacy": Choice(dp_round.MECHANISMS[cfg.dp], _take(cfg, MECHANISM_KEYS)) if on else None,
+      "privacy": Choice(mechanism, _take(cfg, MECHANISM_KEYS)) if on else None,
       "planner": (Choice(noise_control.PLANNERS[cfg.noise_schedule], _take(cfg, PLANNER_KEYS))
                   if on or cfg.noise_schedule != "static" else None),
       "adaptive_clip": (Choice(dp_round.ADAPTIVE_CLIPPING, _take(cfg, ADAPTIVE_KEYS))
@@ -162,7 +163,7 @@ def from_config(cfg: Config) -> Recipe:
   read, so that validate can name it). Raises ValueError for an algorithm or
   aggregator that is not registered (fedjax_dp.make_config names those first)."""
   recipe = Recipe(
-      name={"none": "", "central": "dp_", "local": "ldp_"}[cfg.dp] + cfg.algorithm,
+      name=mechanisms.get_mechanism(cfg.dp).recipe_prefix + cfg.algorithm,
       algorithm=cfg.algorithm,
       terms=term_choices(cfg),
       upload=upload_choices(cfg),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedjax_dp.privacy import budgets, dp_round, noise_control
+from fedjax_dp.privacy import budgets, dp_round, mechanisms, noise_control
 
 from fedjax_dp.compression import pipeline
 
@@ -98,7 +98,7 @@ def cluster_noise() -> Slot:
 
 def _mechanism(dp: str, keys: dict[str, Any]) -> Slot:
   cfg = _cfg(dp=dp, **keys)
-  return "privacy", Choice(dp_round.MECHANISMS[dp], flat._take(cfg, flat.MECHANISM_KEYS))
+  return "privacy", Choice(mechanisms.get_mechanism(dp), flat._take(cfg, flat.MECHANISM_KEYS))
 
 
 def central_dp(**keys) -> Slot:

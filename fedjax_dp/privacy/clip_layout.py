@@ -1,4 +1,4 @@
-"""Differential-privacy mechanisms on client updates, used inside the compiled round.
+"""Clip layouts, clipping and noise of client updates, used by the mechanisms (mechanisms/).
 
 * Clipping, flat or per layer. Per layer, part p (a layer's kernel and bias)
   is clipped to C_p = C sqrt(d_p / d), so sum_p C_p^2 = C^2 and the clipped
