@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.kernels import topk as topk_kernels
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 class Upload(NamedTuple):
@@ -315,7 +316,8 @@ def kept_noise_draw(cfg) -> str:
   if cfg.kept_noise_draw != "auto":
     return cfg.kept_noise_draw
   # the server's norm bound and an audit's canaries change uploads after the pipeline
-  linear = (cfg.dp == "none" and cfg.aggregator == "mean" and cfg.byzantine_fraction == 0
+  linear = (not get_mechanism(cfg.dp).private and cfg.aggregator == "mean"
+            and cfg.byzantine_fraction == 0
             and cfg.server_clip_l2 is None and cfg.audit_canaries == 0)
   return "aggregate" if linear else "client"
 

@@ -50,7 +50,7 @@ class Key:
     if self.nullable is not None:
       return self.nullable | None
     if isinstance(self.default, tuple):
-      return tuple[type(self.default[0]), ...]
+      return tuple[type(self.default[0]) if self.default else str, ...]
     return type(self.default)
 
 

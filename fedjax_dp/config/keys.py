@@ -202,8 +202,8 @@ AGGREGATION = section("aggregation and Byzantine clients", [
 DIFFERENTIAL_PRIVACY = section("differential privacy", [
     Key("dp", "none",
         "central: the server noises the clipped sum; local: each client noises its own update "
-        "(see Private training)",
-        choices=("none", "central", "local")),
+        "(see Private training; a registered mechanism's name too)",
+        choices=()),
     Key("clip_norm", 1.0, "L2 clip of each client's update (adaptive clipping: the initial norm)",
         above=0),
     Key("noise_multiplier", None, "noise std / clip_norm; null: calibrated to target_epsilon",
@@ -281,6 +281,9 @@ RUN = section("run", [
     Key("checkpoint_every", 0, "checkpoint period in rounds; 0: none", at_least=0),
     Key("keep_checkpoints", 3, "checkpoints kept", at_least=1),
     Key("eval_batch_size", 1000, "examples per evaluation batch", at_least=1),
+    Key("plugins", (),
+        "Python files (.py) or importable modules, imported before the config is checked: "
+        "they register terms, rules, mechanisms and datasets (see Extending)"),
 ])
 
 DEVICES = section("devices and memory", [

@@ -47,6 +47,13 @@ def _coerce(key: str, value: Any) -> Any:
       raise ConfigError(f"config key 'tier_noise_multipliers' = {value!r}: expected 5 positive "
                         "numbers, for the tiers high, medium, low, public, metadata")
     return mults
+  if key == "plugins":
+    if isinstance(value, str):
+      value = [v for v in value.strip("[]").replace(",", " ").split() if v]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+      raise ConfigError(f"config key 'plugins' = {value!r}: expected a list of Python files "
+                        "or module names, e.g. [my_rule.py]")
+    return tuple(value)
   if value is None:
     if key in _OPTIONAL:
       return None
@@ -98,6 +105,7 @@ def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = 
     values[key] = _coerce(key, value)
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
+  values["plugins"] = tuple(values["plugins"])
   cfg = Config(**values)
   check_config(cfg, raw)
   return cfg

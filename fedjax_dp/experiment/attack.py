@@ -14,6 +14,7 @@ import math
 import os
 
 from fedjax_dp.errors import RunError
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 SHADOW_EPOCHS_MAX = 100
@@ -92,7 +93,7 @@ def membership_privacy(cfg, privacy: dict, smallest_client: int) -> dict:
          "epsilon_accountant": privacy.get("epsilon_accountant"), "why_none": None}
   if eps is None:
     return {**own, "why_none": privacy.get("epsilon_why_none") or "the run reports no epsilon"}
-  if cfg.dp != "none" or cfg.kept_noise == "none":
+  if get_mechanism(cfg.dp).private or cfg.kept_noise == "none":
     return own
 
   def none(why: str) -> dict:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from fedjax_dp.errors import RunError
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def _undercharged(sim, factor: float | None):
@@ -67,7 +68,7 @@ def _audit_values(config, undercharge: float | None) -> dict:
                      "the canaries (--canaries, or --runs for the multi-run audit)")
     values.pop(key, None)
   cfg = make_config(values)
-  if cfg.dp == "none":
+  if not get_mechanism(cfg.dp).private:
     raise RunError("fedjax-dp audit: dp 'none' has no differential-privacy mechanism whose "
                    "guarantee canaries can check (set dp central or local)")
   if cfg.algorithm == "solo":
@@ -163,7 +164,7 @@ def neighbour_scale(cfg) -> float:
   (the canary absent) where the accountant charges adding or removing a client
   (central DP, Poisson sampling), -1 (its upload negated, 2 clip_norm away) where
   it charges replacing one (fixed-size cohorts, local DP)."""
-  return -1.0 if cfg.dp == "local" or cfg.sampling == "fixed" else 0.0
+  return -1.0 if get_mechanism(cfg.dp).per_client_ledgers or cfg.sampling == "fixed" else 0.0
 
 
 def _check_runs(cfg, runs: int, confidence: float, out: str) -> None:
@@ -178,7 +179,7 @@ def _check_runs(cfg, runs: int, confidence: float, out: str) -> None:
     raise RunError(f"fedjax-dp audit: --runs with noise_schedule {cfg.noise_schedule!r}: the "
                    "noise follows each run's releases, so each run is charged its own epsilon "
                    "and no one figure covers them all (use noise_schedule static)")
-  if cfg.dp == "local" and cfg.clients_per_round < cfg.num_clients:
+  if get_mechanism(cfg.dp).per_client_ledgers and cfg.clients_per_round < cfg.num_clients:
     raise RunError(f"fedjax-dp audit: --runs under dp 'local' with clients_per_round "
                    f"{cfg.clients_per_round} of {cfg.num_clients}: the canary's own epsilon "
                    "would differ from run to run (set clients_per_round to num_clients)")

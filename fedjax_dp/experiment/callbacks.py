@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dp.privacy.mechanisms import get_mechanism
 from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp.experiment import divergence as div
 from fedjax_dp.experiment import reporting
@@ -71,7 +72,8 @@ def budget_stop() -> Callback:
   def after(ctx: RunContext, stats) -> bool:
     cfg, sim = ctx.cfg, ctx.sim
     # local DP: once every client's budget is spent, no round can change the model
-    spent = bool(np.all(clients_spent(sim, ctx.state))) if cfg.dp == "local" else False
+    spent = (bool(np.all(clients_spent(sim, ctx.state)))
+             if get_mechanism(cfg.dp).per_client_ledgers else False)
     if spent:
       ctx.log(f"privacy budget: every client has spent target_epsilon {cfg.target_epsilon:g}; "
               f"the run stops after round {ctx.round}")
@@ -218,7 +220,7 @@ def write_row(ctx: RunContext) -> None:
          **({"clip_norm": float(state.clip_norm),
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}
-            if cfg.dp != "none" else {}),
+            if get_mechanism(cfg.dp).private else {}),
          **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"], d["bounded"]),
          "bytes_up": participations * ctx.comm["bytes_per_client_up"],
          "bytes_down": participations * ctx.comm["bytes_per_client_down"],
@@ -235,7 +237,8 @@ def checkpoint() -> Callback:
   """Saves the state (client order) and the host meta every checkpoint_every rounds,
   at the last round, and where the run stops."""
   def save(ctx: RunContext) -> None:
-    calibrating = ctx.cfg.dp == "central" and ctx.cfg.noise_multiplier is None
+    calibrating = (get_mechanism(ctx.cfg.dp).calibrates_to_target
+                   and ctx.cfg.noise_multiplier is None)
     state = client_order(ctx)
     ckpt.save(os.path.join(ctx.out, "checkpoints"), ctx.round, state,
               {"wall_s": time.perf_counter() - ctx.wall0, **ctx.diag, "privacy_log": ctx.plog,
@@ -309,7 +312,7 @@ def plots() -> Callback:
     cfg = ctx.cfg
     paths = reporting.plot_metrics(
         ctx.rows, ctx.out, title=os.path.basename(os.path.abspath(ctx.out)),
-        target_epsilon=cfg.target_epsilon if cfg.dp != "none" else None)
+        target_epsilon=cfg.target_epsilon if get_mechanism(cfg.dp).private else None)
     if ctx.summary is not None:
       ctx.summary["plots"] = paths
   return Callback(on_run_end=end)

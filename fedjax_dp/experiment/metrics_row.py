@@ -13,13 +13,14 @@ from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.experiment.reports.local_dp_report import clients_spent
 from fedjax_dp.experiment.reports.privacy_report import (headline, mark_test_mode,
                                                          privacy_report, rounds_skipped)
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def expected_cohorts_only(cfg: Config) -> bool:
   """Under central DP with Poisson sampling the realised cohort sizes are private
   (add/remove-one neighbours change them): what the run publishes about
   participation counts the expected cohort, clients_per_round per round that ran."""
-  return cfg.dp == "central" and cfg.sampling == "poisson"
+  return get_mechanism(cfg.dp).noises_sum and cfg.sampling == "poisson"
 
 
 def published_participations(cfg: Config, state) -> int:
@@ -60,11 +61,11 @@ def spent_epsilon(sim: Simulation, state, plog: dict | None,
   to_working): the per-client table is not read. `test_mode` (RunContext.test_mode):
   no epsilon, and why (privacy_report.mark_test_mode)."""
   cfg = sim.cfg
-  if cfg.dp == "none" and cfg.kept_noise == "none":
+  if not get_mechanism(cfg.dp).private and cfg.kept_noise == "none":
     return {"epsilon": None, "delta": None}
   row = headline(mark_test_mode(privacy_report(cfg, sim, state, plog, assume=False), test_mode))
   if test_mode is not None:
     row["epsilon_why_none"] = test_mode
-  if cfg.dp == "local":
+  if get_mechanism(cfg.dp).per_client_ledgers:
     row["clients_spent"] = int(np.sum(clients_spent(sim, state)))
   return row

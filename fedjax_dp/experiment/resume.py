@@ -25,6 +25,7 @@ from fedjax_dp.experiment.target_epsilon import calibrated_multiplier
 from fedjax_dp.placement import paged_state
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports import privacy_log
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
 FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0
@@ -129,7 +130,7 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
   publish other sums under the same cohorts and noise draws, and the noise
   would no longer hide their difference. With the same `rounds` a re-run
   repeats the first release bit for bit."""
-  if (cfg.lr_schedule == "constant" and not calibrating) or (cfg.dp == "none"
+  if (cfg.lr_schedule == "constant" and not calibrating) or (not get_mechanism(cfg.dp).private
                                                             and cfg.kept_noise == "none"):
     return   # nothing changes, or no noise to reuse
   released = _released_round(out)

@@ -42,6 +42,7 @@ from fedjax_dp.models import Model, num_params
 from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports import privacy_log
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 __all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
 
@@ -151,7 +152,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   config.json and this segment's row."""
   from fedjax_dp.experiment.loop import RunContext
   last = budget_rounds(cfg)
-  if cfg.dp == "local" and cfg.target_epsilon is not None:
+  if get_mechanism(cfg.dp).per_client_ledgers and cfg.target_epsilon is not None:
     # per-cluster noise gives each client its own first event ([clients, orders]): the
     # cheapest one decides whether anyone can take part
     first = float(np.min(accounting.epsilons_np(sim.next_event_rdp(sim.init_state()),
@@ -161,7 +162,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
                      f"{first:.4g}, more than any client's budget (largest "
                      f"{np.max(sim.client_budgets()):.4g}): raise noise_multiplier or "
                      "target_epsilon")
-  calibrating = cfg.dp == "central" and cfg.noise_multiplier is None
+  calibrating = get_mechanism(cfg.dp).calibrates_to_target and cfg.noise_multiplier is None
   calibration = from_zero = noise_multiplier_for(cfg) if calibrating else None
   state = sim.init_state()
   meta = dict(FRESH_META)
@@ -171,7 +172,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
     state, meta, plog, calibration = restore(out, cfg, sim, state, log, calibrating)
     if calibration != from_zero:   # ds is scaled: reload
       sim = rebuild(calibration)
-    if cfg.dp == "central":
+    if get_mechanism(cfg.dp).noises_sum:
       last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
                            calibration)
   # every process has read and checked the folder before process 0 changes it (the

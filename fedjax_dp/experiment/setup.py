@@ -28,6 +28,7 @@ from fedjax_dp.data.scaling import apply_feature_scaling
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -80,7 +81,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
                       "analyzer scores the columns of tabular data (use healthcare, "
                       "breast_cancer or csv)")
-  if cfg.clip_parts == "tiers" and cfg.dp != "none" and ds.feature_tiers is None \
+  if cfg.clip_parts == "tiers" and get_mechanism(cfg.dp).private and ds.feature_tiers is None \
       and cfg.tier_source == "given":
     raise ConfigError(f"config key 'clip_parts' = 'tiers' with dataset {cfg.dataset!r}: the "
                       "data has no sensitivity tiers (use dataset healthcare, or csv or "
@@ -124,7 +125,7 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
                     f"{', '.join(repr(t) for t in TEST_SOURCES)}")
   if ds.test_source != "client_rows":
     return
-  guarantee = (f"dp {cfg.dp!r}" if cfg.dp != "none" else
+  guarantee = (f"dp {cfg.dp!r}" if get_mechanism(cfg.dp).private else
                f"kept_noise {cfg.kept_noise!r}" if cfg.kept_noise != "none" else None)
   if guarantee is None:   # dp none: no guarantee for the holdout to break
     return

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_dp.config import Config
-from fedjax_dp.privacy.setup import (local_event_rdp, noise_multiplier_for, round_event_rdp,
-                                     sampling_rate)
+from fedjax_dp.privacy.setup import event_rdp, noise_multiplier_for, sampling_rate
 from fedjax_dp.errors import RunError
 from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
@@ -27,7 +27,8 @@ def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
   adaptive-clipping set-up, with the clip layout). A resumed run passes what its `done` rounds spent (`spent_rdp`
   [orders], the restored ledger); the rounds to come run at `accounted`
   (default: the config's multiplier)."""
-  if cfg.dp == "none":
+  mechanism = get_mechanism(cfg.dp)
+  if not mechanism.private:
     return cfg.rounds
   try:
     z = noise_multiplier_for(cfg) if accounted is None else accounted
@@ -39,8 +40,8 @@ def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
     # the event depends on the tier layout and the controller: local DP checks one
     # participation after setup; central DP skips the round that would pass the target
     return cfg.rounds
-  event = local_event_rdp(cfg, z) if cfg.dp == "local" else round_event_rdp(cfg, z)
-  if cfg.dp == "local" or spent_rdp is None:
+  event = event_rdp(cfg, z)
+  if mechanism.per_client_ledgers or spent_rdp is None:
     spent_rdp, done = np.zeros_like(event), 0   # local DP: each client's own ledger decides
   before = np.asarray(spent_rdp, np.float64)
   # the in-round float32 ledger rounds up, by at most ~2 ulp (2.4e-7) per round:
@@ -50,11 +51,11 @@ def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
   if done >= cfg.rounds or not ok(done + 1):
     if done:
       return done   # a resumed run whose budget is spent: no round more
-    what = "one participation's" if cfg.dp == "local" else "one round's"
+    what = "one participation's" if mechanism.per_client_ledgers else "one round's"
     raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below {what} epsilon "
                    f"{accounting.epsilon_np(event, cfg.delta)[0]:.4g} at noise multiplier "
                    f"{z:g}: raise noise_multiplier or target_epsilon")
-  if cfg.dp == "local":
+  if mechanism.per_client_ledgers:
     return cfg.rounds
   lo, hi = done + 1, cfg.rounds  # epsilon grows with t: find the last t with ok(t)
   if ok(hi):
@@ -81,6 +82,6 @@ def calibrated_multiplier(cfg: Config, spent_rdp: np.ndarray, done: int) -> floa
     return accounting.calibrate_noise_multiplier(
         aim, sampling_rate(cfg), remaining, cfg.delta,
         epsilon_fn=lambda z: accounting.epsilon_np(
-            spent_rdp + remaining * round_event_rdp(cfg, z), cfg.delta)[0])
+            spent_rdp + remaining * event_rdp(cfg, z), cfg.delta)[0])
   except ValueError as e:
     raise RunError(f"--resume: {e} for the {remaining} rounds after the {done} already run")

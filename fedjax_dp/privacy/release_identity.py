@@ -36,6 +36,7 @@ import numpy as np
 from fedjax_dp import losses
 from fedjax_dp.config import Config
 from fedjax_dp.config.schema import data_seed
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 # Config keys that change no draw and no released value (beyond float summation
 # order): where the data is read from (its contents are digested), checkpoints,
@@ -50,7 +51,8 @@ RELEASE_NEUTRAL_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "dev
 def rounds_shape_the_rounds(cfg: Config) -> bool:
   """Whether a round's computation reads `rounds`: a learning-rate schedule over
   the run, or a noise multiplier calibrated to reach target_epsilon in `rounds`."""
-  return cfg.lr_schedule != "constant" or (cfg.dp != "none" and cfg.noise_multiplier is None)
+  return cfg.lr_schedule != "constant" or (get_mechanism(cfg.dp).private
+                                           and cfg.noise_multiplier is None)
 
 
 def settings_digest(cfg: Config) -> str:

@@ -25,6 +25,7 @@ published (pooled standardisation, analyzer-chosen tiers, allocated budgets).
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 COVERED, PUBLIC, NOT_COVERED = "covered", "public", "not covered"
 Status = str | Callable   # a status, or cfg -> status
@@ -41,7 +42,7 @@ class Declared(NamedTuple):
 
 
 def _local(cfg) -> bool:
-  return cfg.dp == "local"
+  return get_mechanism(cfg.dp).per_client_ledgers
 
 
 def _allocated(cfg) -> bool:

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Iterable
 
+from fedjax_dp.privacy.mechanisms import get_mechanism
 from fedjax_dp.privacy.release_registry import (  # noqa: F401  (the registry's names, here too)
     _CONDITIONS, COVERED, FIGURES, INFLUENCES, NOT_COVERED, OTHER_FILES, PLOT_FIGURES, PUBLIC,
     RUN_FILES, SUMMARY, TABLE_COLUMNS, Declared, Status)
@@ -231,7 +232,7 @@ def sweep_privacy(cfgs: list, written: Iterable[str]) -> dict:
   release_identity.py), so publishing several composes their epsilons; and the
   sweep's own outputs that no cell's guarantee covers (a name counts as not covered
   if it is under any cell's config)."""
-  guaranteed = [c for c in cfgs if c.dp != "none" or c.kept_noise != "none"]
+  guaranteed = [c for c in cfgs if get_mechanism(c.dp).private or c.kept_noise != "none"]
   section = {"releases": len(cfgs), "composition": (
       "each cell is a release of its own: its settings and seed give it its own cohorts and "
       "noise, and its summary.json gives its own epsilon; publishing several cells of one "

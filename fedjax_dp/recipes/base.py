@@ -52,6 +52,8 @@ SETUP_KEYS = frozenset({
     "rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
     "devices", "client_parallelism", "client_batch", "eval_batch_size",
     "client_state_store", "client_state_dtype", "client_state_dir", "matmul_precision",
+    # the user's modules that register stages (recipes/plugins.py)
+    "plugins",
 })
 RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in SETUP_KEYS)
 _DEFAULTS = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}

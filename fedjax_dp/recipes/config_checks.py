@@ -13,11 +13,13 @@ from typing import Any
 from fedjax_dp import robust
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.algorithms.registry import TERMS
-from fedjax_dp.config import Config, parse_config, parse_set, read_config_file
+from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, parse_config, parse_set,
+                              read_config_file)
 from fedjax_dp.data import TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
 from fedjax_dp.recipes import flat
+from fedjax_dp.recipes.plugins import load_plugins
 from fedjax_dp.adversary import attacks
 
 
@@ -42,7 +44,9 @@ def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> N
   """Raises ConfigError for the first problem of `cfg`'s stages, shown as the user
   wrote it (`raw`); then a key of `raw` set away from its default that nothing of
   this run reads (unless not `refuse_unread`)."""
+  load_plugins(cfg.plugins)   # before the names they register are checked
   _check_registered(cfg)
+  _check_mechanism(cfg, raw)
   _check_attack_placement(cfg)
   recipe = _check_stages(cfg)
   _check_client_state_store(cfg)
@@ -51,11 +55,47 @@ def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> N
     _check_unread(cfg, raw, recipe)
 
 
+def _private(cfg: Config) -> bool:
+  return mechanisms.get_mechanism(cfg.dp).private
+
+
 def _check_registered(cfg: Config) -> None:
   """A key whose values are a registry's names (config.CHOICES lists it empty)."""
+  if cfg.dp not in mechanisms.MECHANISMS:
+    raise ConfigError(f"config key 'dp' = {cfg.dp!r}: allowed values are "
+                      f"{', '.join(mechanisms.MECHANISMS)}")
   if cfg.aggregator not in robust.AGGREGATORS:
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r}: allowed values are "
                       f"{', '.join(robust.AGGREGATORS)}")
+
+
+def _check_mechanism(cfg: Config, raw: dict[str, Any]) -> None:
+  """The mechanism's delta and accountant."""
+  mechanism = mechanisms.get_mechanism(cfg.dp)
+  if not mechanism.private:
+    return
+  # delta >= 1/N allows a mechanism that publishes a random client's data outright, and
+  # the (eps, delta) conversion then reports epsilon 0 (N = 20, delta 0.3 gave 0.0)
+  if cfg.delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'delta' = {raw.get('delta', cfg.delta)!r} with dp "
+                      f"{cfg.dp!r}: must be < 1 / num_clients = {1 / cfg.num_clients:.4g} (a "
+                      "delta that large allows publishing a client's data outright)")
+  if cfg.accountant not in mechanism.accountants:
+    raise ConfigError(f"config key 'accountant' = {cfg.accountant!r} with dp {cfg.dp!r}: "
+                      f"allowed values are {', '.join(mechanism.accountants)}")
+  if cfg.accountant != "pld":
+    return
+  if mechanism.noises_sum and cfg.sampling == "fixed":
+    raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
+                      "fixed-size (without replacement) sampling; use accountant 'rdp' or "
+                      "sampling 'poisson'")
+  if cfg.noise_multiplier is not None:
+    local = mechanism.per_client_ledgers   # one participation, replace one: z / 2
+    z_pld = cfg.noise_multiplier / (2 if local else 1)
+    if 0 < z_pld < PLD_MIN_NOISE_MULTIPLIER:
+      raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g} with "
+                        f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
+                        f"{' (z / 2 under local DP)' if local else ''}; use accountant 'rdp'")
 
 
 def _check_attack_placement(cfg: Config) -> None:
@@ -163,14 +203,14 @@ _DP_ON = "under dp 'central' or 'local'"
 # keys read only under another key's setting (set-up keys, and a mechanism's keys that
 # only some of its variants read): key -> (is it read?, what makes it read)
 _SETUP_KEYS_READ = {
-    **{k: (lambda c: c.dp != "none" and c.clip_parts == "tiers", f"clip_parts 'tiers' {_DP_ON}")
+    **{k: (lambda c: _private(c) and c.clip_parts == "tiers", f"clip_parts 'tiers' {_DP_ON}")
        for k in ("rest_tier", "tier_noise_multipliers")},
-    **{k: (lambda c: c.dp != "none" and c.tier_source == "analyzer",
+    **{k: (lambda c: _private(c) and c.tier_source == "analyzer",
            f"tier_source 'analyzer' {_DP_ON}") for k in ("analyzer_rule", "analyzer_steps")},
-    **{k: (lambda c: c.dp != "none" and c.noise_schedule != "static",
+    **{k: (lambda c: _private(c) and c.noise_schedule != "static",
            f"noise_schedule 'convergence' or 'weighted' {_DP_ON}")
        for k in ("convergence_measure", "convergence_lambda", "convergence_window", "noise_ema")},
-    "convergence_beta": (lambda c: c.dp != "none" and c.noise_schedule == "convergence",
+    "convergence_beta": (lambda c: _private(c) and c.noise_schedule == "convergence",
                          f"noise_schedule 'convergence' {_DP_ON}"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
@@ -181,7 +221,7 @@ _SETUP_KEYS_READ = {
     "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
         "alie", "label_flip", "targeted"), "byzantine_fraction > 0 and byzantine_attack "
         "'sign_flip', 'scaled', 'gaussian', 'ipm' or 'backdoor'"),
-    "audit_canaries": (lambda c: c.dp != "none", "dp 'central' or 'local' (an audit checks "
+    "audit_canaries": (lambda c: _private(c), "dp 'central' or 'local' (an audit checks "
                        "a guarantee)"),
     "audit_canary_scale": (lambda c: c.audit_canaries > 0, "audit_canaries > 0"),
     "byzantine_draw": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),

@@ -45,6 +45,12 @@ def _mechanism_has_noise(r: Recipe, v: dict) -> str | None:
   return None
 
 
+def _mechanism_own_check(r: Recipe, v: dict) -> str | None:
+  """What the mechanism itself refuses of the run's settings (Mechanism.check)."""
+  m = _mechanism(r)
+  return m.check(v) if m is not None and m.check is not None else None
+
+
 def _planner(r: Recipe, v: dict) -> str | None:
   if r.planner is None:
     return None
@@ -191,7 +197,7 @@ def _other_stage_inputs(r: Recipe, v: dict) -> str | None:
 
 
 RULES: tuple[Callable[[Recipe, dict], str | None], ...] = (
-    _algorithm_names_the_terms, _mechanism_has_noise, _planner, _budgets, _server_stage_inputs,
+    _algorithm_names_the_terms, _mechanism_has_noise, _mechanism_own_check, _planner, _budgets, _server_stage_inputs,
     _adaptive_clip, _terms_covered, _noise_then_clip, _aggregate_is_a_sum,
     _mechanism_after_pipeline, _other_stage_inputs,
 )

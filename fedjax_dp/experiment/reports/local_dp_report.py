@@ -15,12 +15,13 @@ from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.hparams import budget_limit
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def clients_spent(sim: Simulation, state) -> np.ndarray:
   """[num_clients] bool: local DP clients whose next participation would pass the target."""
   cfg = sim.cfg
-  if cfg.dp != "local" or cfg.target_epsilon is None:
+  if not get_mechanism(cfg.dp).per_client_ledgers or cfg.target_epsilon is None:
     return np.zeros(cfg.num_clients, bool)
   after = np.asarray(state.ledger, np.float64) + sim.next_event_rdp(state)
   return accounting.epsilons_np(after, cfg.delta)[0] > budget_limit(sim.client_budgets())

@@ -31,6 +31,7 @@ from fedjax_dp.models import num_params
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.privacy.setup import neighbouring_relation, round_event_rdp, sampling_rate
+from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def resolved_feature_scaling(cfg: Config) -> str:
@@ -41,12 +42,12 @@ def resolved_feature_scaling(cfg: Config) -> str:
     return cfg.feature_scaling
   if cfg.dataset not in TABULAR:
     return "none"
-  return "pooled" if cfg.dp == "none" else "per_client"
+  return "pooled" if not get_mechanism(cfg.dp).private else "per_client"
 
 
 def has_guarantee(cfg: Config) -> bool:
   """Whether the run claims a guarantee: a DP mechanism, or kept noise (TopkSDP-FL)."""
-  return cfg.dp != "none" or cfg.kept_noise != "none"
+  return get_mechanism(cfg.dp).private or cfg.kept_noise != "none"
 
 
 def report_facts(cfg: Config, state) -> dict:
@@ -65,7 +66,7 @@ def data_not_accounted(cfg: Config) -> list[str]:
 
 def rounds_skipped(cfg: Config, state) -> int:
   """Rounds a budget skipped inside the compiled round (they released nothing)."""
-  return int(state.server_state["noise_control"]["skipped"]) if cfg.dp != "none" else 0
+  return int(state.server_state["noise_control"]["skipped"]) if get_mechanism(cfg.dp).private else 0
 
 
 def finite_or_none(x) -> float | None:
@@ -86,10 +87,10 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
   from it. `stopped_by_budget`: whether a budget ended the run before `rounds`
   (run_experiment knows; default: whether a round was skipped for it)."""
   assumed = False
-  if plog is None and assume and cfg.dp != "none" and sim.privacy.schedule == "static":
+  if plog is None and assume and get_mechanism(cfg.dp).private and sim.privacy.schedule == "static":
     plog = _assumed_log(cfg, sim, state)
     assumed = True
-    if cfg.dp == "central" and not _log_matches_ledger(cfg, plog, state):
+    if get_mechanism(cfg.dp).noises_sum and not _log_matches_ledger(cfg, plog, state):
       plog, assumed = None, "mismatch"
   report = _privacy_report(cfg, sim, state, plog, stopped_by_budget)
   if assumed == "mismatch":
@@ -108,7 +109,7 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
     # each round's noise at the learning rate it ran with (a resume may change the schedule)
     lrs = privacy_log.round_lrs(plog) if plog is not None else None
     report["kept_noise"] = topksdp_report(cfg, d, int(state.round), sizes, round_lrs=lrs)
-    if cfg.dp == "none":
+    if not get_mechanism(cfg.dp).private:
       report["note"] = ("no user-level DP (dp none); the client-side noise on kept coordinates "
                         "is reported under kept_noise")
       report["not_accounted"] = releases.not_accounted(cfg, None, report_facts(cfg, state))
@@ -123,16 +124,16 @@ def _set_headline(cfg: Config, report: dict) -> None:
   accountant it came from, or epsilon_why_none in one line. dp none with kept noise
   that has a complete guarantee: the kept-noise per-client figure."""
   kept = report.get("kept_noise", {}).get("accountant", {})
-  if cfg.dp == "none" and kept.get("epsilon") is not None:
+  if not get_mechanism(cfg.dp).private and kept.get("epsilon") is not None:
     report.update(epsilon=finite_or_none(kept["epsilon"]), delta=kept["delta"],
                   epsilon_accountant="rdp, kept noise per client")
-  elif cfg.dp != "none":
+  elif get_mechanism(cfg.dp).private:
     report.setdefault("epsilon_accountant", "rdp")
   why = None
   if report.get("epsilon") is None:
-    if cfg.dp == "none" and cfg.kept_noise == "none":
+    if not get_mechanism(cfg.dp).private and cfg.kept_noise == "none":
       why = "dp none: no noise is added, so the run has no differential-privacy guarantee"
-    elif cfg.dp == "none":
+    elif not get_mechanism(cfg.dp).private:
       reasons = "; ".join(report["kept_noise"]["not_accounted"]) or "no round ran"
       why = f"the kept noise has no complete guarantee: {reasons}"
     elif report.get("noise_multiplier") == 0:
@@ -176,7 +177,8 @@ def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
 
 def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
   """A privacy_log of `state`'s rounds all at `sim`'s static noise (and lr schedule)."""
-  released = int(state.round) - rounds_skipped(cfg, state) if cfg.dp == "central" else 0
+  released = (int(state.round) - rounds_skipped(cfg, state)
+              if get_mechanism(cfg.dp).noises_sum else 0)
   lr_at = learning_rate_schedule(cfg)
   stats = dict(event=np.zeros(released, np.int32),
                lr=np.asarray([lr_at(t) for t in range(int(state.round))], np.float32),
@@ -229,16 +231,16 @@ def add_pld(report: dict, compute: Callable[[], float], accountant: str) -> None
 
 def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
                     stopped_by_budget: bool | None = None) -> dict:
-  if cfg.dp == "none":
+  if not get_mechanism(cfg.dp).private:
     return {"dp": "none", "epsilon": None, "delta": None,
             "note": "no noise is added: this run has no differential-privacy guarantee"}
   skipped = rounds_skipped(cfg, state)
   rounds = int(state.round) - skipped   # rounds that ran (skipped ones released nothing)
-  if plog is not None and cfg.dp == "central":
+  if plog is not None and get_mechanism(cfg.dp).noises_sum:
     assert privacy_log.released_rounds(plog) == rounds, (plog, rounds)
   report = _header(cfg, sim, rounds)
   report.update(_clip_layout(cfg, sim))
-  if cfg.dp == "central":
+  if get_mechanism(cfg.dp).noises_sum:
     _central_section(report, cfg, sim, state, plog, rounds, skipped, stopped_by_budget)
   else:
     from fedjax_dp.experiment.reports.local_dp_report import local_section
@@ -350,7 +352,7 @@ def _schedule_section(cfg: Config, sim: Simulation, state) -> dict:
   DP; local DP's per-client one is in local_dp_report.local_section)."""
   nc = state.server_state["noise_control"]
   out = {}
-  if cfg.dp == "central" and sim.noise_multiplier > 0:
+  if get_mechanism(cfg.dp).noises_sum and sim.noise_multiplier > 0:
     out["paper_formula_epsilon"] = {
         "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
               "sqrt(2 ln(1.25/delta)) / z_round summed over the rounds run (no sampling, "

@@ -102,6 +102,9 @@ class Mechanism(NamedTuple):
   releases_every_round: bool = False  # a round nobody took part in is still released (its
                                       # noise) and applied
   client_hparams: tuple = ()        # the round's hyperparameters the client half reads
+  accountants: tuple = ("rdp",)     # the config's accountants that can compose its events
+  check: Callable | None = None     # (settings: {config key: value}) -> why this mechanism
+                                    # cannot run them, in one line, or None
   recipe_prefix: str = ""           # of the recipe's name (dp_fedavg, ldp_fedavg)
 
 

@@ -85,4 +85,5 @@ def local_gaussian() -> Mechanism:
   return Mechanism("local", plan=plan, admit=admit, release=release, client=client,
                    event_rdp=event_rdp, noises_each_upload=True, per_client_ledgers=True,
                    boundary="client", divides_by="participants",
-                   client_hparams=("update_noise",), recipe_prefix="ldp_")
+                   client_hparams=("update_noise",), accountants=("rdp", "pld"),
+                   recipe_prefix="ldp_")
