@@ -53,7 +53,7 @@ def _accepted(key, value) -> bool:
   try:
     cfg = dataclasses.replace(Config(), **{key: value})
     _check_keys(cfg, {})
-    _check_registered(cfg)   # a registry's names (aggregator)
+    _check_registered(cfg)   # a registry's names (aggregator, dp)
     return True
   except ConfigError:
     return False

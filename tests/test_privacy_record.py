@@ -192,8 +192,8 @@ def test_the_record_composes_to_the_ledger():
   for _ in range(3):
     state, stats = sim.run_rounds(state, 2)
     log = privacy_log.append(log, stats, sim.privacy.event_multipliers)
-  from fedjax_dp.privacy.setup import round_event_rdp
-  host = privacy_log.composed_rdp(log, lambda z: round_event_rdp(sim.cfg, z))
+  from fedjax_dp.privacy.setup import event_rdp
+  host = privacy_log.composed_rdp(log, lambda z: event_rdp(sim.cfg, z))
   np.testing.assert_allclose(np.asarray(state.ledger, np.float64), host, rtol=1e-5)
   assert privacy_log.released_rounds(log) == 6 and len(privacy_log.round_lrs(log)) == 6
 

@@ -202,7 +202,7 @@ AGGREGATION = section("aggregation and Byzantine clients", [
 DIFFERENTIAL_PRIVACY = section("differential privacy", [
     Key("dp", "none",
         "central: the server noises the clipped sum; local: each client noises its own update "
-        "(see Private training; a registered mechanism's name too)",
+        "(see Private training)",
         choices=()),
     Key("clip_norm", 1.0, "L2 clip of each client's update (adaptive clipping: the initial norm)",
         above=0),
@@ -283,7 +283,7 @@ RUN = section("run", [
     Key("eval_batch_size", 1000, "examples per evaluation batch", at_least=1),
     Key("plugins", (),
         "Python files (.py) or importable modules, imported before the config is checked: "
-        "they register terms, rules, mechanisms and datasets (see Extending)"),
+        "they register terms, rules and mechanisms (see Extending)"),
 ])
 
 DEVICES = section("devices and memory", [

@@ -65,6 +65,9 @@ def allowed_values(key: str) -> str:
   elif key == "aggregator":
     from fedjax_dp.robust import AGGREGATORS
     text = ", ".join(AGGREGATORS)
+  elif key == "dp":
+    from fedjax_dp.privacy.mechanisms import MECHANISMS
+    text = ", ".join(MECHANISMS) + "; or a registered mechanism's name"
   elif key == "algorithm":
     from fedjax_dp.algorithms.registry import ALGORITHMS
     text = ", ".join(ALGORITHMS) + "; or local terms joined by +"
@@ -76,6 +79,8 @@ def allowed_values(key: str) -> str:
     text = "a list of integers >= 1"
   elif key == "tier_noise_multipliers":
     text = "5 numbers > 0"
+  elif key == "plugins":
+    text = "a list of .py files or module names"
   elif kind is bool:
     text = "true, false"
   elif key.endswith(("_path", "_dir")):

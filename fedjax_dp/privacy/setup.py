@@ -3,8 +3,9 @@
   Privacy                 what the compiled round applies and charges: mode, clip
                           layout, noise multipliers, the accounted event's RDP
   make_privacy(cfg, ...)  resolves it (calibrating the noise to target_epsilon)
-  round_event_rdp, local_event_rdp, noise_multiplier_for, sampling_rate, ...
-                          the accounted event of one round or participation
+  event_rdp, noise_multiplier_for, sampling_rate, ...
+                          the accounted event of one round or participation (the
+                          mechanism's)
 """
 
 from __future__ import annotations
@@ -146,22 +147,6 @@ def event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
   """RDP of what the config's mechanism charges per round (or participation) at
   accounted multiplier `noise_multiplier` (its module says which)."""
   return mechanisms.get_mechanism(cfg.dp).event_rdp(noise_multiplier, cohort_sampling(cfg))
-
-
-def local_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
-  """RDP of one participation under local DP (local_gaussian.event_rdp)."""
-  return mechanisms.get_mechanism("local").event_rdp(noise_multiplier, cohort_sampling(cfg))
-
-
-def round_event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:
-  """RDP of one central-DP round (central_gaussian.event_rdp)."""
-  return mechanisms.get_mechanism("central").event_rdp(noise_multiplier, cohort_sampling(cfg))
-
-
-def neighbouring_relation(cfg: Config) -> str:
-  if cfg.sampling == "fixed":
-    return "replace one client (fixed-size cohorts; sensitivity 2 clip_norm)"
-  return "add/remove one client (Poisson sampling; sensitivity clip_norm)"
 
 
 @functools.lru_cache(maxsize=16)

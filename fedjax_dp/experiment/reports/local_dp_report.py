@@ -16,6 +16,7 @@ from fedjax_dp.core.hparams import budget_limit
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.privacy.setup import cohort_sampling
 
 
 def clients_spent(sim: Simulation, state) -> np.ndarray:
@@ -34,13 +35,7 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
   counts = np.asarray(nc["participations"]) if z > 0 else None
   spent = clients_spent(sim, state)
   report.update({
-      "mechanism": ("local DP: each client clips its update to L2 norm clip_norm and adds "
-                    "N(0, (noise_multiplier * clip_norm)^2) from its own key before sending; "
-                    "the server averages the participants' reports"),
-      "guarantee": ("per client: its epsilon below covers everything it sent (replace-one "
-                    "neighbours of its data, sensitivity 2 clip_norm), against the server and "
-                    "anyone who sees the reports; no amplification by sampling is claimed"),
-      "neighbouring": "replace one client's data (sensitivity 2 clip_norm)",
+      **get_mechanism(cfg.dp).describe(cohort_sampling(cfg)),
       "epsilon": finite_or_none(np.max(eps)), "epsilon_is": "the largest client's",
       "clients": {
           "epsilon_median": finite_or_none(np.median(eps)),

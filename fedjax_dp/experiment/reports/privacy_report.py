@@ -30,7 +30,7 @@ from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.models import num_params
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.schedules import learning_rate_schedule
-from fedjax_dp.privacy.setup import neighbouring_relation, round_event_rdp, sampling_rate
+from fedjax_dp.privacy.setup import cohort_sampling, event_rdp, sampling_rate
 from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
@@ -168,7 +168,7 @@ def mark_test_mode(report: dict, why: str | None) -> dict:
 def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
   """The record's RDP against the in-round ledger (float32, rounded up by at most
   ~2.4e-7 per round): equal to that rounding, where the ledger is finite."""
-  host = privacy_log.composed_rdp(plog, lambda z: round_event_rdp(cfg, z))
+  host = privacy_log.composed_rdp(plog, lambda z: event_rdp(cfg, z))
   ledger = np.asarray(state.ledger, np.float64)
   ok = np.isfinite(ledger) & np.isfinite(host)
   return bool(np.all(np.isfinite(ledger) == np.isfinite(host))
@@ -294,12 +294,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
   z = sim.noise_multiplier
   eps, order = sim.epsilons(state)
   report.update({
-      "mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
-                    "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
-                    "divided by the expected cohort size clients_per_round"),
-      "guarantee": f"the accountant's epsilon below, for {neighbouring_relation(cfg)} "
-                   "neighbours",
-      "neighbouring": neighbouring_relation(cfg),
+      **get_mechanism(cfg.dp).describe(cohort_sampling(cfg)),
       "epsilon": finite_or_none(eps),
       "order": float(order) if finite_or_none(eps) is not None else None,
       "ledger": np.asarray(state.ledger, np.float64).tolist(),

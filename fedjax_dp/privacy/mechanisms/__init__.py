@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from fedjax_dp.privacy.mechanisms.base import (DIVIDES_BY, Admission, CohortSampling, Mechanism,
                                                Plan, RoundSetup)
-from fedjax_dp.privacy.mechanisms.central_gaussian import central_gaussian
-from fedjax_dp.privacy.mechanisms.local_gaussian import local_gaussian
-from fedjax_dp.privacy.mechanisms.no_privacy import no_privacy
+from fedjax_dp.privacy.mechanisms import central_gaussian, local_gaussian, no_privacy
 
 __all__ = ["DIVIDES_BY", "MECHANISMS", "Admission", "CohortSampling", "Mechanism", "Plan",
            "RoundSetup", "get_mechanism", "register_mechanism"]
 
 MECHANISMS: dict[str, Mechanism] = {
-    "none": no_privacy(),
-    "central": central_gaussian(),
-    "local": local_gaussian(),
+    "none": no_privacy.no_privacy(),
+    "central": central_gaussian.central_gaussian(),
+    "local": local_gaussian.local_gaussian(),
 }
 
 

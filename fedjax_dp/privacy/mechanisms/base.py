@@ -105,6 +105,8 @@ class Mechanism(NamedTuple):
   accountants: tuple = ("rdp",)     # the config's accountants that can compose its events
   check: Callable | None = None     # (settings: {config key: value}) -> why this mechanism
                                     # cannot run them, in one line, or None
+  describe: Callable | None = None  # (CohortSampling) -> the report's "mechanism",
+                                    # "guarantee" and "neighbouring" lines
   recipe_prefix: str = ""           # of the recipe's name (dp_fedavg, ldp_fedavg)
 
 

@@ -99,8 +99,20 @@ def _event_rdp(sampling: str, per_round: int, num_clients: int, z: float) -> np.
   return accounting.poisson_gaussian_rdp(poisson_rate_used(per_round / num_clients), z)
 
 
+def describe(cohort: CohortSampling) -> dict[str, str]:
+  """The privacy report's lines for this mechanism."""
+  neighbouring = ("replace one client (fixed-size cohorts; sensitivity 2 clip_norm)"
+                  if cohort.sampling == "fixed" else
+                  "add/remove one client (Poisson sampling; sensitivity clip_norm)")
+  return {"mechanism": ("DP-FedAvg (user level): each client's update clipped to L2 norm "
+                        "clip_norm, N(0, (noise_multiplier * clip_norm)^2) added to the sum, "
+                        "divided by the expected cohort size clients_per_round"),
+          "guarantee": f"the accountant's epsilon below, for {neighbouring} neighbours",
+          "neighbouring": neighbouring}
+
+
 def central_gaussian() -> Mechanism:
   return Mechanism("central", plan=plan, admit=admit, release=release, client=client,
-                   event_rdp=event_rdp, noises_sum=True, calibrates_to_target=True,
+                   event_rdp=event_rdp, describe=describe, noises_sum=True, calibrates_to_target=True,
                    boundary="server", divides_by="expected_cohort", releases_every_round=True,
                    accountants=("rdp", "pld"), recipe_prefix="dp_")

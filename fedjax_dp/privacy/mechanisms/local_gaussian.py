@@ -81,9 +81,21 @@ def event_rdp(z: float, cohort: CohortSampling | None = None) -> np.ndarray:
   return accounting.gaussian_rdp(z / 2)
 
 
+def describe(cohort: CohortSampling | None = None) -> dict[str, str]:
+  """The privacy report's lines for this mechanism."""
+  return {"mechanism": ("local DP: each client clips its update to L2 norm clip_norm and adds "
+                        "N(0, (noise_multiplier * clip_norm)^2) from its own key before "
+                        "sending; the server averages the participants' reports"),
+          "guarantee": ("per client: its epsilon below covers everything it sent (replace-one "
+                        "neighbours of its data, sensitivity 2 clip_norm), against the server "
+                        "and anyone who sees the reports; no amplification by sampling is "
+                        "claimed"),
+          "neighbouring": "replace one client's data (sensitivity 2 clip_norm)"}
+
+
 def local_gaussian() -> Mechanism:
   return Mechanism("local", plan=plan, admit=admit, release=release, client=client,
-                   event_rdp=event_rdp, noises_each_upload=True, per_client_ledgers=True,
+                   event_rdp=event_rdp, describe=describe, noises_each_upload=True, per_client_ledgers=True,
                    boundary="client", divides_by="participants",
                    client_hparams=("update_noise",), accountants=("rdp", "pld"),
                    recipe_prefix="ldp_")
