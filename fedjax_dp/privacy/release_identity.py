@@ -28,6 +28,7 @@ alone: it reads no data, so sweep cells of one seed start from one model.
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 
 import jax
@@ -65,9 +66,25 @@ def settings_digest(cfg: Config) -> str:
   the longer one, and `--resume --rounds` more gives the longer run bit for bit."""
   settings = {k: v for k, v in cfg.to_dict().items() if k not in RELEASE_NEUTRAL_KEYS}
   settings["data_seed"] = data_seed(cfg)
+  del settings["plugins"]
+  if cfg.plugins:   # the code of the stages they register, not where it lies
+    settings["plugins"] = [plugin_digest(p) for p in cfg.plugins]
   if not rounds_shape_the_rounds(cfg):
     del settings["rounds"]
   return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plugin_digest(plugin: str) -> str:
+  """SHA-256 (hex) of a plugin's source: a .py file's bytes, or an importable
+  module's file (its name where it has none): a plugin edited under the same name
+  is another release."""
+  import importlib.util
+  path = plugin if plugin.endswith(".py") else getattr(
+      importlib.util.find_spec(plugin), "origin", None)
+  if not path or not os.path.isfile(path):
+    return hashlib.sha256(plugin.encode()).hexdigest()
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def program_digest(fn, *args) -> str:
