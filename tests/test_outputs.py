@@ -51,13 +51,13 @@ def test_solo_saves_every_clients_model_and_a_missing_model_is_one_line(tmp_path
 
 def test_the_partition_plot_names_the_classes(tmp_path):
   from fedjax_dp.data import partition
-  from fedjax_dp.data.registry import CLASS_NAMES
+  from fedjax_dp.data.registry import class_names
   hist = np.array([[3, 1], [0, 4]])
   labels = partition.plot_histogram(hist, str(tmp_path / "p.png"),
-                                    class_names=CLASS_NAMES["breast_cancer"])
+                                    class_names=class_names("breast_cancer"))
   assert labels == ["malignant", "benign"] and os.path.getsize(tmp_path / "p.png") > 0
   assert partition.plot_histogram(hist, str(tmp_path / "q.png")) == ["0", "1"]
-  assert len(CLASS_NAMES["fmnist"]) == len(CLASS_NAMES["cifar10"]) == 10
+  assert len(class_names("fmnist")) == len(class_names("cifar10")) == 10
 
 
 def test_a_data_attacks_success_gets_its_own_plot(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import os
 import re
 
 from fedjax_dp.algorithms import registry as term_registry
+from fedjax_dp.data import registry as data_registry
 from fedjax_dp.robust import registry as rule_registry
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -18,9 +19,10 @@ def extending_blocks() -> list[str]:
 
 def test_readme_extending_snippets_run(capsys):
   blocks = extending_blocks()
-  assert len(blocks) == 5
+  assert len(blocks) == 6
   namespace = {}
-  registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS)
+  registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS,
+                data_registry.DATASETS)
   saved = [dict(r) for r in registries]
   try:
     for block in blocks:
@@ -33,7 +35,8 @@ def test_readme_extending_snippets_run(capsys):
   assert stats.flagged.shape == (2,)
   assert int(namespace["state"].round) == 2
   assert "weight_decay" in namespace["cfg"].algorithm
-  assert namespace["cfg"].aggregator == "norm_bound"   # the recipe composed of both
+  assert namespace["blobs_cfg"].dataset == "blobs"   # a registered dataset
+  assert namespace["blobs"].x_train.shape == (500, 6) and len(namespace["parts"]) == 5
 
 
 def test_readme_server_stage_snippet_keeps_its_average():
@@ -41,7 +44,8 @@ def test_readme_server_stage_snippet_keeps_its_average():
   import numpy as np
   from fedjax_dp.training.server_stages import RoundContext
   namespace = {}
-  exec(compile(extending_blocks()[3], README, "exec"), namespace)
+  block = next(b for b in extending_blocks() if "released_average" in b)
+  exec(compile(block, README, "exec"), namespace)
   chain = namespace["chain"]
   params = {"w": jnp.zeros((2, 2)), "b": jnp.zeros((2,))}
   state = chain.init(params, 6)

@@ -12,8 +12,12 @@ eps0 = 2 / z (Mironov 2017, Proposition 6),
 Each client keeps its own ledger (per_client_ledgers), as local DP's Gaussian
 does, so target_epsilon caps each client's participations. Run it with
 
-  fedjax-dp run --config experiments/demo.yaml \\
-      --set plugins=experiments/extending/laplace_local.py dp=laplace_local noise_multiplier=4
+  fedjax-dp run --config experiments/demo.yaml --out runs/laplace_local \\
+      --set plugins=[experiments/extending/laplace_local.py] dp=laplace_local \\
+      noise_multiplier=8 clip_norm=0.5 hidden=[16] server_lr=0.05 rounds=20
+
+(README: Extending; tests/test_extension.py checks it against dp-accounting and
+attacks it.)
 """
 
 from __future__ import annotations

@@ -263,8 +263,8 @@ def _datasets(args) -> int:
         f"partition {cfg.partition}" + (f" (alpha {cfg.alpha})" if cfg.partition == "dirichlet" else ""))
   print(part_lib.format_histogram(hist))
   if args.plot:
-    from fedjax_dp.data.registry import CLASS_NAMES
-    names = CLASS_NAMES.get(cfg.dataset)
+    from fedjax_dp.data.registry import class_names
+    names = class_names(cfg.dataset)
     part_lib.plot_histogram(
         hist, args.plot, class_names=names if names and len(names) == ds.num_classes else None,
         title=f"{cfg.dataset}: {cfg.num_clients} clients, partition {cfg.partition}")

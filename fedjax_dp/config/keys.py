@@ -9,8 +9,7 @@ from fedjax_dp.config.key import Key, section
 
 DATA = section("data", [
     Key("dataset", "digits", "the data (see Datasets); custom: your own, given to fedjax_dp.run",
-        choices=("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
-                 "breast_cancer", "custom")),
+        choices=()),
     Key("data_dir", None, "folder searched first for dataset files; null: the usual places",
         nullable=str),
     Key("csv_path", None, "the CSV file", nullable=str),
@@ -283,7 +282,7 @@ RUN = section("run", [
     Key("eval_batch_size", 1000, "examples per evaluation batch", at_least=1),
     Key("plugins", (),
         "Python files (.py) or importable modules, imported before the config is checked: "
-        "they register terms, rules and mechanisms (see Extending)"),
+        "they register terms, rules, mechanisms and datasets (see Extending)"),
 ])
 
 DEVICES = section("devices and memory", [

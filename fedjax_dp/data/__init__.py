@@ -3,7 +3,7 @@
 The public names, each defined in the module that holds its concept:
 
   dataset.py    Dataset, DataError (one line), check_targets
-  registry.py   DATASETS, TABULAR, find_dataset, load_dataset (the built-in datasets)
+  registry.py   DATASETS, TABULAR, register_dataset, find_dataset, load_dataset
   images.py     MNIST / Fashion-MNIST (IDX files: read_idx), CIFAR-10, digits
   csv_file.py   a CSV file as a classification dataset
   tabular.py    healthcare (known tiers), breast cancer, synthetic; tier maps
@@ -28,10 +28,11 @@ from fedjax_dp.errors import DataError
 from fedjax_dp.data.images import (DEBIAN_FMNIST, IDX_FILES, IMAGE_MAGIC, LABEL_MAGIC,
                                    read_idx)
 from fedjax_dp.data.own_data import from_arrays, from_clients
-from fedjax_dp.data.registry import DATASETS, TABULAR, find_dataset, load_dataset
+from fedjax_dp.data.registry import (DATASETS, TABULAR, DatasetSource, find_dataset,
+                                     load_dataset, register_dataset)
 from fedjax_dp.data.scaling import FEATURE_SCALINGS, apply_feature_scaling, scale_features
 
-__all__ = ["DATASETS", "DEBIAN_FMNIST", "DataError", "Dataset", "FEATURE_SCALINGS",
-           "IDX_FILES", "IMAGE_MAGIC", "LABEL_MAGIC", "TABULAR", "apply_feature_scaling",
-           "check_targets", "find_dataset", "from_arrays", "from_clients", "load_dataset",
-           "read_idx", "scale_features"]
+__all__ = ["DATASETS", "DEBIAN_FMNIST", "DataError", "Dataset", "DatasetSource",
+           "FEATURE_SCALINGS", "IDX_FILES", "IMAGE_MAGIC", "LABEL_MAGIC", "TABULAR",
+           "apply_feature_scaling", "check_targets", "find_dataset", "from_arrays",
+           "from_clients", "load_dataset", "read_idx", "register_dataset", "scale_features"]

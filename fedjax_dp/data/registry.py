@@ -1,4 +1,5 @@
-"""The built-in datasets by name: DATASETS, TABULAR, `find_dataset` and `load_dataset`.
+"""The datasets by name: DATASETS (DatasetSource each), TABULAR, `register_dataset`,
+`find_dataset` and `load_dataset`.
 
 `load_dataset` reads a dataset (images.py, csv_file.py, tabular.py) and, for
 tabular data, scales its features as `feature_scaling` says (scaling.py):
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Callable, NamedTuple
 
 from fedjax_dp.data.csv_file import load_csv
 from fedjax_dp.data.dataset import Dataset
@@ -18,58 +20,96 @@ from fedjax_dp.data.images import (HOW_TO_GET, find_cifar_folder, find_idx_folde
 from fedjax_dp.data.scaling import scale_features
 from fedjax_dp.data.tabular import load_breast_cancer, load_healthcare, load_synthetic
 
-DATASETS = ("digits", "mnist", "fmnist", "cifar10", "csv", "synthetic", "healthcare",
-            "breast_cancer")
-# the classes' names where the dataset has them (digits and MNIST: the digit itself)
-CLASS_NAMES = {
-    "fmnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-               "Sneaker", "Bag", "Ankle boot"),
-    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
-                "truck"),
-    "breast_cancer": ("malignant", "benign"),   # scikit-learn's target_names
-}
-# the datasets whose features are standardised (images are scaled to [0, 1] by a fixed rule)
-TABULAR = ("csv", "synthetic", "healthcare", "breast_cancer")
+class DatasetSource(NamedTuple):
+  """A dataset by name (the config's `dataset`): how to find and load it.
+
+  load(data_dir, seed, **options) -> Dataset: its training and test rows, tabular
+    features raw (load_dataset scales them); `options` are a built-in's own keys
+    (csv_path, synthetic_examples, ...), none for a registered one.
+  find(data_dir) -> (available here?, where it is or how to get it); never raises.
+  tabular: its features are standardised (feature_scaling); images are scaled to
+    [0, 1] by the loader.
+  class_names: the classes' names where it has them (plots)."""
+  name: str
+  load: Callable[..., Dataset]
+  find: Callable[[str | None], tuple[bool, str]] = lambda data_dir: (True, "registered")
+  tabular: bool = False
+  class_names: tuple[str, ...] = ()
+
+
+def _found(where: str) -> Callable[[str | None], tuple[bool, str]]:
+  return lambda data_dir: (True, where)
+
+
+def _find_idx(name: str):
+  def find(data_dir):
+    folder, _ = find_idx_folder(name, data_dir)
+    return (True, folder) if folder else (False, HOW_TO_GET[name])
+  return find
+
+
+def _find_cifar(data_dir):
+  folder, _ = find_cifar_folder(data_dir)
+  return (True, folder) if folder else (False, HOW_TO_GET["cifar10"])
+
+
+_FMNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                   "Sneaker", "Bag", "Ankle boot")
+_CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                  "ship", "truck")
+# the registered datasets by name (a dict: iterating gives the names); register_dataset adds
+DATASETS: dict[str, DatasetSource] = {s.name: s for s in (
+    DatasetSource("digits", lambda d, seed: load_digits(seed), _found("scikit-learn (shipped)")),
+    DatasetSource("mnist", lambda d, seed: load_idx_dataset("mnist", d), _find_idx("mnist")),
+    DatasetSource("fmnist", lambda d, seed: load_idx_dataset("fmnist", d), _find_idx("fmnist"),
+                  class_names=_FMNIST_CLASSES),
+    DatasetSource("cifar10", lambda d, seed: load_cifar10(d), _find_cifar,
+                  class_names=_CIFAR_CLASSES),
+    DatasetSource("csv", lambda d, seed, **o: load_csv(seed=seed, **o),
+                  _found("any CSV file: --set dataset=csv --set csv_path=FILE"), tabular=True),
+    DatasetSource("synthetic", lambda d, seed, **o: load_synthetic(seed=seed, **o),
+                  _found("generated on demand (any size)"), tabular=True),
+    DatasetSource("healthcare", lambda d, seed, **o: load_healthcare(seed=seed, **o),
+                  _found("generated on demand: 847 features in 4 groups with known tiers"),
+                  tabular=True),
+    DatasetSource("breast_cancer", lambda d, seed, **o: load_breast_cancer(seed, **o),
+                  _found("scikit-learn (shipped)"), tabular=True,
+                  class_names=("malignant", "benign")),   # scikit-learn's target_names
+)}
+# the datasets whose features are standardised (images are scaled to [0, 1] by a fixed
+# rule); kept in step with DATASETS by register_dataset
+TABULAR: list[str] = [name for name, s in DATASETS.items() if s.tabular]
+
+
+def register_dataset(source: DatasetSource) -> None:
+  """Adds `source` under its name (a new name, or the same source again)."""
+  if not isinstance(source, DatasetSource):
+    raise TypeError(f"register_dataset: {source!r} is not a DatasetSource")
+  old = DATASETS.get(source.name)
+  if source.name == "custom" or (old is not None and old != source):
+    raise ValueError(f"register_dataset: {source.name!r} is already registered")
+  DATASETS[source.name] = source
+  if source.tabular and source.name not in TABULAR:
+    TABULAR.append(source.name)
+
+
+def class_names(name: str) -> tuple[str, ...]:
+  """The dataset's classes' names, () where it has none (digits and MNIST: the digit)."""
+  return DATASETS[name].class_names if name in DATASETS else ()
 
 
 def find_dataset(name: str, data_dir: str | None = None) -> tuple[bool, str]:
   """(available here?, where it is or why not). Never raises for missing data."""
-  if name == "digits":
-    return True, "scikit-learn (shipped)"
-  if name == "synthetic":
-    return True, "generated on demand (any size)"
-  if name == "healthcare":
-    return True, "generated on demand: 847 features in 4 groups with known tiers"
-  if name == "breast_cancer":
-    return True, "scikit-learn (shipped)"
-  if name == "csv":
-    return True, "any CSV file: --set dataset=csv --set csv_path=FILE"
-  if name in ("mnist", "fmnist"):
-    folder, _ = find_idx_folder(name, data_dir)
-    return (True, folder) if folder else (False, HOW_TO_GET[name])
-  if name == "cifar10":
-    folder, _ = find_cifar_folder(data_dir)
-    return (True, folder) if folder else (False, HOW_TO_GET[name])
-  raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+  if name not in DATASETS:
+    raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+  return DATASETS[name].find(data_dir)
 
 
 def _load_raw(name: str, data_dir: str | None, seed: int, options: dict) -> Dataset:
   """The dataset as read: tabular features raw, in the loader's precision."""
-  if name == "digits":
-    return load_digits(seed)
-  if name in ("mnist", "fmnist"):
-    return load_idx_dataset(name, data_dir)
-  if name == "cifar10":
-    return load_cifar10(data_dir)
-  if name == "csv":
-    return load_csv(seed=seed, **options)
-  if name == "synthetic":
-    return load_synthetic(seed=seed, **options)
-  if name == "healthcare":
-    return load_healthcare(seed=seed, **options)
-  if name == "breast_cancer":
-    return load_breast_cancer(seed, **options)
-  raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+  if name not in DATASETS:
+    raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
+  return DATASETS[name].load(data_dir, seed, **options)
 
 
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,

@@ -65,6 +65,9 @@ def allowed_values(key: str) -> str:
   elif key == "aggregator":
     from fedjax_dp.robust import AGGREGATORS
     text = ", ".join(AGGREGATORS)
+  elif key == "dataset":
+    from fedjax_dp.data import DATASETS
+    text = ", ".join(DATASETS) + ", custom; or a registered dataset's name"
   elif key == "dp":
     from fedjax_dp.privacy.mechanisms import MECHANISMS
     text = ", ".join(MECHANISMS) + "; or a registered mechanism's name"

@@ -15,7 +15,7 @@ from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.algorithms.registry import TERMS
 from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, parse_config, parse_set,
                               read_config_file)
-from fedjax_dp.data import TABULAR
+from fedjax_dp.data import DATASETS, TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
 from fedjax_dp.recipes import flat
@@ -61,6 +61,9 @@ def _private(cfg: Config) -> bool:
 
 def _check_registered(cfg: Config) -> None:
   """A key whose values are a registry's names (config.CHOICES lists it empty)."""
+  if cfg.dataset not in DATASETS and cfg.dataset != "custom":
+    raise ConfigError(f"config key 'dataset' = {cfg.dataset!r}: allowed values are "
+                      f"{', '.join(DATASETS)}, custom")
   if cfg.dp not in mechanisms.MECHANISMS:
     raise ConfigError(f"config key 'dp' = {cfg.dp!r}: allowed values are "
                       f"{', '.join(mechanisms.MECHANISMS)}")
