@@ -6,10 +6,10 @@ the cohort, in the stages' order:
   local training on the objective (its local terms)    ClientStages.train_one
   the terms' after-training step (upload, state)       objective.finish
   the upload pipeline (clips, top-k, kept noise)       ClientStages.pipeline
-  Byzantine clients' replacement, under central DP     ClientStages.byzantine
-  the DP mechanism's clip (and local noise)            ClientStages.dp.client
-  Byzantine clients' replacement, otherwise            ClientStages.byzantine
-  the server's norm bound                              ClientStages.server_clip
+  the upload stages, one chain ordered by the trust    core/upload_stages.py
+  boundary: canaries, attacks, the mechanism's client
+  half (clip, local noise), the server's norm bound,
+  the shuffler's weights
   the aggregate: a robust rule over the gathered       ClientStages.aggregator
   uploads, or the weighted sum over the devices
 
@@ -32,10 +32,10 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_dp import algorithms
 from fedjax_dp.compression import pipeline as pipeline_lib
-from fedjax_dp.core import one_step
+from fedjax_dp.core import one_step, upload_stages
 from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
-from fedjax_dp.kernels import clipping, robust_aggregation, weighted_mean
+from fedjax_dp.kernels import robust_aggregation, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.placement.executor import Executor, gather_over_devices, sum_over_devices
 from fedjax_dp.privacy.dp_round import DPRound
@@ -108,57 +108,36 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
       stages, params, cohort_ids, cohort_mask, counts, client_hp, round_key, client_state,
       server_state, x, y, client_index, client_count.shape[0], dp_client)
   contrib_sum = sum_over_devices(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs))
-  mask_f = cohort_mask.astype(jnp.float32)
-  weights, deltas = counts.astype(jnp.float32), res.delta  # FedAvg: n_i / n (or () summed)
-  unclipped = jnp.zeros((), jnp.int32)
-  if stages.canary is not None:   # before the mechanism, which treats them as any upload
-    deltas, present = stages.canary(deltas, cohort_ids, clip_norm,
-                                    client_hp["audit_canary_scale"])
-    cohort_mask = cohort_mask & present    # scale 0: the canaries are absent
-    counts = jnp.where(cohort_mask, counts, 0)
-    mask_f = cohort_mask.astype(jnp.float32)
-    weights = counts.astype(jnp.float32)
-  attack = lambda d: stages.byzantine(d, cohort_ids, cohort_mask, round_key, sum_over_devices)
-  if stages.byzantine is not None and stages.byzantine_before_mechanism:
-    deltas = attack(deltas)   # what the trusted server receives, which it clips below
-  if stages.dp.mechanism.divides_by != "examples":
-    weights = mask_f
-  if dp_client is not None:
-    if sums is None:   # the uploads are stacked (a later stage reads them): over the stack
-      deltas, dp_norms = jax.vmap(dp_client)(deltas, cohort_ids)
-    unclipped = jnp.sum((dp_norms <= clip_norm) & cohort_mask, dtype=jnp.int32)
-    nonfinite = nonfinite | (~jnp.isfinite(dp_norms) & cohort_mask)   # sent as zero
-  if stages.byzantine is not None and not stages.byzantine_before_mechanism:
-    deltas = attack(deltas)
-  bounded = jnp.zeros((), jnp.int32)
-  if stages.server_clip is not None:   # what the server received, the attackers' included
-    deltas, norms = jax.vmap(lambda u: clipping.l2_clip(u, stages.server_clip))(deltas)
-    # over the whole cohort, as the robust rules' flagged count (replicated) is
-    bounded = sum_over_devices(jnp.sum(cohort_mask & (norms > stages.server_clip),
-                                       dtype=jnp.int32))
-  if stages.shuffle:
-    # The shuffler hands the server, per layer, the cohort's tuples in random
-    # order: the server cannot link sizes to updates, so it weights uniformly.
-    # The server's plain sum of each layer's multiset is the same for every
-    # permutation, and the robust rules refuse shuffled tuples (recipes/validate.py), so
-    # the rows are not permuted here (pipeline.layerwise_shuffle): on CPU the
-    # permutation cost 7 % of a TopkSDP-FL round and changed no number beyond
-    # float summation order.
-    weights = mask_f
+  u = upload_stages.Uploads(res.delta, cohort_mask, counts, counts.astype(jnp.float32),
+                            nonfinite)
+  ctx = upload_stages.UploadContext(cohort_ids, round_key, clip_norm, client_hp, dp_norms)
+  u, metrics = upload_stages.run_chain(_upload_chain(stages, dp_client, sums is not None), u,
+                                       ctx)
+  mask_f = u.mask.astype(jnp.float32)
   flagged = clusters = jnp.zeros((), jnp.int32)
   cluster_info, server_slots = (), {}
   if stages.aggregator is not None:
     mean_delta, flagged, clusters, cluster_info, server_slots = _robust_aggregate(
-        deltas, cohort_ids, cohort_mask, weights * mask_f, server_state, client_hp["aggregator"],
-        stages.aggregator, stages.cluster_noise)
+        u.deltas, cohort_ids, u.mask, u.weights * mask_f, server_state,
+        client_hp["aggregator"], stages.aggregator, stages.cluster_noise)
   else:
-    mean_delta = _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key,
+    mean_delta = _linear_aggregate(u.deltas, u.weights, mask_f, u.counts, sums, owed, round_key,
                                    divides_by=stages.dp.mechanism.divides_by,
                                    shuffle=stages.shuffle,
                                    aggregate_noise=stages.aggregate_noise)
-  stats = _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters,
-                       client_hp["lr"], bounded)
+  zero = jnp.zeros((), jnp.int32)
+  stats = _round_stats(res, u.mask, metrics.get("unclipped", zero), u.nonfinite, flagged,
+                       clusters, client_hp["lr"], metrics.get("bounded", zero))
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+
+
+def _upload_chain(stages: ClientStages, dp_client, in_loop: bool) -> list:
+  """The stages between training and the aggregate (core/upload_stages.py)."""
+  return upload_stages.chain(
+      canary=stages.canary, byzantine=stages.byzantine,
+      attack_before=stages.byzantine_before_mechanism, client=dp_client,
+      divides_by=stages.dp.mechanism.divides_by, in_loop=in_loop,
+      server_clip=stages.server_clip, shuffle=stages.shuffle)
 
 
 def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts, client_hp,

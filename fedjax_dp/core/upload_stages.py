@@ -1,0 +1,141 @@
+"""What happens to the cohort's uploads between the clients' training and the
+aggregate, as one chain of stages with one protocol:
+
+  stage(uploads, ctx) -> (uploads, metrics)
+
+`uploads` (Uploads) is this device's slice of the cohort as the server sees it:
+the stacked updates (or, where the executor fused the sum into the client loop,
+nothing to change), the participation mask, the example counts and the
+aggregation weights; `metrics` is the stage's own named counts, gathered into
+the round's statistics.
+
+The chain's order comes from where each stage sits relative to the mechanism's
+trust boundary (privacy/boundary.py), never from its name:
+
+  protocol stages       an audit's canary clients (part of the honest protocol)
+  sent, server boundary Byzantine clients' replacements, which the trusted
+                        server then clips as any upload it receives
+  the mechanism         its client half over the stack (clip, local noise); its
+                        norms' counts where the executor ran it in the loop
+  sent, client boundary Byzantine replacements of the noised reports
+  the server's          its norm bound on every received upload, the shuffler's
+                        uniform weights
+
+Each stage is built only where the run has it (`chain`), so a run without
+attacks, canaries or server clipping traces none of their code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dp.kernels import clipping
+from fedjax_dp.placement.executor import sum_over_devices
+
+
+class Uploads(NamedTuple):
+  """This device's slice of the cohort's uploads, [local] first axes."""
+  deltas: Any            # pytree of [local, ...]; () where the sum was fused in the loop
+  mask: jax.Array        # [local] bool: took part
+  counts: jax.Array      # [local] int32 example counts (0 where not taking part)
+  weights: jax.Array     # [local] float32 aggregation weights (FedAvg: the counts)
+  nonfinite: jax.Array   # [local] bool: an upload with a NaN or inf, sent as zero
+
+
+class UploadContext(NamedTuple):
+  """What the stages read of the round (static set-up is in the stages themselves)."""
+  ids: jax.Array         # [local] int32 client ids
+  round_key: jax.Array
+  clip_norm: jax.Array   # this round's clip norm (the mechanism's)
+  client_hp: dict        # this round's client hyperparameters
+  loop_norms: Any        # [local] the mechanism's norms where it ran in the client loop, or ()
+
+
+Stage = Callable[[Uploads, UploadContext], tuple[Uploads, dict]]
+
+
+def canary_stage(canary: Callable) -> Stage:
+  """An audit's canary clients replace their slots' uploads; scale 0 takes them out."""
+  def stage(u: Uploads, ctx: UploadContext):
+    deltas, present = canary(u.deltas, ctx.ids, ctx.clip_norm,
+                             ctx.client_hp["audit_canary_scale"])
+    mask = u.mask & present
+    counts = jnp.where(mask, u.counts, 0)
+    return u._replace(deltas=deltas, mask=mask, counts=counts,
+                      weights=counts.astype(jnp.float32)), {}
+  return stage
+
+
+def attack_stage(byzantine: Callable) -> Stage:
+  """Byzantine clients replace what they send (adversary/attacks.py)."""
+  def stage(u: Uploads, ctx: UploadContext):
+    return u._replace(deltas=byzantine(u.deltas, ctx.ids, u.mask, ctx.round_key,
+                                       sum_over_devices)), {}
+  return stage
+
+
+def mechanism_stage(client: Callable | None, divides_by: str, in_loop: bool) -> Stage:
+  """The mechanism's client half over the stack (unless the executor ran it in the
+  client loop), its weights (uniform unless it divides by examples) and its counts:
+  uploads within the clip norm, and those sent as zero for a norm that is not finite."""
+  def stage(u: Uploads, ctx: UploadContext):
+    if divides_by != "examples":
+      u = u._replace(weights=u.mask.astype(jnp.float32))
+    if client is None:
+      return u, {}
+    norms = ctx.loop_norms
+    if not in_loop:   # the uploads are stacked (a later stage reads them)
+      deltas, norms = jax.vmap(client)(u.deltas, ctx.ids)
+      u = u._replace(deltas=deltas)
+    unclipped = jnp.sum((norms <= ctx.clip_norm) & u.mask, dtype=jnp.int32)
+    return u._replace(nonfinite=u.nonfinite | (~jnp.isfinite(norms) & u.mask)), {
+        "unclipped": unclipped}
+  return stage
+
+
+def server_clip_stage(bound: float) -> Stage:
+  """The server's norm bound on every upload it received, the attackers' included;
+  counted over the whole cohort, as the robust rules' flagged count (replicated) is."""
+  def stage(u: Uploads, ctx: UploadContext):
+    deltas, norms = jax.vmap(lambda v: clipping.l2_clip(v, bound))(u.deltas)
+    bounded = sum_over_devices(jnp.sum(u.mask & (norms > bound), dtype=jnp.int32))
+    return u._replace(deltas=deltas), {"bounded": bounded}
+  return stage
+
+
+def shuffle_stage() -> Stage:
+  """The shuffler hands the server, per layer, the cohort's tuples in random order:
+  the server cannot link sizes to updates, so it weights uniformly. The server's
+  plain sum of each layer's multiset is the same for every permutation, and the
+  robust rules refuse shuffled tuples (recipes/validate.py), so the rows are not
+  permuted (pipeline.layerwise_shuffle): on CPU the permutation cost 7 % of a
+  TopkSDP-FL round and changed no number beyond float summation order."""
+  def stage(u: Uploads, ctx: UploadContext):
+    return u._replace(weights=u.mask.astype(jnp.float32)), {}
+  return stage
+
+
+def chain(*, canary: Callable | None, byzantine: Callable | None, attack_before: bool,
+          client: Callable | None, divides_by: str, in_loop: bool, server_clip: float | None,
+          shuffle: bool) -> list[Stage]:
+  """The run's stages in their order (module docstring). attack_before: the
+  attack acts on what a trusted server receives (a server boundary, or none)."""
+  attack = [attack_stage(byzantine)] if byzantine is not None else []
+  return ([canary_stage(canary)] if canary is not None else []) + \
+      (attack if attack_before else []) + \
+      [mechanism_stage(client, divides_by, in_loop)] + \
+      ([] if attack_before else attack) + \
+      ([server_clip_stage(server_clip)] if server_clip is not None else []) + \
+      ([shuffle_stage()] if shuffle else [])
+
+
+def run_chain(stages: list[Stage], u: Uploads, ctx: UploadContext) -> tuple[Uploads, dict]:
+  """The stages in order; their metrics merged (each stage names its own)."""
+  metrics: dict = {}
+  for stage in stages:
+    u, m = stage(u, ctx)
+    metrics.update(m)
+  return u, metrics
