@@ -83,7 +83,7 @@ def test_changed_hyperparameters_reuse_the_compiled_round_and_match_a_fresh_buil
     np.testing.assert_array_equal(a, b)
   # the accountant charged the new noise: the ledger moved with it (a new cluster
   # threshold moves the noise only where the clusters change)
-  assert not np.array_equal(np.asarray(got.ledger), np.asarray(state.ledger)) or \
+  assert not np.array_equal(np.asarray(got.privacy.ledger), np.asarray(state.privacy.ledger)) or \
       sim.cfg.dp == "none" or "cluster_threshold" in change
   assert sim.privacy_for(**change).event_multipliers == fresh.privacy.event_multipliers
   # with_hparams: the same compiled round, and the host's view (config, privacy, epsilons)
@@ -142,7 +142,7 @@ def test_a_batch_of_hyperparameters_vmaps_over_the_compiled_chunk():
     one, one_stats = sim.run_rounds(sim.init_state(hp), 2, hparams=hp)   # each its own key
     for a, b in zip(_leaves(one.params), _leaves(out.params)):
       np.testing.assert_allclose(b[i], a, rtol=0, atol=1e-6)   # batched matmuls round apart
-    np.testing.assert_array_equal(np.asarray(out.ledger)[i], np.asarray(one.ledger))
+    np.testing.assert_array_equal(np.asarray(out.privacy.ledger)[i], np.asarray(one.privacy.ledger))
 
 
 def test_an_edited_pytree_is_refused():

@@ -157,7 +157,7 @@ def test_local_ledgers_count_each_clients_own_participations():
   eps, _ = sim.epsilons(state)
   # participations per client from the ledger against dp-accounting's composition
   per_participation = accounting.gaussian_rdp(z / 2)
-  counts = np.rint(np.asarray(state.ledger)[:, 0] / per_participation[0]).astype(int)
+  counts = np.rint(np.asarray(state.privacy.ledger)[:, 0] / per_participation[0]).astype(int)
   assert counts.sum() == int(state.participations) == int(np.sum(st.participants))
   for k, e in zip(counts, eps):
     a = dpa.rdp.RdpAccountant(orders=list(accounting.DEFAULT_ORDERS),
@@ -181,7 +181,7 @@ def test_local_ledgers_match_participations_on_several_devices(devices, sampling
   state, _ = sim.run_rounds(sim.init_state(), 40)
   participations = np.asarray(state.server_state["noise_control"]["participations"])
   event = np.asarray(sim.privacy.event_rdp, np.float64)[-1]
-  counts = np.asarray(state.ledger, np.float64)[:, -1] / event
+  counts = np.asarray(state.privacy.ledger, np.float64)[:, -1] / event
   np.testing.assert_allclose(counts, participations, rtol=1e-3)
   assert participations[0] > 0 and participations.sum() == int(state.participations)
 
@@ -216,7 +216,7 @@ def test_adaptive_clip_norm_follows_the_geometric_rule():
   deltas, _, s1, _ = _one_round(sim, keyed_state(sim))
   below = np.mean([np.linalg.norm(flat(d)) <= c0 for d in deltas])
   assert below == 0.4
-  assert float(s1.clip_norm) == pytest.approx(c0 * np.exp(-lr * (below - gamma)), rel=1e-5)
+  assert float(s1.privacy.clip_norm) == pytest.approx(c0 * np.exp(-lr * (below - gamma)), rel=1e-5)
 
 
 def test_adaptive_clipping_noise_split_costs_one_gaussian():

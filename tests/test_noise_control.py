@@ -83,7 +83,7 @@ def test_adaptive_local_ledgers_compose_each_rounds_actual_noise():
     took = np.asarray(state.server_state["noise_control"]["participations"]) - before
     want += took[:, None] * event
   assert scores[0] == 0 and max(scores) > 0.1    # the controller moved the noise
-  got = np.asarray(state.ledger, np.float64)
+  got = np.asarray(state.privacy.ledger, np.float64)
   assert np.all(got >= want * (1 - 1e-9)) and np.allclose(got, want, rtol=1e-5)
   # the paper's charge: sqrt(2 ln(1.25/delta)) / (z (1 - beta c)) per participation
   paper = np.asarray(state.server_state["noise_control"]["paper_epsilon"])
@@ -101,10 +101,10 @@ def test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_targe
     scales = np.asarray(nc.noise_scales("convergence", score, p.tier_scales(), 0.3), np.float64)
     z_acc = accounting.effective_noise_multiplier(
         [p.update_noise_multiplier * s / f for s, f in zip(scales, p.layout.fractions)])
-    from fedjax_dp.privacy.setup import round_event_rdp
-    low += round_event_rdp(sim.cfg, z_acc)
+    from fedjax_dp.privacy.setup import event_rdp
+    low += event_rdp(sim.cfg, z_acc)
     state, _ = sim.run_rounds(state, 1)
-  got = np.asarray(state.ledger, np.float64)
+  got = np.asarray(state.privacy.ledger, np.float64)
   assert np.all(got >= low * (1 - 1e-9))
   # with a target, the round that would pass it is skipped and nothing more is charged
   sim = _tiers_sim(target_epsilon=3.0, **over)
@@ -195,7 +195,7 @@ def test_per_cluster_noise_ledgers_follow_each_clients_factor():
     want += sim.privacy.event_rdp[None, :] / f[:, None] ** 2   # everyone takes part
   assert int(stats.clusters[0]) >= 2
   assert np.all(seen_factor[0] == 1.0) and np.any(np.concatenate(seen_factor[1:]) > 1.0)
-  got = np.asarray(state.ledger, np.float64)
+  got = np.asarray(state.privacy.ledger, np.float64)
   assert np.all(got >= want * (1 - 1e-9)) and np.allclose(got, want, rtol=1e-5)
 
 

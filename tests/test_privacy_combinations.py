@@ -308,7 +308,7 @@ def measure(rec_: Recorder, rec: Recorded, feature_tiers) -> Round | None:
   assert np.linalg.norm(noise) > 0, "the round released no noise"
   masks = part_masks(cfg, params, feature_tiers)
   d = len(noise)
-  clip = float(rec.before.clip_norm)
+  clip = float(rec.before.privacy.clip_norm)
   stds, exact, inv = [], True, 0.0
   for m in masks:
     s, ok = fit_std(noise[m], normals[m], scale)
@@ -318,7 +318,7 @@ def measure(rec_: Recorder, rec: Recorded, feature_tiers) -> Round | None:
   count_std = None
   if cfg.adaptive_clipping:
     # log C_{t+1} = log C_t - clip_lr (released / m + 1/2 - target_quantile)
-    moved = math.log(float(rec.after.clip_norm)) - math.log(float(qstate.clip_norm))
+    moved = math.log(float(rec.after.privacy.clip_norm)) - math.log(float(qstate.privacy.clip_norm))
     count_noise = -moved * cfg.clients_per_round / cfg.clip_lr
     e = float(jax.random.normal(jax.random.fold_in(round_key, CLIP_COUNT_NOISE), (),
                                 np.float32))
@@ -340,7 +340,7 @@ def sampled_count_std(rec_: Recorder, rec: Recorded, samples: int = 128) -> floa
     state = rec.before._replace(key=np.asarray(jax.random.fold_in(rec.before.key, 10_000 + k)))
     a, _ = rec.sim.run_rounds(rec.sim.replicate(state), 1, same_draws=True)
     b, _ = qsim.run_rounds(qsim.replicate(state), 1, same_draws=True)
-    moved = math.log(float(a.clip_norm)) - math.log(float(b.clip_norm))
+    moved = math.log(float(a.privacy.clip_norm)) - math.log(float(b.privacy.clip_norm))
     draws.append(-moved * cfg.clients_per_round / cfg.clip_lr)
   return float(np.sqrt(np.mean(np.square(draws))))
 
@@ -929,7 +929,7 @@ def replay_cell(sim, rounds: int) -> tuple[list[float], np.ndarray, object]:
     round_key = jax.random.fold_in(np.asarray(state.key), int(state.round))
     std, _ = fit_std(noise, leaf_normals(jax.random.fold_in(round_key, SERVER_NOISE),
                                          state.params))
-    zs.append(std / float(state.clip_norm))
+    zs.append(std / float(state.privacy.clip_norm))
     noises.append(noise / std)
     state = _host(a)
   return zs, np.concatenate(noises), state

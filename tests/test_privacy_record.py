@@ -194,7 +194,7 @@ def test_the_record_composes_to_the_ledger():
     log = privacy_log.append(log, stats, sim.privacy.event_multipliers)
   from fedjax_dp.privacy.setup import event_rdp
   host = privacy_log.composed_rdp(log, lambda z: event_rdp(sim.cfg, z))
-  np.testing.assert_allclose(np.asarray(state.ledger, np.float64), host, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.privacy.ledger, np.float64), host, rtol=1e-5)
   assert privacy_log.released_rounds(log) == 6 and len(privacy_log.round_lrs(log)) == 6
 
 

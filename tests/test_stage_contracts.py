@@ -32,6 +32,7 @@ from fedjax_dp.core import hparams as hparams_lib
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.training import server_stages as ss
 from fedjax_dp.core import state as sim_lib   # the round's key tags
+from fedjax_dp.privacy.mechanisms.base import PrivacyState
 from fedjax_dp.privacy.setup import make_privacy
 from fedjax_dp import make_config, recipes
 from fedjax_dp.models import make_model
@@ -374,9 +375,8 @@ def test_layerwise_shuffle_draws_a_permutation_per_layer_and_round():
 # ------------------------------------------------------------------ DP's round functions
 class DPState(NamedTuple):
   """The SimState fields the DP round functions read."""
-  ledger: Any
+  privacy: Any        # the mechanism's slot: PrivacyState(ledger, clip_norm)
   server_state: Any
-  clip_norm: Any
 
 
 # each feature once (a case per feature compiled the same mechanism again: seconds each)
@@ -419,7 +419,7 @@ def dp_case(name):
   if privacy.mode == "local":   # a few participations each; client SPENT far past any budget
     ledger = ledger + 2.0 * hp["event_rdp"]
     ledger = ledger.at[SPENT].set(1e4 * hp["event_rdp"])
-  state = DPState(ledger, server_state, jnp.float32(0.8))
+  state = DPState(PrivacyState(ledger, jnp.float32(0.8)), server_state)
   return cfg, privacy, dp, params, state, hp
 
 
@@ -451,9 +451,10 @@ def dp_step(dp, state, ids, mask, deltas, round_key, hp, mode="central"):
   # (the round's own sums are tested with the round; here only admitted slots enter)
   total = jax.tree.map(lambda u: jnp.sum(jnp.where(
       adm.mask.reshape((-1,) + (1,) * (u.ndim - 1)), u, 0.0), axis=0), uploads)
-  released = dp.release(total, state, plan, adm, ids, jnp.sum(adm.mask, dtype=jnp.int32),
-                        unclipped, round_key, clip, hp)
-  return plan, adm, (uploads, unclipped, nonfinite), released
+  delta, slot, event = dp.release(total, state, plan, adm, ids,
+                                  jnp.sum(adm.mask, dtype=jnp.int32), unclipped, round_key,
+                                  clip, hp)
+  return plan, adm, (uploads, unclipped, nonfinite), (delta, slot.ledger, slot.clip_norm, event)
 
 
 # `make test` runs each mode, clip layout and budget once; local DP's per-layer budget
@@ -479,7 +480,7 @@ def test_dp_round_contract(name):
   assert unclipped.shape == () and unclipped.dtype == jnp.int32
   assert nonfinite.shape == (SLOTS,) and nonfinite.dtype == jnp.bool_
   same_structure(released, params)
-  same_structure(ledger, state.ledger)
+  same_structure(ledger, state.privacy.ledger)
   assert clip.shape == () and clip.dtype == jnp.float32
   assert event.shape == () and event.dtype == jnp.int32
 
@@ -500,8 +501,8 @@ def test_dp_round_contract(name):
     written = np.zeros(N, bool)
     written[np.asarray(ids)[admitted]] = True
     np.testing.assert_array_equal(np.asarray(ledger)[~written],
-                                  np.asarray(state.ledger)[~written])
-    assert np.all(np.asarray(ledger)[written] > np.asarray(state.ledger)[written])
+                                  np.asarray(state.privacy.ledger)[~written])
+    assert np.all(np.asarray(ledger)[written] > np.asarray(state.privacy.ledger)[written])
 
   # contract 4: local noise per client (two equal deltas get different noise), from
   # the client's id whatever its slot; central noise per round
@@ -523,11 +524,11 @@ def test_dp_round_contract(name):
 
 def test_central_budget_skips_a_round_past_the_target_and_writes_nothing():
   _, privacy, dp, params, state, hp = dp_case("central-budget-convergence")
-  state = state._replace(ledger=1e4 * hp["event_rdp"])
+  state = state._replace(privacy=state.privacy._replace(ledger=1e4 * hp["event_rdp"]))
   plan, adm, _, (released, ledger, clip, event) = dp_step(
       dp, state, DP_IDS, DP_MASK, cohort_deltas(params), key(0), hp)
   assert bool(adm.skip) and not np.any(adm.mask) and int(adm.spent) == 1
-  np.testing.assert_array_equal(ledger, state.ledger)
+  np.testing.assert_array_equal(ledger, state.privacy.ledger)
   assert int(event) == -1
 
 

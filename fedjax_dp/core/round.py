@@ -68,9 +68,8 @@ def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientSt
         store.client_index, store.client_count)
     server_state = {**objective.server_step(state.server_state, contrib_sum, num_clients,
                                             hp=hp["terms"]), **agg_slots}
-    delta, ledger, clip_norm, event = dp.release(delta, state, plan, adm, ids,
-                                                 stats.participants, stats.unclipped,
-                                                 round_key, clip_norm, hp)
+    delta, privacy, event = dp.release(delta, state, plan, adm, ids, stats.participants,
+                                       stats.unclipped, round_key, clip_norm, hp)
     stats = stats._replace(spent=adm.spent, event=event)
     # the local terms' change to the released update (FedDyn's -h / alpha; none for
     # the others): post-processing of the release
@@ -84,8 +83,8 @@ def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientSt
                                      frozen=objective.solo, keep=keep_if(adm, stats))
     return state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                           participations=state.participations + stats.participants,
-                          cohort_overflow=state.cohort_overflow + overflow, ledger=ledger,
-                          clip_norm=clip_norm, client_state=client_state,
+                          cohort_overflow=state.cohort_overflow + overflow, privacy=privacy,
+                          client_state=client_state,
                           server_state=server_state), stats
   return round_fn
 

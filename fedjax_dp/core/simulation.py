@@ -123,7 +123,8 @@ class Simulation:
     state = init_state(self.cfg, self.recipe, self.model, key,
                        self.paging and self.paging.make_table)
     if hparams is not None:
-      state = state._replace(clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32))
+      state = state._replace(privacy=state.privacy._replace(
+          clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32)))
     return self.replicate(state)
 
   def with_hparams(self, **overrides) -> "Simulation":
@@ -230,7 +231,7 @@ class Simulation:
   def epsilons(self, state: SimState):
     """(epsilon, optimal order) spent, by the in-round RDP ledger, as float64 numpy:
     scalars for central DP, [num_clients] arrays for local DP."""
-    return accounting.epsilons_np(np.asarray(state.ledger, np.float64), self.cfg.delta)
+    return accounting.epsilons_np(np.asarray(state.privacy.ledger, np.float64), self.cfg.delta)
 
   def next_event_rdp(self, state: SimState) -> np.ndarray:
     """float64 [orders] (or [num_clients, orders] with per-cluster noise): the RDP

@@ -19,7 +19,7 @@ import numpy as np
 from fedjax_dp import recipes
 from fedjax_dp.config import Config
 from fedjax_dp.models import Model
-from fedjax_dp.privacy import accounting
+from fedjax_dp.privacy.mechanisms.base import initial_state
 
 # fold_in tags: one per random purpose inside a round
 COHORT_SAMPLING = 0
@@ -46,9 +46,8 @@ class SimState(NamedTuple):
   key: jax.Array              # uint32[2] run key
   participations: jax.Array   # int32: client participations so far (for bytes)
   cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
-  ledger: jax.Array           # float32 RDP spent: [orders] (central, zeros without DP),
-                              # [num_clients, orders] (local: one ledger per client)
-  clip_norm: jax.Array        # float32: the clip norm of the next round (moves if adaptive)
+  privacy: Any                # the mechanism's slot (privacy/mechanisms/base.PrivacyState:
+                              # the RDP ledger or ledgers, the next round's clip norm)
 
 
 class RoundStats(NamedTuple):
@@ -86,7 +85,6 @@ def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
   server_opt = recipe.server_optimizer_fn()
   mechanism = recipe.privacy.stage if recipe.privacy is not None else None
-  ledger_shape = (cfg.num_clients,) if mechanism and mechanism.per_client_ledgers else ()
   objective = recipe.objective(momentum=cfg.momentum)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)
@@ -105,5 +103,4 @@ def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax
                   client_state=client_state, server_state=server_state,
                   key=run_key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
-                  ledger=accounting.init_ledger(shape=ledger_shape),
-                  clip_norm=jnp.float32(cfg.clip_norm))
+                  privacy=initial_state(mechanism, cfg.num_clients, cfg.clip_norm))

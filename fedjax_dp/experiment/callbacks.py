@@ -217,7 +217,7 @@ def write_row(ctx: RunContext) -> None:
          **(ctx.attack_metrics or {}),
          "train_loss": d["loss_sum"] / d["examples"] if d["examples"] else None,
          **spent_epsilon(sim, state, ctx.plog, ctx.test_mode),   # the working layout
-         **({"clip_norm": float(state.clip_norm),
+         **({"clip_norm": float(state.privacy.clip_norm),
              "unclipped_fraction": d["unclipped"] / d["clip_seen"] if d["clip_seen"] else None,
              "nonfinite_uploads": int(d["nonfinite"])}
             if get_mechanism(cfg.dp).private else {}),

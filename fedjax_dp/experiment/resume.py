@@ -94,7 +94,7 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
   if restored == 0 or restored >= cfg.rounds:
     return state, meta, plog, noise_multiplier_for(cfg)
   # other rounds: the rounds to come calibrated to what the ledger (digest-checked) left
-  spent = np.asarray(state.ledger, np.float64)
+  spent = np.asarray(state.privacy.ledger, np.float64)
   calibration = calibrated_multiplier(cfg, spent, restored)
   log(f"rounds {saved.get('rounds')} -> {cfg.rounds}: the {restored} rounds run spent "
       f"epsilon {accounting.epsilon_np(spent, cfg.delta)[0]:.4g} (RDP) of target_epsilon "

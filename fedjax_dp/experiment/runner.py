@@ -173,7 +173,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
     if calibration != from_zero:   # ds is scaled: reload
       sim = rebuild(calibration)
     if get_mechanism(cfg.dp).noises_sum:
-      last = budget_rounds(cfg, np.asarray(state.ledger, np.float64), int(state.round),
+      last = budget_rounds(cfg, np.asarray(state.privacy.ledger, np.float64), int(state.round),
                            calibration)
   # every process has read and checked the folder before process 0 changes it (the
   # others must not check it again: they would find process 0's new files)

@@ -24,7 +24,7 @@ def clients_spent(sim: Simulation, state) -> np.ndarray:
   cfg = sim.cfg
   if not get_mechanism(cfg.dp).per_client_ledgers or cfg.target_epsilon is None:
     return np.zeros(cfg.num_clients, bool)
-  after = np.asarray(state.ledger, np.float64) + sim.next_event_rdp(state)
+  after = np.asarray(state.privacy.ledger, np.float64) + sim.next_event_rdp(state)
   return accounting.epsilons_np(after, cfg.delta)[0] > budget_limit(sim.client_budgets())
 
 
@@ -54,7 +54,7 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
     from fedjax_dp.privacy.planning import pld_epsilon
     z_acc = sim.privacy.accounted_noise_multiplier
     bound = counts[:, None] * np.asarray(sim.privacy.event_rdp, np.float64)[None, :]
-    ledger = np.asarray(state.ledger, np.float64)
+    ledger = np.asarray(state.privacy.ledger, np.float64)
     if np.all(ledger <= bound * (1 + 1e-5) + 1e-7):
       add_pld(report, lambda: pld_epsilon(1.0, z_acc / 2, int(counts.max()), cfg.delta),
               "rdp ledgers in the round; largest client's figure by PLD")

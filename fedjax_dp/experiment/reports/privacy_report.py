@@ -169,7 +169,7 @@ def _log_matches_ledger(cfg: Config, plog: dict, state) -> bool:
   """The record's RDP against the in-round ledger (float32, rounded up by at most
   ~2.4e-7 per round): equal to that rounding, where the ledger is finite."""
   host = privacy_log.composed_rdp(plog, lambda z: event_rdp(cfg, z))
-  ledger = np.asarray(state.ledger, np.float64)
+  ledger = np.asarray(state.privacy.ledger, np.float64)
   ok = np.isfinite(ledger) & np.isfinite(host)
   return bool(np.all(np.isfinite(ledger) == np.isfinite(host))
               and np.allclose(ledger[ok], host[ok], rtol=1e-5, atol=1e-7))
@@ -297,7 +297,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
       **get_mechanism(cfg.dp).describe(cohort_sampling(cfg)),
       "epsilon": finite_or_none(eps),
       "order": float(order) if finite_or_none(eps) is not None else None,
-      "ledger": np.asarray(state.ledger, np.float64).tolist(),
+      "ledger": np.asarray(state.privacy.ledger, np.float64).tolist(),
       "stopped_by_budget": (skipped > 0 if stopped_by_budget is None
                             else bool(stopped_by_budget)),
       "rounds_skipped_by_budget": skipped,
@@ -309,7 +309,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
         "count_stddev": sim.privacy.count_stddev,
         "update_noise_multiplier": sim.privacy.update_noise_multiplier,
         "accounted_noise_multiplier": sim.privacy.accounted_noise_multiplier,
-        "final_clip_norm": float(state.clip_norm),
+        "final_clip_norm": float(state.privacy.clip_norm),
         "note": "the noised clipped-count query is accounted: the updates' noise "
                 "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
                 "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"}

@@ -18,15 +18,18 @@ The round calls, each with the static set-up (`RoundSetup`) bound first:
       the client half, per upload: clip (and noise) one upload; its norm before
       the clip (not finite where it was sent as zero). None: no client half.
   release(setup, delta, state, plan, adm, ids, participants, unclipped, key,
-          clip_norm, hp) -> (delta, ledger, clip_norm, event)
-      the server half: noise on the aggregate, the ledger composed with what was
-      applied, the clip norm's next value, the privacy log's event
+          clip_norm, hp) -> (delta, slot, event)
+      the server half: noise on the aggregate and the mechanism's new state slot
+      (the ledger composed with what was applied, the clip norm's next value),
+      the privacy log's event
       (RoundStats.event: an index into Privacy.event_multipliers, 0 one local
       participation at static noise, -2 at scheduled noise, -1 nothing released)
 
 and at set-up `event_rdp(z, cohort) -> [orders]`: the RDP of one round (or
 participation) at accounted noise multiplier z, for the accountant and the
-calibration to target_epsilon.
+calibration to target_epsilon. The mechanism owns its slot of the round state,
+SimState.privacy (PrivacyState: the ledger and the clip norm, or its own type
+with those first), made by `init_state` and replaced by `release`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,15 @@ class Admission(NamedTuple):
   client_event: jax.Array | None   # RDP of one participation: [orders] or [slots, orders]
 
 
+class PrivacyState(NamedTuple):
+  """A mechanism's slot of the round state (SimState.privacy): what the built-in
+  mechanisms keep. A mechanism with more state (a correlated-noise buffer) keeps
+  its own NamedTuple whose first fields are these two."""
+  ledger: jax.Array      # float32 RDP spent: [orders] (zeros without DP), or
+                         # [num_clients, orders] with per-client ledgers
+  clip_norm: jax.Array   # float32: the clip norm of the next round (moves if adaptive)
+
+
 class Mechanism(NamedTuple):
   """A privacy mechanism: the round's functions (module docstring) and the static
   properties the recipes' checks and the round read."""
@@ -107,7 +119,19 @@ class Mechanism(NamedTuple):
                                     # cannot run them, in one line, or None
   describe: Callable | None = None  # (CohortSampling) -> the report's "mechanism",
                                     # "guarantee" and "neighbouring" lines
+  init_state: Callable | None = None  # (num_clients, clip_norm) -> its state slot
+                                      # (None: initial_state's PrivacyState)
   recipe_prefix: str = ""           # of the recipe's name (dp_fedavg, ldp_fedavg)
+
+
+def initial_state(mechanism: Mechanism | None, num_clients: int, clip_norm: float):
+  """Round 0's slot of `mechanism` (None: no privacy): its own init_state, else an
+  empty ledger (one per client with per_client_ledgers) and the configured clip norm."""
+  from fedjax_dp.privacy import accounting
+  if mechanism is not None and mechanism.init_state is not None:
+    return mechanism.init_state(num_clients, clip_norm)
+  shape = (num_clients,) if mechanism is not None and mechanism.per_client_ledgers else ()
+  return PrivacyState(accounting.init_ledger(shape=shape), jnp.float32(clip_norm))
 
 
 def static_plan(setup: RoundSetup, state, hp) -> Plan:
@@ -132,7 +156,7 @@ def everyone(setup: RoundSetup, state, ids, mask, plan: Plan, hp) -> Admission:
 
 def round_clip_norm(setup: RoundSetup, state, hp):
   """Adaptive clipping moves the norm in the state; else it is a hyperparameter."""
-  return state.clip_norm if setup.privacy.adaptive else hp["clip_norm"]
+  return state.privacy.clip_norm if setup.privacy.adaptive else hp["clip_norm"]
 
 
 def clip(setup: RoundSetup, delta, clip_norm):

@@ -48,7 +48,7 @@ def admit(setup, state, ids, mask, plan: Plan, hp):
   round that would pass it is not run (nothing released)."""
   skip = jnp.zeros((), bool)
   if setup.privacy.stop_in_round:
-    skip = accounting.epsilon(accounting.compose(state.ledger, plan.event),
+    skip = accounting.epsilon(accounting.compose(state.privacy.ledger, plan.event),
                               hp["delta"])[0] > hp["budget_limit"]
     mask = mask & ~skip
   return Admission(mask, skip, jnp.zeros((), jnp.int32) + skip.astype(jnp.int32),
@@ -72,13 +72,15 @@ def release(setup, delta, state, plan: Plan, adm, ids, participants, unclipped, 
       gaussian_noise.add_gaussian_noise(delta, jax.random.fold_in(key, setup.noise_tag),
                                         clip_layout.noise_std_per_leaf(privacy.layout, std,
                                                                        delta, plan.scales)))
-  ledger = jnp.where(adm.skip, state.ledger, accounting.compose(state.ledger, plan.event))
+  ledger = state.privacy.ledger
+  ledger = jnp.where(adm.skip, ledger, accounting.compose(ledger, plan.event))
   if privacy.adaptive:
     clip_norm = clip_layout.adaptive_clip_norm(
         clip_norm, unclipped - 0.5 * participants, jax.random.fold_in(key, setup.count_tag),
         expected_cohort, hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
   event = jnp.where(adm.skip, -1, plan.event_index)
-  return delta, ledger, clip_norm, jnp.asarray(event, jnp.int32)
+  return delta, state.privacy._replace(ledger=ledger, clip_norm=clip_norm), jnp.asarray(
+      event, jnp.int32)
 
 
 def event_rdp(z: float, cohort: CohortSampling) -> np.ndarray:

@@ -44,7 +44,7 @@ def admit(setup, state, ids, mask, plan: Plan, hp) -> Admission:
     client_event = (plan.event[None, :] / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
   spent = jnp.zeros((), jnp.int32)
   if setup.privacy.target_epsilon is not None:
-    after = accounting.compose(state.ledger[ids], client_event)
+    after = accounting.compose(state.privacy.ledger[ids], client_event)
     within = accounting.epsilon(after, hp["delta"])[0] <= hp["client_budget_limits"][ids]
     spent = jnp.sum(mask & ~within, dtype=jnp.int32)
     mask = mask & within
@@ -67,10 +67,12 @@ def release(setup, delta, state, plan: Plan, adm, ids, participants, unclipped, 
   """The mean of the reports as it is; each participant's ledger composes its event."""
   # only real slots write: padded slots carry client id 0, and a second write to
   # client 0's row (its old ledger) could win over its update (found with 4 devices)
-  ledger = state.ledger.at[jnp.where(adm.mask, ids, setup.num_clients)].set(
-      accounting.compose(state.ledger[ids], adm.client_event, adm.mask), mode="drop")
+  ledger = state.privacy.ledger
+  ledger = ledger.at[jnp.where(adm.mask, ids, setup.num_clients)].set(
+      accounting.compose(ledger[ids], adm.client_event, adm.mask), mode="drop")
   event = jnp.where(participants > 0, 0 if setup.privacy.schedule == "static" else -2, -1)
-  return delta, ledger, clip_norm, jnp.asarray(event, jnp.int32)
+  return delta, state.privacy._replace(ledger=ledger, clip_norm=clip_norm), jnp.asarray(
+      event, jnp.int32)
 
 
 def event_rdp(z: float, cohort: CohortSampling | None = None) -> np.ndarray:

@@ -10,7 +10,7 @@ from fedjax_dp.privacy.mechanisms.base import Mechanism, everyone, static_plan
 
 def release(setup, delta, state, plan, adm, ids, participants, unclipped, key, clip_norm, hp):
   """The aggregate as it is; the ledger and the clip norm unchanged."""
-  return delta, state.ledger, clip_norm, jnp.asarray(jnp.int32(-1), jnp.int32)
+  return delta, state.privacy._replace(clip_norm=clip_norm), jnp.int32(-1)
 
 
 def no_privacy() -> Mechanism:
