@@ -253,7 +253,8 @@ def test_data_seed_separates_the_data_from_the_run_key():
   model = make_model(base.model, ds.input_shape, ds.output_size, base.hidden)
   def w(**kw):
     cfg = make_config(kw, base=base)
-    state = init_state(cfg, recipes.from_config(cfg), model, jax.random.PRNGKey(0))
+    state = init_state(recipes.run_setup(cfg), recipes.from_config(cfg), model,
+                       jax.random.PRNGKey(0))
     return np.asarray(state.params["Dense_0"]["kernel"])
   assert np.array_equal(w(seed=3, data_seed=0), w(seed=3))   # the model follows seed
   assert not np.array_equal(w(seed=3, data_seed=0), w(seed=0, data_seed=0))

@@ -75,10 +75,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   slots = int(math.ceil(capacity / n_dev) * n_dev)
   privacy, dp = _privacy_and_round(cfg, model, feature_tiers, calibrated, client_budgets)
   recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
+  setup = recipes.run_setup(cfg)      # and the rest of the run
   aggregator = recipe.rule
   byzantine = _byzantine(cfg)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
-  shape = jax.eval_shape(lambda: init_state(cfg, recipe, model, jax.random.PRNGKey(0)))
+  shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
   per_client_state = bool(jax.tree.leaves(shape.client_state))
   # a stage that needs the cohort's uploads stacked (DP's client half, one upload
   # at a time, runs inside the client loop's sum)
@@ -87,7 +88,8 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   paged = cfg.client_state_store != "device"
   if paged:
     _check_paging(cfg.client_state_store, per_client_state, resident_state)
-  width = _one_step_width(cfg, recipe, store, per_client_state, stacks_uploads or dp.client is not None)
+  width = _one_step_width(cfg, recipe, store, per_client_state,
+                          stacks_uploads or dp.client is not None)
   executor = plan_executor(
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
@@ -102,7 +104,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       resident=home is not None, num_clients=cfg.num_clients,
       clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
       n_dev=n_dev, slots=slots, home=home)
-  round_fn = make_round(cfg, recipe, mesh, stages, dp, sample)
+  round_fn = make_round(setup, recipe, mesh, stages, dp, sample)
   paging = paged_state.make_paging(
       partial(_round_cohort, sample), mesh, cfg.num_clients, kind=cfg.client_state_store,
       dtype=cfg.client_state_dtype, directory=cfg.client_state_dir) if paged else None
@@ -119,7 +121,7 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
                     feature_tiers=feature_tiers, calibrated=calibrated,
                     issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
-                    inputs_digest=inputs, recipe=recipe, **layouts)
+                    inputs_digest=inputs, recipe=recipe, setup=setup, **layouts)
 
 
 def _privacy_and_round(cfg: Config, model: Model, feature_tiers, calibrated, client_budgets):

@@ -18,7 +18,6 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from fedjax_dp import algorithms
 from fedjax_dp import recipes
-from fedjax_dp.config import Config
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
 from fedjax_dp.core.state import COHORT_SAMPLING, DOWNLINK, RoundStats, SimState
 from fedjax_dp.placement.store import FederatedStore
@@ -26,8 +25,8 @@ from fedjax_dp.privacy import dp_round
 from fedjax_dp.training import server_stages as server_stages_lib
 
 
-def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientStages,
-               dp: dp_round.DPRound, sample: Callable) -> Callable:
+def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
+               stages: ClientStages, dp: dp_round.DPRound, sample: Callable) -> Callable:
   """round_fn(state, store, hp) -> (state, RoundStats): one round of the stages."""
   state_spec = stages.executor.client_state_spec
   phase = jax.shard_map(
@@ -36,12 +35,14 @@ def make_round(cfg: Config, recipe: recipes.Recipe, mesh: Mesh, stages: ClientSt
                 P(), P(), P(), P()),
       out_specs=(P(), P(), state_spec, P(), P(), P()))
   objective = stages.objective
-  server_stages = recipe.server_stages(cfg.num_clients, DOWNLINK)
+  population, training = setup.population, setup.training
+  server_stages = recipe.server_stages(population.num_clients, DOWNLINK)
   mechanism = dp.mechanism
-  round_client_hp = partial(client_hparams, schedule=cfg.lr_schedule, rounds=cfg.rounds,
-                            momentum=cfg.momentum > 0, mechanism_keys=mechanism.client_hparams)
+  round_client_hp = partial(client_hparams, schedule=training.lr_schedule,
+                            rounds=training.rounds, momentum=training.momentum > 0,
+                            mechanism_keys=mechanism.client_hparams)
   server_optimizer = recipe.server_optimizer_fn
-  num_clients, expected_cohort = cfg.num_clients, cfg.clients_per_round
+  num_clients, expected_cohort = population.num_clients, population.clients_per_round
   # a mechanism that releases every round (central DP) applies a round nobody took
   # part in (its noise was released and accounted); otherwise such a round (empty
   # Poisson draw, all spent) applies nothing

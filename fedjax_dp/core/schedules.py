@@ -8,14 +8,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dp.config import Config
 
 
-def learning_rate_schedule(cfg: Config) -> Callable[[jax.Array], jax.Array]:
-  """Client learning rate as a function of the round (constant or cosine to lr_min)."""
-  if cfg.lr_schedule == "constant":
-    return lambda r: jnp.float32(cfg.lr)
-  return optax.cosine_decay_schedule(cfg.lr, decay_steps=cfg.rounds, alpha=cfg.lr_min / cfg.lr)
+def learning_rate_schedule(schedule: str, lr: float, lr_min: float,
+                           rounds: int) -> Callable[[jax.Array], jax.Array]:
+  """Client learning rate as a function of the round (constant, or cosine from lr to
+  lr_min over `rounds`)."""
+  if schedule == "constant":
+    return lambda r: jnp.float32(lr)
+  return optax.cosine_decay_schedule(lr, decay_steps=rounds, alpha=lr_min / lr)
 
 
 def round_learning_rate(hp: dict, round_index: jax.Array, schedule: str, rounds: int):

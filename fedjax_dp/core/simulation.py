@@ -91,6 +91,7 @@ class Simulation:
   # the run key's identity (privacy/release_identity.py)
   inputs_digest: str = ""
   recipe: Any = None   # the run's stages (recipes.from_config(cfg), built once per start)
+  setup: Any = None    # the rest of the run: recipes.run_setup(cfg)
 
   @property
   def noise_multiplier(self) -> float:
@@ -120,7 +121,7 @@ class Simulation:
                           "release's, and these name none)")
     key = (secret_run_key() if cfg.noise_seed == "secret" else
            release_identity.run_key(cfg, self.inputs_digest))
-    state = init_state(self.cfg, self.recipe, self.model, key,
+    state = init_state(self.setup, self.recipe, self.model, key,
                        self.paging and self.paging.make_table)
     if hparams is not None:
       state = state._replace(privacy=state.privacy._replace(
@@ -136,8 +137,10 @@ class Simulation:
     recomputed with the config path's own functions: the ledger charges what the
     round applies. Structural changes, and keys that would change nothing in this
     round, are refused in one line."""
+    from fedjax_dp.recipes import run_setup
     cfg, privacy, hp, recipe = self._issue(overrides)
     return dataclasses.replace(self, cfg=cfg, privacy=privacy, recipe=recipe,
+                               setup=run_setup(cfg),
                                hparams=self.replicate(jax.tree.map(jnp.asarray, hp)))
 
   def with_seed(self, seed: int) -> "Simulation":

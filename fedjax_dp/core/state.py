@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp import recipes
-from fedjax_dp.config import Config
 from fedjax_dp.models import Model
 from fedjax_dp.privacy.mechanisms.base import initial_state
 
@@ -76,16 +75,17 @@ def secret_run_key() -> jax.Array:
   return jnp.asarray(from_primary(np.frombuffer(os.urandom(8), np.uint32).copy()))
 
 
-def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax.Array,
-               client_table=None) -> SimState:
+def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model,
+               run_key: jax.Array, client_table=None) -> SimState:
   """Round 0's state with `run_key` (release_identity.run_key). The model's
   initialisation is the seed's alone (it reads no data). `client_table(one_client_row)
   -> client_state` holds the per-client rows (default: a dense [num_clients, ...]
   device table; a HostTable for client_state_store host/disk, placement/paged_state.py)."""
-  params = model.init(jax.random.fold_in(jax.random.PRNGKey(cfg.seed), MODEL_INIT))
+  num_clients = setup.population.num_clients
+  params = model.init(jax.random.fold_in(jax.random.PRNGKey(setup.seed), MODEL_INIT))
   server_opt = recipe.server_optimizer_fn()
   mechanism = recipe.privacy.stage if recipe.privacy is not None else None
-  objective = recipe.objective(momentum=cfg.momentum)
+  objective = recipe.objective(momentum=setup.training.momentum)
   one_client = objective.init_client_state(params)
   server_state = objective.init_server_state(params)
   d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
@@ -94,13 +94,13 @@ def init_state(cfg: Config, recipe: "recipes.Recipe", model: Model, run_key: jax
     one_client["pipeline"] = client_pipeline.init(d)
   aggregator = recipe.rule
   if aggregator.stateful:   # only then: a stateless rule's runs keep their state pytree
-    server_state["aggregator"] = aggregator.init(d, cfg.num_clients)
-  server_state.update(recipe.server_stages(cfg.num_clients, DOWNLINK).init(params, d))
+    server_state["aggregator"] = aggregator.init(d, num_clients)
+  server_state.update(recipe.server_stages(num_clients, DOWNLINK).init(params, d))
   client_state = (client_table(one_client) if client_table is not None else
-                  jax.tree.map(lambda a: jnp.broadcast_to(a, (cfg.num_clients,) + a.shape),
+                  jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape),
                                one_client))
   return SimState(round=jnp.int32(0), params=params, server_opt_state=server_opt.init(params),
                   client_state=client_state, server_state=server_state,
                   key=run_key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
-                  privacy=initial_state(mechanism, cfg.num_clients, cfg.clip_norm))
+                  privacy=initial_state(mechanism, num_clients, setup.clip_norm))

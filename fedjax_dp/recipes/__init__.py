@@ -14,6 +14,7 @@
                 scaffold, moon, fedadmm, feddyn, contrastive, topksdp, solo,
                 dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
+  setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution)
   validate.py   the combination rules, over the stages' static properties
   config_checks.py  make_config / load_config: a Config checked against the run's
                 stages (config/ checks each key on its own)
@@ -27,4 +28,5 @@ from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dynamic_
                                          fedadmm, fedavg, fedavgm, feddyn, fedprox, ldp_fedavg,
                                          moon, scaffold, solo, topksdp)
 from fedjax_dp.recipes.flat import from_config
+from fedjax_dp.recipes.setup import RunSetup, run_setup
 from fedjax_dp.recipes import stages

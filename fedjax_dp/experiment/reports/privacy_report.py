@@ -179,7 +179,7 @@ def _assumed_log(cfg: Config, sim: Simulation, state) -> dict:
   """A privacy_log of `state`'s rounds all at `sim`'s static noise (and lr schedule)."""
   released = (int(state.round) - rounds_skipped(cfg, state)
               if get_mechanism(cfg.dp).noises_sum else 0)
-  lr_at = learning_rate_schedule(cfg)
+  lr_at = learning_rate_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_min, cfg.rounds)
   stats = dict(event=np.zeros(released, np.int32),
                lr=np.asarray([lr_at(t) for t in range(int(state.round))], np.float32),
                nonfinite=0)

@@ -219,7 +219,7 @@ def _learning_rate_scale(cfg, rounds: int, round_lrs: Sequence[float] | None) ->
   rate / lr, as the rounds recorded it, else from the config's schedule."""
   if round_lrs is not None and rounds > 0:   # as run, whatever the config says now
     return np.asarray(round_lrs, np.float64) / cfg.lr
-  lr_at = learning_rate_schedule(cfg)
+  lr_at = learning_rate_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_min, cfg.rounds)
   return np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
 
 
