@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from cli_args import new_file
+
 # name -> (script and arguments, the JSON's seconds per round)
 BENCHMARKS = {
     "fedavg_round": (["fedavg_round.py", "--rounds", "15"],
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
   ap.add_argument("--limit", type=int, default=300, help="seconds per benchmark process")
-  ap.add_argument("--json", default=None)
+  ap.add_argument("--json", default=None, type=new_file)
   args = ap.parse_args(argv)
   times = {name: {"before": [], "after": []} for name in args.only}
   for i in range(args.repeats):

@@ -24,6 +24,8 @@ import os
 import subprocess
 import sys
 
+from cli_args import new_file
+
 CONFIGS = {
     "fedavg": {},
     "central_dp_adaptive": {"dp": "central", "noise_multiplier": 1.0, "adaptive_clipping": True},
@@ -78,7 +80,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("before")
   parser.add_argument("after")
-  parser.add_argument("--json", help="write the table here too")
+  parser.add_argument("--json", type=new_file, help="write the table here too (a new file)")
   args = parser.parse_args(argv)
   rows = {}
   for name, values in CONFIGS.items():
