@@ -123,12 +123,19 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   else:
     mean_delta = _linear_aggregate(u.deltas, u.weights, mask_f, u.counts, sums, owed, round_key,
                                    divides_by=stages.dp.mechanism.divides_by,
-                                   shuffle=stages.shuffle,
+                                   uniform=_uniform_weights(stages),
                                    aggregate_noise=stages.aggregate_noise)
   zero = jnp.zeros((), jnp.int32)
   stats = _round_stats(res, u.mask, metrics.get("unclipped", zero), u.nonfinite, flagged,
                        clusters, client_hp["lr"], metrics.get("bounded", zero))
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+
+
+def _uniform_weights(stages: ClientStages) -> bool:
+  """Whether the aggregate weights every participant alike (the mechanism divides by
+  participants or the expected cohort, or the shuffler hides the sizes) rather than
+  by its example count (FedAvg); the upload chain's weights say the same."""
+  return stages.shuffle or stages.dp.mechanism.divides_by != "examples"
 
 
 def _upload_chain(stages: ClientStages, dp_client, in_loop: bool) -> list:
@@ -251,7 +258,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     norm = ()
     if dp_client is not None:   # always finite: a non-finite upload is sent as zero
       upload, norm = dp_client(upload, cid)
-    uniform = stages.shuffle or stages.dp.mechanism.divides_by != "examples"
+    uniform = _uniform_weights(stages)
     w = (took_part if uniform else count).astype(jnp.float32)
     out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
@@ -291,7 +298,7 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
 
 
 def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
-                      divides_by: str, shuffle: bool, aggregate_noise: bool):
+                      divides_by: str, uniform: bool, aggregate_noise: bool):
   """The weighted sum of the uploads over the devices (summed in the client loop
   where `sums`), plus the kept-coordinate noise owed to it in one draw; divided by
   the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
@@ -315,8 +322,7 @@ def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
     delta_sum = unravel(flat + noise)
   if divides_by == "expected_cohort":   # the mechanism's release divides
     return delta_sum
-  by_examples = divides_by == "examples" and not shuffle
-  total_weight = sum_over_devices(jnp.sum(counts if by_examples else mask_f, dtype=jnp.float32))
+  total_weight = sum_over_devices(jnp.sum(mask_f if uniform else counts, dtype=jnp.float32))
   return jax.tree.map(lambda d: d / jnp.maximum(total_weight, 1.0), delta_sum)
 
 

@@ -98,18 +98,20 @@ def class_names(name: str) -> tuple[str, ...]:
   return DATASETS[name].class_names if name in DATASETS else ()
 
 
-def find_dataset(name: str, data_dir: str | None = None) -> tuple[bool, str]:
-  """(available here?, where it is or why not). Never raises for missing data."""
+def _source(name: str) -> DatasetSource:
   if name not in DATASETS:
     raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
-  return DATASETS[name].find(data_dir)
+  return DATASETS[name]
+
+
+def find_dataset(name: str, data_dir: str | None = None) -> tuple[bool, str]:
+  """(available here?, where it is or why not). Never raises for missing data."""
+  return _source(name).find(data_dir)
 
 
 def _load_raw(name: str, data_dir: str | None, seed: int, options: dict) -> Dataset:
   """The dataset as read: tabular features raw, in the loader's precision."""
-  if name not in DATASETS:
-    raise DataError(f"unknown dataset {name!r} (allowed: {', '.join(DATASETS)})")
-  return DATASETS[name].load(data_dir, seed, **options)
+  return _source(name).load(data_dir, seed, **options)
 
 
 def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,

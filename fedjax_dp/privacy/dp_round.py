@@ -13,7 +13,7 @@ the static set-up, so the round calls them as
   admit(state, ids, mask, plan, hp)
                         -> Admission: who takes part, whether the round runs
   release(delta, state, plan, adm, ids, participants, unclipped, key, clip_norm, hp)
-                        -> (delta, ledger, clip_norm, event)
+                        -> (delta, the mechanism's new state slot, event)
 
 Each mechanism's module says what its functions do (privacy/mechanisms/base.py).
 """
