@@ -287,3 +287,21 @@ def test_a_missing_or_failing_plugin_is_one_line(tmp_path, capsys):
     assert message in err and len(err.splitlines()) == 1
   assert not any(n.startswith("fedjax_dp_plugin_") and "bad" in str(getattr(m, "__file__", ""))
                  for n, m in sys.modules.items())
+
+
+def test_a_run_of_a_plugin_mechanism_resumes_bit_for_bit(plugins, tmp_path):
+  """--resume reads the plugins from config.json: the resumed run's model and every
+  client's epsilon are the uninterrupted run's."""
+  values = {**SMALL, "plugins": [plugins["laplace"]], "dp": "laplace_local",
+            "noise_multiplier": 4.0, "checkpoint_every": 2}
+  whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+  assert main(["run", "--no-progress", "--out", whole] + _sets(values)) == 0
+  assert main(["run", "--no-progress", "--out", cut] + _sets({**values, "rounds": 2})) == 0
+  assert main(["run", "--no-progress", "--out", cut, "--resume", "--set",
+               f"rounds={SMALL['rounds']}"]) == 0
+  a, b = (json.load(open(os.path.join(d, "summary.json"))) for d in (whole, cut))
+  assert a["privacy"]["client_epsilons"] == b["privacy"]["client_epsilons"]
+  assert a["final"]["test_accuracy"] == b["final"]["test_accuracy"]
+  params = [fedjax_dp.load_params(d) for d in (whole, cut)]
+  for x, y in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+    np.testing.assert_array_equal(x, y)
