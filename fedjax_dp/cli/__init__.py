@@ -41,6 +41,8 @@ def run_guarded(fn) -> int:
     if not _raised_by_an_interrupt(e):
       raise
     _free_quietly(e)
+    # the process ends here: coroutines freed at its exit stay quiet too
+    warnings.filterwarnings("ignore", message=interrupts.NEVER_AWAITED, category=RuntimeWarning)
     print(interrupted_line(), file=sys.stderr)
     return INTERRUPTED
 

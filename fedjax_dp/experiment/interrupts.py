@@ -7,6 +7,11 @@ round and exited 0 after the user's Ctrl-C (seen in the CLI's Ctrl-C test). With
 `installed()`, SIGINT is recorded, and raised as Python's own handler raises it
 except inside those two; `check()` (the run loop calls it between chunks) raises
 a recorded one that has not ended the run, so a swallowed Ctrl-C ends it there.
+
+From a Ctrl-C until `installed()` exits, teardown's complaints are silenced: an
+orbax save cut short frees coroutines it never awaited and threads that fail as
+its manager shuts down, and Python printed those ('never awaited', 'Exception
+ignored') before the CLI's one line 'interrupted' (seen in CI).
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import signal
+import sys
 import threading
+import warnings
 
 _requested = False
+NEVER_AWAITED = r"coroutine .* was never awaited"
 
 
 def _would_be_swallowed(frame) -> bool:
@@ -29,10 +37,19 @@ def _would_be_swallowed(frame) -> bool:
   return False
 
 
+def quiet_teardown() -> None:
+  """Silences what an interrupted library's teardown prints, until `installed()`
+  exits (or for the process, outside it). Called as the KeyboardInterrupt is
+  raised: a Ctrl-C recorded in a gc callback is not yet ending the run."""
+  warnings.filterwarnings("ignore", message=NEVER_AWAITED, category=RuntimeWarning)
+  sys.unraisablehook = lambda unraisable: None
+
+
 def _on_sigint(signum, frame):
   global _requested
   _requested = True
   if not _would_be_swallowed(frame):
+    quiet_teardown()
     raise KeyboardInterrupt
 
 
@@ -47,14 +64,18 @@ def installed():
     return
   _requested = False
   previous = signal.signal(signal.SIGINT, _on_sigint)
+  hook = sys.unraisablehook
   try:
-    yield
+    with warnings.catch_warnings():   # restores the filters quiet_teardown adds
+      yield
   finally:
     signal.signal(signal.SIGINT, previous)
+    sys.unraisablehook = hook
     _requested = False
 
 
 def check() -> None:
   """Raises KeyboardInterrupt if a Ctrl-C was recorded (one a library swallowed)."""
   if _requested:
+    quiet_teardown()
     raise KeyboardInterrupt
