@@ -48,7 +48,7 @@ import jax  # noqa: E402
 from fedjax_dp.privacy import accounting, planning  # noqa: E402
 
 from fedjax_dp.privacy.tiers import analyzer
-from fedjax_dp.privacy import setup as privacy_setup  # noqa: E402
+from fedjax_dp.recipes import privacy as privacy_setup  # noqa: E402
 from fedjax_dp.privacy.mechanisms import central_gaussian  # noqa: E402
 from fedjax_dp.experiment.runner import run_experiment  # noqa: E402
 from cli_args import positive_int  # noqa: E402

@@ -50,7 +50,7 @@ def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, reside
 def keyed_state(sim, key=None):
   """sim's round-0 state with the run key `key` (default PRNGKey(0)), replicated: for
   tests that compare two configs' rounds on the same draws, which their own keys
-  would not be (privacy/release_identity.py: releases that differ draw afresh)."""
+  would not be (recipes/release_identity.py: releases that differ draw afresh)."""
   import jax
   key = jax.random.PRNGKey(0) if key is None else key
   return sim.replicate(sim.init_state()._replace(key=np.asarray(key)))

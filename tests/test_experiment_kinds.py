@@ -133,7 +133,7 @@ def _spent_in_two_rounds(run, cells):
   budget() runs every cell for at least 2,000 rounds at the noise that spends its
   budget (2.0) in 800 (six minutes here); the same cell with 4 rounds at the noise
   that spends it in 2 takes the same path, rounds past the budget skipped included."""
-  from fedjax_dp.privacy.setup import noise_multiplier_for
+  from fedjax_dp.recipes.privacy import noise_multiplier_for
 
   def shrunk(args):
     z = noise_multiplier_for(run.load_protocol({**run.PROTOCOLS[args.protocol], "dp": "central",

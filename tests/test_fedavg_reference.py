@@ -20,7 +20,7 @@ def reference_rounds(sim, x, y, parts, rounds):
   params = jax.tree.map(lambda a: np.asarray(a, np.float64), sim.init_state().params)
   server_m = jax.tree.map(np.zeros_like, params)   # fedavgm velocity / adam first moment
   server_v = jax.tree.map(np.zeros_like, params)   # adam second moment
-  run_key = sim.init_state().key   # the release's key (privacy/release_identity.py)
+  run_key = sim.init_state().key   # the release's key (recipes/release_identity.py)
   max_n = sim.store.max_examples
 
   # jitted so that each batch shape compiles once, not each operation of each step

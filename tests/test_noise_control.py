@@ -101,7 +101,7 @@ def test_adaptive_central_charges_at_least_the_noise_used_and_stops_at_the_targe
     scales = np.asarray(nc.noise_scales("convergence", score, p.tier_scales(), 0.3), np.float64)
     z_acc = accounting.effective_noise_multiplier(
         [p.update_noise_multiplier * s / f for s, f in zip(scales, p.layout.fractions)])
-    from fedjax_dp.privacy.setup import event_rdp
+    from fedjax_dp.recipes.privacy import event_rdp
     low += event_rdp(sim.cfg, z_acc)
     state, _ = sim.run_rounds(state, 1)
   got = np.asarray(state.privacy.ledger, np.float64)

@@ -175,7 +175,7 @@ def reference_rounds(sim, x, y, parts, rounds):
   dyn_h = zeros()
   prev = {}
   own = {i: jax.tree.map(np.copy, params) for i in range(cfg.num_clients)}   # solo
-  run_key = sim.init_state().key   # the release's key (privacy/release_identity.py)
+  run_key = sim.init_state().key   # the release's key (recipes/release_identity.py)
   max_n = sim.store.max_examples
 
   # jitted so that each batch shape compiles once, not each operation of each step

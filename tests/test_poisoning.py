@@ -138,7 +138,7 @@ def test_the_server_clips_every_received_upload():
 
 
 def test_defenses_and_audits_combine_only_where_they_are_sound():
-  from fedjax_dp.compression.pipeline import kept_noise_draw
+  from fedjax_dp.recipes.flat import kept_noise_draw
   kept = dict(s_local=0.5, kept_noise="multiplier", final_clip_l2=1.0)
   assert kept_noise_draw(make_config(kept)) == "aggregate"
   # the server clips each upload: the kept noise must be each client's own

@@ -192,7 +192,7 @@ def test_the_record_composes_to_the_ledger():
   for _ in range(3):
     state, stats = sim.run_rounds(state, 2)
     log = privacy_log.append(log, stats, sim.privacy.event_multipliers)
-  from fedjax_dp.privacy.setup import event_rdp
+  from fedjax_dp.recipes.privacy import event_rdp
   host = privacy_log.composed_rdp(log, lambda z: event_rdp(sim.cfg, z))
   np.testing.assert_allclose(np.asarray(state.privacy.ledger, np.float64), host, rtol=1e-5)
   assert privacy_log.released_rounds(log) == 6 and len(privacy_log.round_lrs(log)) == 6
@@ -213,7 +213,7 @@ def test_secret_noise_seed_draws_the_run_key_from_the_system(tmp_path):
 
 
 def test_poisson_sampling_is_accounted_at_the_rate_it_draws_with():
-  from fedjax_dp.privacy.setup import poisson_rate_used
+  from fedjax_dp.privacy.mechanisms.base import poisson_rate_used
   q = 0.1
   key = jax.random.PRNGKey(3)
   u = np.asarray(jax.random.uniform(key, (1 << 16,)), np.float64)

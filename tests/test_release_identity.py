@@ -20,7 +20,7 @@ from fedjax_dp import make_config
 from fedjax_dp.experiment.final_model import load_params
 from fedjax_dp.experiment.setup import setup
 from fedjax_dp.placement.store import build_store
-from fedjax_dp.privacy import release_identity
+from fedjax_dp.recipes import release_identity
 from tests.helpers import flat, toy_problem, toy_simulation
 
 DIGITS = dict(dataset="digits", num_clients=20, clients_per_round=5, dp="central",

@@ -54,7 +54,7 @@ def test_noise_seed_secret_names_the_run_key_file(tmp_path):
 
 # ------------------------------------------------------------------ the release registry
 
-from fedjax_dp.privacy import releases  # noqa: E402
+from fedjax_dp.experiment import releases  # noqa: E402
 
 
 def test_the_registry_declares_each_kind_of_name_and_refuses_others():
@@ -219,7 +219,7 @@ def test_the_readme_table_is_the_registrys():
   readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
   block = readme.split("<!-- releases:start -->\n")[1].split("<!-- releases:end -->")[0]
   assert block == releases.markdown(), ("README's table differs from the registry: paste "
-                                        "fedjax_dp.privacy.releases.markdown() between the "
+                                        "fedjax_dp.experiment.releases.markdown() between the "
                                         "releases markers")
 
 

@@ -28,12 +28,12 @@ import pytest
 
 from fedjax_dp.adversary import attacks
 from fedjax_dp.privacy import dp_round as dp_round_lib
-from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.training import server_stages as ss
 from fedjax_dp.core import state as sim_lib   # the round's key tags
 from fedjax_dp.privacy.mechanisms.base import PrivacyState
-from fedjax_dp.privacy.setup import make_privacy
+from fedjax_dp.recipes.privacy import make_privacy
 from fedjax_dp import make_config, recipes
 from fedjax_dp.models import make_model
 from fedjax_dp.placement.store import sample_cohort

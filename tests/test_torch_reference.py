@@ -43,7 +43,7 @@ def test_two_rounds_match_pytorch():
                          to_torch_state(start.params, model).items()})
   xt, yt = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.int64)
   clients = [torch.tensor(p) for p in parts]
-  run_key = start.key   # the release's run key (privacy/release_identity.py)
+  run_key = start.key   # the release's run key (recipes/release_identity.py)
   for r in range(2):
     client_key = jax.random.fold_in(jax.random.fold_in(run_key, r), CLIENT_TRAINING)
     perms = []

@@ -186,7 +186,7 @@ def budget(args):
   """Budget per round and rounds to exhaustion: one base noise multiplier (the one
   that makes static DP spend epsilon 2.0 in 800 rounds, the paper's static row),
   a budget of 2.0, and up to 2,000 rounds."""
-  from fedjax_dp.privacy.setup import noise_multiplier_for
+  from fedjax_dp.recipes.privacy import noise_multiplier_for
   z = noise_multiplier_for(load_protocol({**PROTOCOLS[args.protocol], "dp": "central",
                                           "target_epsilon": 2.0, "rounds": 800}))
   for name, sets in (("static_dp", {}), ("dynamic_dp", DYNAMIC)):

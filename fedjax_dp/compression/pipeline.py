@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dp.kernels import topk as topk_kernels
-from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 class Upload(NamedTuple):
@@ -69,7 +68,7 @@ class ClientStage(NamedTuple):
                                    # (exact only for a weighted sum of unchanged uploads)
   hparams: Any = ()                # its numbers {name: value} (a chain: a tuple, one per
                                    # stage): the round passes them back as traced arrays in
-                                   # StageContext.hp (hyperparameters as data, core/hparams.py)
+                                   # StageContext.hp (hyperparameters as data, recipes/hparams.py)
 
 
 def numbers(ctx: StageContext, stage_hparams: dict) -> dict:
@@ -299,45 +298,21 @@ def sparse_bytes(d: int, k: int, value_bytes: int = 4, index_bytes: int = 4) -> 
   return with_bitmap, "float32 values + d-bit bitmap"
 
 
-def noise_clip(cfg) -> float:
-  """The clip the kept-coordinate noise is calibrated to: the final L2 clip when
-  set (it bounds what is sent), else the per-coordinate or the update L2 clip."""
-  for c in (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2):
-    if c is not None:
-      return c
-  raise ValueError("kept-coordinate noise needs final_clip_l2, coordinate_clip or update_clip_l2")
-
-
-def kept_noise_draw(cfg) -> str:
-  """'aggregate' (one draw for the weighted sum, same distribution) where the
-  aggregate is a plain weighted sum of the uploads: the `mean` aggregator, no
-  central or local DP (whose clipping comes after the pipeline) and no
-  Byzantine clients (who send something else); else 'client'."""
-  if cfg.kept_noise_draw != "auto":
-    return cfg.kept_noise_draw
-  # the server's norm bound and an audit's canaries change uploads after the pipeline
-  linear = (not get_mechanism(cfg.dp).private and cfg.aggregator == "mean"
-            and cfg.byzantine_fraction == 0
-            and cfg.server_clip_l2 is None and cfg.audit_canaries == 0)
-  return "aggregate" if linear else "client"
-
-
-def communication(cfg, d: int) -> dict:
-  """Bytes per participant and round, each way, and the encodings.
+def communication(d: int, s_local: float, s_global: float, terms: tuple[str, ...]) -> dict:
+  """Bytes per participant and round, each way, and the encodings, for a model of
+  d parameters, the up and down links' top-k fractions (0: dense) and the local terms.
 
   The model update as the pipeline sends it (sparse_bytes), plus what the
   algorithm itself exchanges: SCAFFOLD's control variates, dense both ways
   (c_i' - c_i up, c down); SOLO exchanges nothing (no server). The down link is
   one round's broadcast per participant: a client that missed rounds would in
   practice also need the updates it missed, which is not counted."""
-  from fedjax_dp.algorithms import parse_algorithm  # algorithms imports client, not pipeline
-  terms, _ = parse_algorithm(cfg.algorithm)
   if "solo" in terms:
     none = "nothing (SOLO: every client trains alone)"
     return {"bytes_per_client_up": 0, "bytes_per_client_down": 0, "k_up": 0, "k_down": 0,
             "encoding_up": none, "encoding_down": none}
-  up_k = keep_count(d, cfg.s_local) if cfg.s_local > 0 else d
-  down_k = keep_count(d, cfg.s_global) if cfg.s_global > 0 else d
+  up_k = keep_count(d, s_local) if s_local > 0 else d
+  down_k = keep_count(d, s_global) if s_global > 0 else d
   up, up_enc = sparse_bytes(d, up_k)
   down, down_enc = sparse_bytes(d, down_k)
   if "scaffold" in terms:

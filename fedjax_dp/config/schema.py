@@ -25,7 +25,7 @@ def data_seed(cfg: "Config") -> int:
   """The seed of the data: its split or generation, the partition over clients, which
   clients are Byzantine and the analyzer's networks (data_seed; null: seed). The model's
   initialisation is always seed's; the run key (cohorts, local training, noise) is
-  seed's with the release's settings and inputs folded in (privacy/release_identity.py)."""
+  seed's with the release's settings and inputs folded in (recipes/release_identity.py)."""
   return cfg.seed if cfg.data_seed is None else cfg.data_seed
 
 

@@ -16,11 +16,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import losses
 from fedjax_dp import recipes
-from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
-from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core.client_phase import ClientStages
 from fedjax_dp.core.evaluate import make_evaluate
@@ -34,8 +33,8 @@ from fedjax_dp.placement.store import FederatedStore, default_max_cohort
 from fedjax_dp.adversary import audit
 from fedjax_dp.privacy import boundary
 from fedjax_dp.privacy import dp_round
-from fedjax_dp.privacy import release_identity
-from fedjax_dp.privacy.setup import make_privacy
+from fedjax_dp.recipes import release_identity
+from fedjax_dp.recipes.privacy import make_privacy
 from fedjax_dp.adversary import attacks
 from fedjax_dp.training import client as client_lib
 from fedjax_dp.core.round import make_round
@@ -73,11 +72,15 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   capacity = (cfg.clients_per_round if cfg.sampling == "fixed" else
               cfg.max_cohort or default_max_cohort(cfg.num_clients, cfg.clients_per_round))
   slots = int(math.ceil(capacity / n_dev) * n_dev)
-  privacy, dp = _privacy_and_round(cfg, model, feature_tiers, calibrated, client_budgets)
   recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
   setup = recipes.run_setup(cfg)      # and the rest of the run
+  privacy, dp = _privacy_and_round(make_privacy(cfg, model, feature_tiers, calibrated),
+                                   setup.population, cfg.cluster_noise == "equalize",
+                                   client_budgets)
   aggregator = recipe.rule
-  byzantine = _byzantine(cfg)
+  byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
+                                     cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE,
+                                     cfg.byzantine_draw, BYZANTINE_DRAW)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
   per_client_state = bool(jax.tree.leaves(shape.client_state))
@@ -88,16 +91,29 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   paged = cfg.client_state_store != "device"
   if paged:
     _check_paging(cfg.client_state_store, per_client_state, resident_state)
-  width = _one_step_width(cfg, recipe, store, per_client_state,
-                          stacks_uploads or dp.client is not None)
+  width = _one_step_width(setup, recipe, store, per_client_state,
+                          stacks_uploads or dp.client is not None, cfg.shuffle == "layerwise")
   executor = plan_executor(
       mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
       num_clients=cfg.num_clients, full_participation=full_participation,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
       one_step_width=width, paged=paged)
-  stages = _client_stages(cfg, recipe, model, task or losses.CLASSIFICATION, dp, aggregator,
-                          byzantine, executor, poisoned_offset)
+  poisoned_rows = attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
+                                           cfg.byzantine_attack, cfg.byzantine_draw,
+                                           poisoned_offset or 0, BYZANTINE_DRAW)
+  if poisoned_rows is not None and poisoned_offset is None:
+    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with "
+                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
+                      "data after the clean rows and build_simulation(poisoned_offset=) to "
+                      "say where it starts (experiment/setup.py builds both)")
+  stages = _client_stages(
+      recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
+      byzantine=byzantine, attack=attacks.placement(cfg.byzantine_attack),
+      poisoned_rows=poisoned_rows,
+      canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
+      server_clip=cfg.server_clip_l2, cluster_noise=cfg.cluster_noise == "equalize",
+      shuffle=cfg.shuffle == "layerwise")
   home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
           if executor.resident and not paged else None)
   sample = cohort_lib.make_sampler(
@@ -124,34 +140,26 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     inputs_digest=inputs, recipe=recipe, setup=setup, **layouts)
 
 
-def _privacy_and_round(cfg: Config, model: Model, feature_tiers, calibrated, client_budgets):
-  """(Privacy, the DP round's parts) of this run, with its per-client budgets."""
-  privacy = make_privacy(cfg, model, feature_tiers, calibrated)
+def _privacy_and_round(privacy, population, cluster_noise: bool, client_budgets):
+  """(Privacy with the per-client budgets, the DP round's parts) of this run."""
   if client_budgets is not None:
     privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
-  dp = dp_round.make_dp_round(privacy, cfg.num_clients, cfg.clients_per_round,
-                              cfg.cluster_noise == "equalize", SERVER_NOISE, CLIP_COUNT_NOISE,
-                              LOCAL_NOISE)
+  dp = dp_round.make_dp_round(privacy, population.num_clients, population.clients_per_round,
+                              cluster_noise, SERVER_NOISE, CLIP_COUNT_NOISE, LOCAL_NOISE)
   return privacy, dp
 
 
-def _byzantine(cfg: Config):
-  """The Byzantine clients and their attack (attacks.make_byzantine), or None."""
-  return attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
-                                cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE,
-                                cfg.byzantine_draw, BYZANTINE_DRAW)
-
-
-def _one_step_width(cfg: Config, recipe, store: FederatedStore, per_client_state: bool,
-                    inspects_uploads: bool) -> int:
+def _one_step_width(setup: recipes.RunSetup, recipe, store: FederatedStore,
+                    per_client_state: bool, inspects_uploads: bool, uniform_weights: bool) -> int:
   """one_step.one_step_width for this run; client_parallelism 'one_step' where it
   does not apply is a ConfigError with the reason."""
   width, why = one_step.one_step_width(
-      epochs=cfg.local_epochs, batch_size=cfg.batch_size, client_count=store.client_count,
+      epochs=setup.training.epochs, batch_size=setup.training.batch_size,
+      client_count=store.client_count,
       local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
       per_client_state=per_client_state, inspects_uploads=inspects_uploads,
-      uniform_weights=cfg.shuffle == "layerwise")
-  if cfg.client_parallelism == "one_step" and why:
+      uniform_weights=uniform_weights)
+  if setup.execution.client_parallelism == "one_step" and why:
     raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
                       "client's local work to be one plain SGD step (README: Performance and scale)")
   return width
@@ -202,37 +210,28 @@ def _compiled_chunks(round_fn, matmul_precision: str):
   return run_chunk, run_replica_chunk
 
 
-def _client_stages(cfg: Config, recipe: recipes.Recipe, model: Model, task: losses.Task,
-                   dp: dp_round.DPRound, aggregator, byzantine,
-                   executor: Executor, poisoned_offset: int | None) -> ClientStages:
-  """The client phase's stages: the recipe's, with this config's set-up."""
+def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, model: Model,
+                   task: losses.Task, dp: dp_round.DPRound, aggregator, executor: Executor, *,
+                   byzantine, attack, poisoned_rows, canary, server_clip: float | None,
+                   cluster_noise: bool, shuffle: bool) -> ClientStages:
+  """The client phase's stages: the recipe's, with the run's attacks (`attack`: their
+  placement), canaries, server norm bound, cluster noise and shuffling."""
   client_pipeline = recipe.client_pipeline()
-  poisoned_rows = attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
-                                           cfg.byzantine_attack, cfg.byzantine_draw,
-                                           poisoned_offset or 0, BYZANTINE_DRAW)
-  if poisoned_rows is not None and poisoned_offset is None:
-    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with "
-                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
-                      "data after the clean rows and build_simulation(poisoned_offset=) to "
-                      "say where it starts (experiment/setup.py builds both)")
   return ClientStages(
-      train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=cfg.local_epochs,
-                        batch_size=cfg.batch_size),
-      objective=recipe.objective(task.loss, cfg.momentum), model=model,
-      pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=cfg.server_clip_l2,
+      train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=training.epochs,
+                        batch_size=training.batch_size),
+      objective=recipe.objective(task.loss, training.momentum), model=model,
+      pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=server_clip,
       # an attack acts on the report sent: before a server's clip, after a client's
       byzantine_before_mechanism=byzantine is not None and boundary.before_boundary(
-          recipe.privacy.stage.boundary if recipe.privacy is not None else None,
-          attacks.placement(cfg.byzantine_attack)),
-      poisoned_rows=poisoned_rows,
-      canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
+          recipe.privacy.stage.boundary if recipe.privacy is not None else None, attack),
+      poisoned_rows=poisoned_rows, canary=canary,
       aggregator=None if aggregator.linear else aggregator.aggregate,
-      cluster_noise=cfg.cluster_noise == "equalize",
-      shuffle=cfg.shuffle == "layerwise",
-      aggregate_noise=(client_pipeline is not None and cfg.kept_noise != "none"
-                       and pipeline_lib.kept_noise_draw(cfg) == "aggregate"),
+      cluster_noise=cluster_noise, shuffle=shuffle,
+      aggregate_noise=any(c.stage.owes_noise for c in recipe.upload),
       guard_nonfinite=client_pipeline is not None and (dp.client is not None
-                                                      or cfg.kept_noise != "none"),
+                                                      or any(c.stage.privatizes
+                                                             for c in recipe.upload)),
       executor=executor)
 
 

@@ -28,15 +28,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
-from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.core.state import RoundStats, SimState, init_state, secret_run_key
 from fedjax_dp.models import Model
 from fedjax_dp.placement import paged_state
 from fedjax_dp.placement.store import FederatedStore
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import noise_control
-from fedjax_dp.privacy import release_identity
-from fedjax_dp.privacy.setup import Privacy, make_privacy
+from fedjax_dp.recipes import release_identity
+from fedjax_dp.privacy.setup import Privacy
+from fedjax_dp.recipes.privacy import make_privacy
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -88,7 +89,7 @@ class Simulation:
   # run_chunk vmapped over stacked replicas: ([R] states, store, [R] hparams, length)
   run_replica_chunk: Callable | None = None
   # the release's inputs (data, own model and loss, tiers, budgets): with the config,
-  # the run key's identity (privacy/release_identity.py)
+  # the run key's identity (recipes/release_identity.py)
   inputs_digest: str = ""
   recipe: Any = None   # the run's stages (recipes.from_config(cfg), built once per start)
   setup: Any = None    # the rest of the run: recipes.run_setup(cfg)
@@ -106,7 +107,7 @@ class Simulation:
   def init_state(self, hparams: dict | None = None) -> SimState:
     """Round 0's state. The run key (cohorts, training, noise) is the release's:
     the seed with the digest of this simulation's settings and inputs folded in
-    (privacy/release_identity.py), so that with_hparams or another config draws
+    (recipes/release_identity.py), so that with_hparams or another config draws
     afresh. With noise_seed 'secret' it comes from the operating system's
     entropy: neither the seed nor config.json then tells the noise; the model's
     initialisation stays seeded.

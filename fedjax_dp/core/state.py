@@ -1,6 +1,6 @@
 """The simulation's state, a round's statistics, the key tags, and round 0's state.
 
-Keys: the run key is the release's (privacy/release_identity.py: the seed with
+Keys: the run key is the release's (recipes/release_identity.py: the seed with
 the digest of the settings and inputs folded in, so that releases that differ
 in anything never share a draw); round r uses fold_in(run_key, r); within it,
 purpose tags separate the cohort draw from client training, and client c trains

@@ -17,7 +17,7 @@ from fedjax_dp import losses
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.errors import RunError
 from fedjax_dp.models import Model, num_params
-from fedjax_dp.privacy.release_identity import loss_digest
+from fedjax_dp.recipes.release_identity import loss_digest
 
 INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run): what they were
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
-from fedjax_dp.privacy.setup import noise_multiplier_for
+from fedjax_dp.recipes.privacy import noise_multiplier_for
 from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp.experiment import reporting
 from fedjax_dp.errors import RunError

@@ -20,7 +20,7 @@ from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.experiment import reporting
 from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
-from fedjax_dp.privacy.release_identity import RELEASE_NEUTRAL_KEYS
+from fedjax_dp.recipes.release_identity import RELEASE_NEUTRAL_KEYS
 
 RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
 # how a run is executed, not what it computes (beyond float rounding): a finished

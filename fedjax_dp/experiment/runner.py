@@ -25,9 +25,10 @@ import jax
 import numpy as np
 
 from fedjax_dp import losses
+from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.compression import pipeline
 from fedjax_dp.config import Config
-from fedjax_dp.privacy.setup import noise_multiplier_for
+from fedjax_dp.recipes.privacy import noise_multiplier_for
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.loop import chunk_ends  # noqa: F401  (public here too)
@@ -197,8 +198,14 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   return RunContext(cfg=cfg, out=out, sim=sim, ds=ds, parts=parts, task=task, log=log,
                     state=state, start=start, last=last, plog=plog, calibration=calibration,
                     meta=meta, rows=rows, setup_s=setup_s, num_params=d,
-                    comm=pipeline.communication(cfg, d),  # per participant and round, each way
+                    comm=_communication(cfg, d),  # per participant and round, each way
                     inputs=inputs)
+
+
+def _communication(cfg: Config, d: int) -> dict:
+  """pipeline.communication of this run's model (d parameters), links and terms."""
+  terms, _ = parse_algorithm(cfg.algorithm)
+  return pipeline.communication(d, cfg.s_local, cfg.s_global, tuple(terms))
 
 
 def _write_run_files(out: str, cfg: Config, state, start: int, calibration, inputs) -> None:

@@ -73,7 +73,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   A run with a privacy guarantee refuses a test set held out of the clients' own
   rows (check_test_source), before anything is built or written.
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
-  to target_epsilon from round 0 (a resumed run's; privacy/setup.make_privacy)."""
+  to target_epsilon from round 0 (a resumed run's; recipes/privacy.make_privacy)."""
   task = task or losses.CLASSIFICATION
   ds = ds if ds is not None else load_data(cfg)
   check_test_source(cfg, ds)

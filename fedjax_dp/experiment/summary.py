@@ -11,7 +11,7 @@ from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.config import Config
 from fedjax_dp.experiment.metrics_row import published_participations
 from fedjax_dp.experiment import reporting
-from fedjax_dp.privacy import releases
+from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.reports.privacy_report import mark_test_mode, privacy_report, report_facts
 
 
@@ -19,7 +19,7 @@ def run_summary(ctx, stopped: bool | None = None) -> dict:
   """summary.json of a run (callbacks.RunContext) at its end; `stopped`: a budget
   ended it before `rounds`. Under a guarantee its privacy report's not_accounted
   lists every output the run folder holds (with this summary and the plots about to
-  be drawn) that the guarantee does not cover (privacy/releases.py)."""
+  be drawn) that the guarantee does not cover (experiment/releases.py)."""
   summary = _summary(ctx, stopped)
   if "not_accounted" in summary["privacy"]:
     written = releases.run_outputs(ctx.out, ctx.rows, summary,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_dp.config import Config
-from fedjax_dp.privacy.setup import event_rdp, noise_multiplier_for, sampling_rate
+from fedjax_dp.recipes.privacy import event_rdp, noise_multiplier_for, sampling_rate
 from fedjax_dp.errors import RunError
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy.mechanisms import get_mechanism

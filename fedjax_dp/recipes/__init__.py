@@ -15,6 +15,11 @@
                 dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
   setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution)
+  privacy.py    make_privacy: the config's DP keys read into the round's Privacy
+                (calibration to target_epsilon, the accounted event)
+  release_identity.py  the run key: the seed with the release's settings and inputs
+  hparams.py    round_hparams: the numbers the compiled round reads as data, from the
+                config's numeric keys (NUMERIC_KEYS), and what a change of them may not do
   validate.py   the combination rules, over the stages' static properties
   config_checks.py  make_config / load_config: a Config checked against the run's
                 stages (config/ checks each key on its own)
@@ -28,5 +33,5 @@ from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dynamic_
                                          fedadmm, fedavg, fedavgm, feddyn, fedprox, ldp_fedavg,
                                          moon, scaffold, solo, topksdp)
 from fedjax_dp.recipes.flat import from_config
-from fedjax_dp.recipes.setup import RunSetup, run_setup
+from fedjax_dp.recipes.setup import Execution, LocalTraining, Population, RunSetup, run_setup
 from fedjax_dp.recipes import stages

@@ -87,7 +87,7 @@ def upload_choices(cfg) -> tuple[Choice, ...]:
   """The client upload stages (pipeline.upload_stages) with their keys; kept_noise_draw
   'auto' resolves as pipeline.kept_noise_draw does (the set-up's Byzantine clients
   included: the recipe of a run is read from its whole config)."""
-  stages = _upload_stages(cfg, pipeline.kept_noise_draw(cfg))
+  stages = _upload_stages(cfg, kept_noise_draw(cfg))
   return tuple(Choice(s, _take(cfg, UPLOAD_KEYS[s.name])) for s in stages)
 
 
@@ -109,8 +109,7 @@ def _upload_stages(cfg, draw: str) -> list:
   elif cfg.final_clip_l2 is not None:
     stages.append(pipeline.clip_sent(cfg.final_clip_l2))
   if cfg.kept_noise != "none":
-    clips = (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2)
-    clip = next((c for c in clips if c is not None), None)
+    clip = noise_clip(cfg)
     if cfg.kept_noise == "paper":
       stages.append(pipeline.paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip,
                                                  cfg.s_local, draw))
@@ -184,3 +183,25 @@ def unread_keys_of(recipe: Recipe) -> frozenset[str]:
   their values, the round does not read them."""
   owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
   return frozenset(k for k in RECIPE_KEYS if k not in owned)
+
+
+def noise_clip(cfg) -> float | None:
+  """The clip the kept-coordinate noise is calibrated to: the final L2 clip when
+  set (it bounds what is sent), else the per-coordinate or the update L2 clip
+  (None: none is set, which recipes refuse with kept noise)."""
+  clips = (cfg.final_clip_l2, cfg.coordinate_clip, cfg.update_clip_l2)
+  return next((c for c in clips if c is not None), None)
+
+
+def kept_noise_draw(cfg) -> str:
+  """'aggregate' (one draw for the weighted sum, same distribution) where the
+  aggregate is a plain weighted sum of the uploads: the `mean` aggregator, no
+  central or local DP (whose clipping comes after the pipeline) and no
+  Byzantine clients (who send something else); else 'client'."""
+  if cfg.kept_noise_draw != "auto":
+    return cfg.kept_noise_draw
+  # the server's norm bound and an audit's canaries change uploads after the pipeline
+  linear = (not mechanisms.get_mechanism(cfg.dp).private and cfg.aggregator == "mean"
+            and cfg.byzantine_fraction == 0
+            and cfg.server_clip_l2 is None and cfg.audit_canaries == 0)
+  return "aggregate" if linear else "client"

@@ -1,6 +1,6 @@
 """Replicas: runs that share one compiled program, run together.
 
-Runs whose configs differ only in numbers (hyperparameters as data, core/hparams.py)
+Runs whose configs differ only in numbers (hyperparameters as data, recipes/hparams.py)
 and seeds share a compiled round: a sweep builds one Simulation and derives each
 run's with `with_seed` and `with_hparams`. `run_batch` then runs them in groups
 of `replica_batch`:

@@ -12,7 +12,7 @@
       <metric>.png      mean +- sd over seeds against rounds, one line per setting
 
 Programs: cells whose configs differ only in seeds and numeric hyperparameters
-(core/hparams.NUMERIC_KEYS) share one simulation (one compiled program): the
+(recipes/hparams.NUMERIC_KEYS) share one simulation (one compiled program): the
 first cell's, and the others' are its `with_seed` / `with_hparams`. A change the
 round cannot take as data (hparams.StructureChange: momentum switched on, a noise
 multiplier set or not, ...) and any other key make a program of their own.
@@ -35,11 +35,11 @@ from typing import Callable
 
 from fedjax_dp import losses
 from fedjax_dp.config import Config
-from fedjax_dp.core import hparams as hparams_lib
+from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.experiment import batch
 from fedjax_dp.experiment import reporting
 from fedjax_dp.errors import RunError
-from fedjax_dp.privacy import releases
+from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.setup import check_test_source
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \

@@ -17,7 +17,7 @@ seeds share one data split and partition: each cell's `data_seed` is the base's
 (its `data_seed`, else its `seed`), unless a variant or the grid sets it, so
 seeds differ in the seed alone (model initialisation, cohorts, local training,
 noise); every cell's run key also folds in its settings, so cells of one seed
-draw their own cohorts and noise (privacy/release_identity.py). A cell's name is the keys it sets (its variant's, its grid
+draw their own cohorts and noise (recipes/release_identity.py). A cell's name is the keys it sets (its variant's, its grid
 point's, its seed), `key=value` joined by ',' (e.g. `lr=0.05,seed=1`); it names
 its run folder, so a sweep extended with more seeds or values finds the cells it
 already ran under their old names.

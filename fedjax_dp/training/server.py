@@ -11,7 +11,7 @@ import optax
 def make_optimizer(name: str, lr, momentum=0.9, b1: float = 0.9, b2: float = 0.99,
                    eps: float = 1e-3) -> optax.GradientTransformation:
   """sgd, momentum (FedAvgM) or adam (FedAdam) at server learning rate `lr`. `lr` and
-  `momentum` may be traced arrays (hyperparameters as data: core/hparams.py); Adam's
+  `momentum` may be traced arrays (hyperparameters as data: recipes/hparams.py); Adam's
   betas and eps stay constants: optax computes 1 - beta from them, which rounds
   differently from a float32 array's."""
   if name == "sgd":

@@ -12,11 +12,11 @@ import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
-from fedjax_dp.core.hparams import budget_limit
+from fedjax_dp.recipes.hparams import budget_limit
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none
 from fedjax_dp.privacy.mechanisms import get_mechanism
-from fedjax_dp.privacy.setup import cohort_sampling
+from fedjax_dp.recipes.privacy import cohort_sampling
 
 
 def clients_spent(sim: Simulation, state) -> np.ndarray:

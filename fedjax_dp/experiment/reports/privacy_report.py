@@ -24,13 +24,13 @@ import jax
 import numpy as np
 
 from fedjax_dp.experiment.reports import privacy_log
-from fedjax_dp.privacy import releases
+from fedjax_dp.experiment import releases
 from fedjax_dp.config import Config
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.models import num_params
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.schedules import learning_rate_schedule
-from fedjax_dp.privacy.setup import cohort_sampling, event_rdp, sampling_rate
+from fedjax_dp.recipes.privacy import cohort_sampling, event_rdp, sampling_rate
 from fedjax_dp.privacy.mechanisms import get_mechanism
 
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.privacy import accounting, amplification
-from fedjax_dp.compression.pipeline import keep_count, kept_noise_draw, noise_clip
+from fedjax_dp.compression.pipeline import keep_count
+from fedjax_dp.recipes.flat import kept_noise_draw, noise_clip
 
 
 def _checked(b: amplification.Bound) -> dict:

@@ -16,7 +16,7 @@ import re
 from typing import Iterable
 
 from fedjax_dp.privacy.mechanisms import get_mechanism
-from fedjax_dp.privacy.release_registry import (  # noqa: F401  (the registry's names, here too)
+from fedjax_dp.experiment.release_registry import (  # noqa: F401  (the registry's names, here too)
     _CONDITIONS, COVERED, FIGURES, INFLUENCES, NOT_COVERED, OTHER_FILES, PLOT_FIGURES, PUBLIC,
     RUN_FILES, SUMMARY, TABLE_COLUMNS, Declared, Status)
 

@@ -46,8 +46,11 @@ import math
 
 import numpy as np
 
+from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.config.keys import KEYS
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.privacy import accounting, mechanisms
+from fedjax_dp.recipes.flat import from_config, server_optimizer_name
 
 
 class StructureChange(ConfigError):
@@ -90,8 +93,6 @@ def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
   """The compiled round's hyperparameters from the config, its resolved `privacy`
   (privacy/setup.Privacy) and its `recipe` (the stages' numbers; None: read from
   cfg): host numpy float32, placed by the caller."""
-  from fedjax_dp.privacy import accounting   # (accounting imports nothing of ours)
-  from fedjax_dp.recipes.flat import server_optimizer_name
   # only what the round reads: an entry it never reads would let a sweep over it
   # run identical replicas (with_hparams refuses such a key)
   hp = {"lr": _f32(cfg.lr), "server_lr": _f32(cfg.server_lr), "clip_norm": _f32(cfg.clip_norm)}
@@ -103,13 +104,11 @@ def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
   if server_optimizer_name(cfg) == "momentum":
     hp["server_momentum"] = _f32(cfg.server_momentum)
   if recipe is None:
-    from fedjax_dp.recipes import from_config   # recipes import this module's users
     recipe = from_config(cfg)
   hp.update(_term_and_rule_hparams(recipe))
   hp["pipeline"] = _pipeline_hparams(recipe)
   if cfg.audit_canaries > 0:
     hp["audit_canary_scale"] = _f32(cfg.audit_canary_scale)
-  from fedjax_dp.privacy import mechanisms
   mechanism = mechanisms.get_mechanism(privacy.mode)
   if not mechanism.private:
     return hp
@@ -164,7 +163,6 @@ def _pipeline_hparams(recipe) -> tuple:
 def check_same_structure(cfg, new) -> None:
   """Raises StructureChange where changing numeric keys from `cfg` to `new` would
   change the compiled round's structure (a new simulation is needed)."""
-  from fedjax_dp.algorithms import parse_algorithm
   changes = {
       "momentum": (cfg.momentum > 0) != (new.momentum > 0)
                   or ("scaffold" in parse_algorithm(cfg.algorithm)[0]
