@@ -10,6 +10,7 @@ from scipy import stats
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment.runner import communication
 from fedjax_dp.kernels import topk as topk_kernels
 from tests.helpers import flat, keyed_state, round_zero_deltas, toy_problem, toy_simulation
 
@@ -117,19 +118,18 @@ def test_bytes_against_a_hand_count():
   # s = 0.9: k = 19,921 values + the bitmap = 104,586 bytes (indices: 159,368)
   assert pl.sparse_bytes(199210, 19921) == (104586, "float32 values + d-bit bitmap")
   assert pl.sparse_bytes(199210, 199210) == (796840, "dense float32")
-  cfg = make_config({"algorithm": "topksdp"})
-  c = pl.communication(cfg, 199210)
+  c = communication(make_config({"algorithm": "topksdp"}), 199210)
   assert c["k_up"] == c["k_down"] == 19921
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 104586
   # SCAFFOLD adds its dense control variates both ways; SOLO sends nothing
-  c = pl.communication(make_config({"algorithm": "scaffold"}), 199210)
+  c = communication(make_config({"algorithm": "scaffold"}), 199210)
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 2 * 796840
-  c = pl.communication(make_config({"algorithm": "scaffold", "s_local": 0.9}), 199210)
+  c = communication(make_config({"algorithm": "scaffold", "s_local": 0.9}), 199210)
   assert c["bytes_per_client_up"] == 104586 + 796840
   assert c["bytes_per_client_down"] == 2 * 796840
-  c = pl.communication(make_config({"algorithm": "solo"}), 199210)
+  c = communication(make_config({"algorithm": "solo"}), 199210)
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 0
-  c = pl.communication(make_config({"algorithm": "fedprox+moon"}), 199210)
+  c = communication(make_config({"algorithm": "fedprox+moon"}), 199210)
   assert c["bytes_per_client_up"] == c["bytes_per_client_down"] == 796840
 
 

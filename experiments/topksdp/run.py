@@ -40,7 +40,7 @@ from fedjax_dp.experiment import reporting  # noqa: E402
 from fedjax_dp.cli import OneLineParser, exit_with, run_guarded  # noqa: E402
 from fedjax_dp.config import Config  # noqa: E402
 from fedjax_dp import load_config
-from fedjax_dp.compression.pipeline import communication  # noqa: E402
+from fedjax_dp.experiment.runner import communication  # noqa: E402
 from fedjax_dp.experiment.batch import (add_tree_arguments, check_distinct,  # noqa: E402
                                         check_request, claim_tree)
 from fedjax_dp.experiment.runner import run_or_reuse  # noqa: E402
@@ -105,7 +105,7 @@ def run_cell(out: str, name: str, cfg: Config, args) -> dict:
   if not os.path.exists(os.path.join(out, "summary.json")):
     print(f"[run] {name}", flush=True)
   s = run_or_reuse(cfg, out, overwrite=args.overwrite, progress=False, log=lambda m: None)
-  # bytes from the config by today's count (pipeline.communication): a reused run's
+  # bytes from the config by today's count (runner.communication): a reused run's
   # summary keeps the count of the code that made it (SCAFFOLD's control variates
   # and SOLO's nothing were corrected after the committed Table 2 runs)
   per = communication(cfg, s["model"]["params"])

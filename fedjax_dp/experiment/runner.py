@@ -198,11 +198,11 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   return RunContext(cfg=cfg, out=out, sim=sim, ds=ds, parts=parts, task=task, log=log,
                     state=state, start=start, last=last, plog=plog, calibration=calibration,
                     meta=meta, rows=rows, setup_s=setup_s, num_params=d,
-                    comm=_communication(cfg, d),  # per participant and round, each way
+                    comm=communication(cfg, d),  # per participant and round, each way
                     inputs=inputs)
 
 
-def _communication(cfg: Config, d: int) -> dict:
+def communication(cfg: Config, d: int) -> dict:
   """pipeline.communication of this run's model (d parameters), links and terms."""
   terms, _ = parse_algorithm(cfg.algorithm)
   return pipeline.communication(d, cfg.s_local, cfg.s_global, tuple(terms))

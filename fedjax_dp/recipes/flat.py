@@ -85,7 +85,7 @@ def aggregator_choice(cfg) -> Choice:
 
 def upload_choices(cfg) -> tuple[Choice, ...]:
   """The client upload stages (pipeline.upload_stages) with their keys; kept_noise_draw
-  'auto' resolves as pipeline.kept_noise_draw does (the set-up's Byzantine clients
+  'auto' resolves as kept_noise_draw (below) does (the set-up's Byzantine clients
   included: the recipe of a run is read from its whole config)."""
   stages = _upload_stages(cfg, kept_noise_draw(cfg))
   return tuple(Choice(s, _take(cfg, UPLOAD_KEYS[s.name])) for s in stages)
