@@ -21,6 +21,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.core import one_step
+from fedjax_dp.core import upload_stages
 from fedjax_dp.core.client_phase import ClientStages
 from fedjax_dp.core.evaluate import make_evaluate
 from fedjax_dp.core.state import (BYZANTINE, BYZANTINE_DRAW, CLIP_COUNT_NOISE, COHORT_SAMPLING,
@@ -52,15 +53,11 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   `task`: the training loss and evaluation metrics (losses.py; default classification).
 
   `resident_state` (default: whenever every client takes part in every round and
-  there is per-client state): the cohort is then the same every round and so is
-  its dealing to the devices, so inside a compiled chunk each device keeps the
-  state rows of the clients it trains (sharded over "clients", in dealing
-  order) and no row crosses devices. That is the simulation's working layout:
-  `run_working` keeps it from chunk to chunk, `run_rounds` converts from and to
-  client order (replicated) at the ends of its chunk. Same numbers either
-  way; False forces the table that follows the cohort: sharded in blocks of ids
-  over several devices, whole on one (executor.map_clients_with_sharded_state,
-  map_clients_with_state).
+  there is per-client state): each device keeps the state rows of the clients it
+  trains, in dealing order, and no row crosses devices (`run_working` keeps that
+  layout from chunk to chunk, `run_rounds` converts to client order at its ends);
+  False: the table follows the cohort (executor.map_clients_with_sharded_state,
+  map_clients_with_state). Same numbers either way.
   `calibrated`: see make_privacy. `poisoned_offset`: the store's row where the
   poisoned copy of every client's data starts (a data attack drawn each round:
   experiment/setup.py puts the copy after the clean rows)."""
@@ -69,25 +66,26 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   # before the store is placed: one pass over the host's copy of the data
   inputs = release_identity.inputs_digest(store, model if cfg.model == "custom" else None, task,
                                           feature_tiers, client_budgets)
-  capacity = (cfg.clients_per_round if cfg.sampling == "fixed" else
-              cfg.max_cohort or default_max_cohort(cfg.num_clients, cfg.clients_per_round))
-  slots = int(math.ceil(capacity / n_dev) * n_dev)
   recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
   setup = recipes.run_setup(cfg)      # and the rest of the run
+  capacity, slots = _cohort_room(setup.population, n_dev)
   privacy, dp = _privacy_and_round(make_privacy(cfg, model, feature_tiers, calibrated),
                                    setup.population, cfg.cluster_noise == "equalize",
                                    client_budgets)
   aggregator = recipe.rule
-  byzantine = attacks.make_byzantine(cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg),
-                                     cfg.byzantine_attack, cfg.byzantine_scale, BYZANTINE,
-                                     cfg.byzantine_draw, BYZANTINE_DRAW)
   full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
   shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
   per_client_state = bool(jax.tree.leaves(shape.client_state))
-  # a stage that needs the cohort's uploads stacked (DP's client half, one upload
-  # at a time, runs inside the client loop's sum)
-  stacks_uploads = (byzantine is not None or not aggregator.linear
-                      or cfg.server_clip_l2 is not None or cfg.audit_canaries > 0)
+  uploads = _upload_chain(
+      recipe, dp, attacks.make_byzantine(
+          cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg), cfg.byzantine_attack,
+          cfg.byzantine_scale, BYZANTINE, cfg.byzantine_draw, BYZANTINE_DRAW),
+      attacks.placement(cfg.byzantine_attack),
+      audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
+      cfg.server_clip_l2, cfg.shuffle == "layerwise")
+  # a stage or rule that needs the cohort's uploads one by one stacks them (DP's
+  # client half, one upload at a time, runs inside the client loop's sum)
+  stacks_uploads = not aggregator.linear or upload_stages.inspects_uploads(uploads)
   paged = cfg.client_state_store != "device"
   if paged:
     _check_paging(cfg.client_state_store, per_client_state, resident_state)
@@ -99,31 +97,16 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
       one_step_width=width, paged=paged)
-  poisoned_rows = attacks.make_data_redraw(cfg.num_clients, cfg.byzantine_fraction,
-                                           cfg.byzantine_attack, cfg.byzantine_draw,
-                                           poisoned_offset or 0, BYZANTINE_DRAW)
-  if poisoned_rows is not None and poisoned_offset is None:
-    raise ConfigError(f"config key 'byzantine_attack' = {cfg.byzantine_attack!r} with "
-                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
-                      "data after the clean rows and build_simulation(poisoned_offset=) to "
-                      "say where it starts (experiment/setup.py builds both)")
+  poisoned_rows = _data_attack(cfg.num_clients, cfg.byzantine_fraction, cfg.byzantine_attack,
+                               cfg.byzantine_draw, poisoned_offset)
   stages = _client_stages(
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
-      byzantine=byzantine, attack=attacks.placement(cfg.byzantine_attack),
-      poisoned_rows=poisoned_rows,
-      canary=audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
-      server_clip=cfg.server_clip_l2, cluster_noise=cfg.cluster_noise == "equalize",
-      shuffle=cfg.shuffle == "layerwise")
-  home = (cohort_lib.home_slots(cfg.num_clients, store.client_count, n_dev, slots)
-          if executor.resident and not paged else None)
-  sample = cohort_lib.make_sampler(
-      resident=home is not None, num_clients=cfg.num_clients,
-      clients_per_round=cfg.clients_per_round, sampling=cfg.sampling, capacity=capacity,
-      n_dev=n_dev, slots=slots, home=home)
+      uploads=uploads, poisoned_rows=poisoned_rows,
+      cluster_noise=cfg.cluster_noise == "equalize")
+  home, sample = _sampler(setup.population, store.client_count, n_dev, slots, capacity,
+                          resident=executor.resident and not paged)
   round_fn = make_round(setup, recipe, mesh, stages, dp, sample)
-  paging = paged_state.make_paging(
-      partial(_round_cohort, sample), mesh, cfg.num_clients, kind=cfg.client_state_store,
-      dtype=cfg.client_state_dtype, directory=cfg.client_state_dir) if paged else None
+  paging = _paging(sample, mesh, setup) if paged else None
 
   run_chunk, run_replica_chunk = _compiled_chunks(round_fn, cfg.matmul_precision)
   replicated = NamedSharding(mesh, P())
@@ -138,6 +121,60 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
                     feature_tiers=feature_tiers, calibrated=calibrated,
                     issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
                     inputs_digest=inputs, recipe=recipe, setup=setup, **layouts)
+
+
+def _cohort_room(population: recipes.Population, n_dev: int) -> tuple[int, int]:
+  """(capacity, slots): the most clients a round's cohort can hold (fixed-size: m;
+  Poisson: max_cohort or the default margin), and that rounded up to whole devices."""
+  p = population
+  capacity = (p.clients_per_round if p.sampling == "fixed" else
+              p.max_cohort or default_max_cohort(p.num_clients, p.clients_per_round))
+  return capacity, int(math.ceil(capacity / n_dev) * n_dev)
+
+
+def _sampler(population: recipes.Population, client_count, n_dev: int, slots: int,
+             capacity: int, resident: bool):
+  """(home slots or None, the cohort sampler): resident, each client's slot is fixed."""
+  home = (cohort_lib.home_slots(population.num_clients, client_count, n_dev, slots)
+          if resident else None)
+  return home, cohort_lib.make_sampler(
+      resident=home is not None, num_clients=population.num_clients,
+      clients_per_round=population.clients_per_round, sampling=population.sampling,
+      capacity=capacity, n_dev=n_dev, slots=slots, home=home)
+
+
+def _paging(sample: Callable, mesh: Mesh, setup: recipes.RunSetup):
+  """The host or disk table of per-client state (placement/paged_state.py)."""
+  ex = setup.execution
+  return paged_state.make_paging(
+      partial(_round_cohort, sample), mesh, setup.population.num_clients,
+      kind=ex.client_state_store, dtype=ex.client_state_dtype, directory=ex.client_state_dir)
+
+
+def _upload_chain(recipe: recipes.Recipe, dp: dp_round.DPRound, byzantine, attack_placement,
+                  canary, server_clip: float | None, shuffle: bool) -> tuple:
+  """The stages between training and the aggregate (core/upload_stages.chain); an
+  attack acts on the report sent: before a server's clip, after a client's."""
+  boundary_of = recipe.privacy.stage.boundary if recipe.privacy is not None else None
+  return upload_stages.chain(
+      canary=canary, byzantine=byzantine,
+      attack_before=byzantine is not None and boundary.before_boundary(boundary_of,
+                                                                       attack_placement),
+      divides_by=dp.mechanism.divides_by, server_clip=server_clip, shuffle=shuffle)
+
+
+def _data_attack(num_clients: int, fraction: float, attack: str, draw: str,
+                 poisoned_offset: int | None):
+  """A data attack drawn each round (attacks.make_data_redraw), or None; it needs the
+  store's poisoned copy (`poisoned_offset`)."""
+  rows = attacks.make_data_redraw(num_clients, fraction, attack, draw, poisoned_offset or 0,
+                                  BYZANTINE_DRAW)
+  if rows is not None and poisoned_offset is None:
+    raise ConfigError(f"config key 'byzantine_attack' = {attack!r} with "
+                      "byzantine_draw 'round' needs the store to hold every client's poisoned "
+                      "data after the clean rows and build_simulation(poisoned_offset=) to "
+                      "say where it starts (experiment/setup.py builds both)")
+  return rows
 
 
 def _privacy_and_round(privacy, population, cluster_noise: bool, client_budgets):
@@ -212,22 +249,17 @@ def _compiled_chunks(round_fn, matmul_precision: str):
 
 def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, model: Model,
                    task: losses.Task, dp: dp_round.DPRound, aggregator, executor: Executor, *,
-                   byzantine, attack, poisoned_rows, canary, server_clip: float | None,
-                   cluster_noise: bool, shuffle: bool) -> ClientStages:
-  """The client phase's stages: the recipe's, with the run's attacks (`attack`: their
-  placement), canaries, server norm bound, cluster noise and shuffling."""
+                   uploads: tuple, poisoned_rows, cluster_noise: bool) -> ClientStages:
+  """The client phase's stages: the recipe's, with the run's upload chain
+  (core/upload_stages.py), data attack and cluster noise."""
   client_pipeline = recipe.client_pipeline()
   return ClientStages(
       train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=training.epochs,
                         batch_size=training.batch_size),
       objective=recipe.objective(task.loss, training.momentum), model=model,
-      pipeline=client_pipeline, dp=dp, byzantine=byzantine, server_clip=server_clip,
-      # an attack acts on the report sent: before a server's clip, after a client's
-      byzantine_before_mechanism=byzantine is not None and boundary.before_boundary(
-          recipe.privacy.stage.boundary if recipe.privacy is not None else None, attack),
-      poisoned_rows=poisoned_rows, canary=canary,
+      pipeline=client_pipeline, dp=dp, uploads=uploads, poisoned_rows=poisoned_rows,
       aggregator=None if aggregator.linear else aggregator.aggregate,
-      cluster_noise=cluster_noise, shuffle=shuffle,
+      cluster_noise=cluster_noise,
       aggregate_noise=any(c.stage.owes_noise for c in recipe.upload),
       guard_nonfinite=client_pipeline is not None and (dp.client is not None
                                                       or any(c.stage.privatizes

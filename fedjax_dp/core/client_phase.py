@@ -48,15 +48,12 @@ class ClientStages(NamedTuple):
   model: Model
   pipeline: pipeline_lib.ClientStage | None   # upload stages (None: none configured)
   dp: DPRound                     # the mechanism; its client half where dp.client
-  byzantine: Callable | None      # (uploads, ids, mask, round_key) -> uploads (attacks.py)
-  byzantine_before_mechanism: bool  # the mechanism's boundary is the server's: attacks
-                                    # run before its clip (privacy/boundary.py)
+  uploads: tuple                  # the stages between training and the aggregate, in
+                                  # order (core/upload_stages.chain): canaries, attacks,
+                                  # the mechanism's, the server's norm bound, shuffling
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
-  server_clip: float | None       # norm bounding of every received upload (None: off)
-  canary: Callable | None         # (uploads, ids, clip, scale) -> (uploads, present) (audit.py)
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
-  shuffle: bool                   # layer-wise shuffled tuples: uniform weights
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
   executor: Executor
@@ -110,9 +107,9 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   contrib_sum = sum_over_devices(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs))
   u = upload_stages.Uploads(res.delta, cohort_mask, counts, counts.astype(jnp.float32),
                             nonfinite)
-  ctx = upload_stages.UploadContext(cohort_ids, round_key, clip_norm, client_hp, dp_norms)
-  u, metrics = upload_stages.run_chain(_upload_chain(stages, dp_client, sums is not None), u,
-                                       ctx)
+  ctx = upload_stages.UploadContext(cohort_ids, round_key, clip_norm, client_hp, dp_client,
+                                    sums is not None, dp_norms)
+  u, metrics = upload_stages.run_chain(stages.uploads, u, ctx)
   mask_f = u.mask.astype(jnp.float32)
   flagged = clusters = jnp.zeros((), jnp.int32)
   cluster_info, server_slots = (), {}
@@ -123,28 +120,12 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   else:
     mean_delta = _linear_aggregate(u.deltas, u.weights, mask_f, u.counts, sums, owed, round_key,
                                    divides_by=stages.dp.mechanism.divides_by,
-                                   uniform=_uniform_weights(stages),
+                                   uniform=upload_stages.uniform_weights(stages.uploads),
                                    aggregate_noise=stages.aggregate_noise)
   zero = jnp.zeros((), jnp.int32)
   stats = _round_stats(res, u.mask, metrics.get("unclipped", zero), u.nonfinite, flagged,
                        clusters, client_hp["lr"], metrics.get("bounded", zero))
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
-
-
-def _uniform_weights(stages: ClientStages) -> bool:
-  """Whether the aggregate weights every participant alike (the mechanism divides by
-  participants or the expected cohort, or the shuffler hides the sizes) rather than
-  by its example count (FedAvg); the upload chain's weights say the same."""
-  return stages.shuffle or stages.dp.mechanism.divides_by != "examples"
-
-
-def _upload_chain(stages: ClientStages, dp_client, in_loop: bool) -> list:
-  """The stages between training and the aggregate (core/upload_stages.py)."""
-  return upload_stages.chain(
-      canary=stages.canary, byzantine=stages.byzantine,
-      attack_before=stages.byzantine_before_mechanism, client=dp_client,
-      divides_by=stages.dp.mechanism.divides_by, in_loop=in_loop,
-      server_clip=stages.server_clip, shuffle=stages.shuffle)
 
 
 def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts, client_hp,
@@ -258,7 +239,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     norm = ()
     if dp_client is not None:   # always finite: a non-finite upload is sent as zero
       upload, norm = dp_client(upload, cid)
-    uniform = _uniform_weights(stages)
+    uniform = upload_stages.uniform_weights(stages.uploads)
     w = (took_part if uniform else count).astype(jnp.float32)
     out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)

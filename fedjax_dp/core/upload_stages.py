@@ -1,7 +1,7 @@
 """What happens to the cohort's uploads between the clients' training and the
 aggregate, as one chain of stages with one protocol:
 
-  stage(uploads, ctx) -> (uploads, metrics)
+  stage.apply(uploads, ctx) -> (uploads, metrics)
 
 `uploads` (Uploads) is this device's slice of the cohort as the server sees it:
 the stacked updates (or, where the executor fused the sum into the client loop,
@@ -21,8 +21,12 @@ trust boundary (privacy/boundary.py), never from its name:
   the server's          its norm bound on every received upload, the shuffler's
                         uniform weights
 
-Each stage is built only where the run has it (`chain`), so a run without
-attacks, canaries or server clipping traces none of their code.
+Each stage is built only where the run has it (`chain`, once per simulation), so
+a run without attacks, canaries or server clipping traces none of their code. A
+stage's static properties are what the executor plans by: `inspects_uploads` (it
+needs the cohort's uploads one by one, so the executor stacks them rather than
+summing inside the client loop) and `uniform_weights` (the aggregate weights every
+participant alike).
 """
 
 from __future__ import annotations
@@ -51,91 +55,113 @@ class UploadContext(NamedTuple):
   round_key: jax.Array
   clip_norm: jax.Array   # this round's clip norm (the mechanism's)
   client_hp: dict        # this round's client hyperparameters
+  client: Callable | None  # the mechanism's client half bound to this round,
+                           # (upload, id) -> (upload, norm); None without one
+  in_loop: bool          # the executor summed the uploads in the client loop (the
+                         # client half ran there; `deltas` is then ())
   loop_norms: Any        # [local] the mechanism's norms where it ran in the client loop, or ()
 
 
-Stage = Callable[[Uploads, UploadContext], tuple[Uploads, dict]]
+class UploadStage(NamedTuple):
+  """One stage: apply(uploads, ctx) -> (uploads, metrics), and its static properties."""
+  name: str
+  apply: Callable[[Uploads, UploadContext], tuple[Uploads, dict]]
+  inspects_uploads: bool = False   # reads or replaces uploads one by one
+  uniform_weights: bool = False    # sets every participant's weight alike
 
 
-def canary_stage(canary: Callable) -> Stage:
+def canary_stage(canary: Callable) -> UploadStage:
   """An audit's canary clients replace their slots' uploads; scale 0 takes them out."""
-  def stage(u: Uploads, ctx: UploadContext):
+  def apply(u: Uploads, ctx: UploadContext):
     deltas, present = canary(u.deltas, ctx.ids, ctx.clip_norm,
                              ctx.client_hp["audit_canary_scale"])
     mask = u.mask & present
     counts = jnp.where(mask, u.counts, 0)
     return u._replace(deltas=deltas, mask=mask, counts=counts,
                       weights=counts.astype(jnp.float32)), {}
-  return stage
+  return UploadStage("canary", apply, inspects_uploads=True)
 
 
-def attack_stage(byzantine: Callable) -> Stage:
+def attack_stage(byzantine: Callable) -> UploadStage:
   """Byzantine clients replace what they send (adversary/attacks.py)."""
-  def stage(u: Uploads, ctx: UploadContext):
+  def apply(u: Uploads, ctx: UploadContext):
     return u._replace(deltas=byzantine(u.deltas, ctx.ids, u.mask, ctx.round_key,
                                        sum_over_devices)), {}
-  return stage
+  return UploadStage("attack", apply, inspects_uploads=True)
 
 
-def mechanism_stage(client: Callable | None, divides_by: str, in_loop: bool) -> Stage:
-  """The mechanism's client half over the stack (unless the executor ran it in the
-  client loop), its weights (uniform unless it divides by examples) and its counts:
-  uploads within the clip norm, and those sent as zero for a norm that is not finite."""
-  def stage(u: Uploads, ctx: UploadContext):
+def mechanism_stage(divides_by: str) -> UploadStage:
+  """The mechanism's client half (ctx.client) over the stack, unless the executor
+  ran it in the client loop; its weights (uniform unless it divides by examples)
+  and its counts: uploads within the clip norm, and those sent as zero for a norm
+  that is not finite."""
+  def apply(u: Uploads, ctx: UploadContext):
     if divides_by != "examples":
       u = u._replace(weights=u.mask.astype(jnp.float32))
-    if client is None:
+    if ctx.client is None:
       return u, {}
     norms = ctx.loop_norms
-    if not in_loop:   # the uploads are stacked (a later stage reads them)
-      deltas, norms = jax.vmap(client)(u.deltas, ctx.ids)
+    if not ctx.in_loop:   # the uploads are stacked (a later stage reads them)
+      deltas, norms = jax.vmap(ctx.client)(u.deltas, ctx.ids)
       u = u._replace(deltas=deltas)
     unclipped = jnp.sum((norms <= ctx.clip_norm) & u.mask, dtype=jnp.int32)
     return u._replace(nonfinite=u.nonfinite | (~jnp.isfinite(norms) & u.mask)), {
         "unclipped": unclipped}
-  return stage
+  return UploadStage("mechanism", apply, uniform_weights=divides_by != "examples")
 
 
-def server_clip_stage(bound: float) -> Stage:
+def server_clip_stage(bound: float) -> UploadStage:
   """The server's norm bound on every upload it received, the attackers' included;
   counted over the whole cohort, as the robust rules' flagged count (replicated) is."""
-  def stage(u: Uploads, ctx: UploadContext):
+  def apply(u: Uploads, ctx: UploadContext):
     deltas, norms = jax.vmap(lambda v: clipping.l2_clip(v, bound))(u.deltas)
     bounded = sum_over_devices(jnp.sum(u.mask & (norms > bound), dtype=jnp.int32))
     return u._replace(deltas=deltas), {"bounded": bounded}
-  return stage
+  return UploadStage("server_clip", apply, inspects_uploads=True)
 
 
-def shuffle_stage() -> Stage:
+def shuffle_stage() -> UploadStage:
   """The shuffler hands the server, per layer, the cohort's tuples in random order:
   the server cannot link sizes to updates, so it weights uniformly. The server's
   plain sum of each layer's multiset is the same for every permutation, and the
   robust rules refuse shuffled tuples (recipes/validate.py), so the rows are not
   permuted (pipeline.layerwise_shuffle): on CPU the permutation cost 7 % of a
   TopkSDP-FL round and changed no number beyond float summation order."""
-  def stage(u: Uploads, ctx: UploadContext):
+  def apply(u: Uploads, ctx: UploadContext):
     return u._replace(weights=u.mask.astype(jnp.float32)), {}
-  return stage
+  return UploadStage("shuffle", apply, uniform_weights=True)
 
 
 def chain(*, canary: Callable | None, byzantine: Callable | None, attack_before: bool,
-          client: Callable | None, divides_by: str, in_loop: bool, server_clip: float | None,
-          shuffle: bool) -> list[Stage]:
+          divides_by: str, server_clip: float | None, shuffle: bool) -> tuple[UploadStage, ...]:
   """The run's stages in their order (module docstring). attack_before: the
   attack acts on what a trusted server receives (a server boundary, or none)."""
   attack = [attack_stage(byzantine)] if byzantine is not None else []
-  return ([canary_stage(canary)] if canary is not None else []) + \
-      (attack if attack_before else []) + \
-      [mechanism_stage(client, divides_by, in_loop)] + \
-      ([] if attack_before else attack) + \
-      ([server_clip_stage(server_clip)] if server_clip is not None else []) + \
-      ([shuffle_stage()] if shuffle else [])
+  return tuple(([canary_stage(canary)] if canary is not None else []) +
+               (attack if attack_before else []) +
+               [mechanism_stage(divides_by)] +
+               ([] if attack_before else attack) +
+               ([server_clip_stage(server_clip)] if server_clip is not None else []) +
+               ([shuffle_stage()] if shuffle else []))
 
 
-def run_chain(stages: list[Stage], u: Uploads, ctx: UploadContext) -> tuple[Uploads, dict]:
+def inspects_uploads(stages: tuple[UploadStage, ...]) -> bool:
+  """Whether a stage needs the cohort's uploads one by one (the executor stacks them)."""
+  return any(s.inspects_uploads for s in stages)
+
+
+def uniform_weights(stages: tuple[UploadStage, ...]) -> bool:
+  """Whether the aggregate weights every participant alike rather than by its
+  example count (FedAvg): the mechanism divides by participants or the expected
+  cohort, or the shuffler hides the sizes."""
+  return any(s.uniform_weights for s in stages)
+
+
+def run_chain(stages: tuple[UploadStage, ...], u: Uploads,
+              ctx: UploadContext) -> tuple[Uploads, dict]:
   """The stages in order; their metrics merged (each stage names its own)."""
   metrics: dict = {}
   for stage in stages:
-    u, m = stage(u, ctx)
+    u, m = stage.apply(u, ctx)
     metrics.update(m)
   return u, metrics
