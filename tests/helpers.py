@@ -1,6 +1,8 @@
 """Small in-memory problems shared by the tests, and which cases `make test` runs."""
 
+import contextlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +166,29 @@ def one_device_env() -> dict:
   is held once per device: TopkSDP-FL on CIFAR-10's CNN took 8 x 1.6 GB and was
   killed in CI."""
   return cpu_devices_env(1)
+
+
+@contextlib.contextmanager
+def registries_restored():
+  """Within, what plugins register (terms, rules, mechanisms, datasets, plugins' keys)
+  and the plugin modules they were imported as; afterwards all as they were (other
+  tests in this process read the registries, and a plugin file imported again would
+  register its names a second time)."""
+  from fedjax_dp.algorithms import registry as term_registry
+  from fedjax_dp.config import plugin_keys
+  from fedjax_dp.data import registry as data_registry
+  from fedjax_dp.privacy import mechanisms
+  from fedjax_dp.robust import registry as rule_registry
+  registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS,
+                mechanisms.MECHANISMS, data_registry.DATASETS, plugin_keys.PLUGIN_KEYS)
+  saved = [dict(r) for r in registries]
+  modules = set(sys.modules)
+  try:
+    yield
+  finally:
+    for registry, before in zip(registries, saved):
+      registry.clear()
+      registry.update(before)
+    for name in set(sys.modules) - modules:
+      if name.startswith("fedjax_dp_plugin_"):
+        del sys.modules[name]

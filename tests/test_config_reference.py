@@ -20,9 +20,11 @@ from fedjax_dp.experiment import config_reference as reference
 from fedjax_dp.recipes.config_checks import (_SWITCHES, _check_registered, read_condition,
                                            unread_keys)
 
+from fedjax_dp.config.schema import _FIELDS  # noqa: E402
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 FEDJAX_DP = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")   # the console script
-KEYS = [f.name for f in dataclasses.fields(Config)]
+KEYS = list(_FIELDS)   # the Config's keys (its plugin_values field holds plugins' keys)
 
 
 def test_every_key_is_listed_once_with_a_meaning():

@@ -18,11 +18,10 @@ import pytest
 import scipy.stats
 
 import fedjax_dp
-from fedjax_dp.algorithms import registry as term_registry
 from fedjax_dp.cli import main
-from fedjax_dp.data import registry as data_registry
+from fedjax_dp.config import Key, plugin_keys, register_key
+from tests.helpers import registries_restored
 from fedjax_dp.privacy import accounting, mechanisms
-from fedjax_dp.robust import registry as rule_registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAPLACE = os.path.join(ROOT, "experiments", "extending", "laplace_local.py")
@@ -36,6 +35,7 @@ import numpy as np
 from fedjax_dp.data import Dataset, DatasetSource, register_dataset
 from fedjax_dp.algorithms import LocalTerm, register_term
 from fedjax_dp.algorithms.base import dot
+from fedjax_dp.config import Key, register_key
 from fedjax_dp.kernels import robust_aggregation as ra
 from fedjax_dp.robust import Aggregator, metrics, on_finite_uploads, register_aggregator
 
@@ -62,6 +62,8 @@ def ext_bound(bound: float = 1e-6) -> Aggregator:
 
 register_term(ext_decay)
 register_aggregator(ext_bound)
+register_key(Key("ext_decay_lam", 0.01, "ext_decay's weight on 0.5 |w|^2", at_least=0.0,
+                 feeds=("term:ext_decay.lam",)))
 
 
 def _blobs(data_dir, seed):
@@ -83,18 +85,9 @@ def plugins(tmp_path):
   modules put back as they were afterwards (other tests in this process read them)."""
   shutil.copy(LAPLACE, tmp_path / "laplace_mech.py")
   (tmp_path / "term_rule_dataset.py").write_text(TERM_RULE_DATASET)
-  registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS,
-                mechanisms.MECHANISMS, data_registry.DATASETS)
-  saved = [dict(r) for r in registries]
-  modules = set(sys.modules)
-  yield {"laplace": str(tmp_path / "laplace_mech.py"),
-         "term_rule_dataset": str(tmp_path / "term_rule_dataset.py")}
-  for registry, before in zip(registries, saved):
-    registry.clear()
-    registry.update(before)
-  for name in set(sys.modules) - modules:
-    if name.startswith("fedjax_dp_plugin_"):
-      del sys.modules[name]
+  with registries_restored():
+    yield {"laplace": str(tmp_path / "laplace_mech.py"),
+           "term_rule_dataset": str(tmp_path / "term_rule_dataset.py")}
 
 
 def _laplace_module(plugins):
@@ -305,3 +298,90 @@ def test_a_run_of_a_plugin_mechanism_resumes_bit_for_bit(plugins, tmp_path):
   params = [fedjax_dp.load_params(d) for d in (whole, cut)]
   for x, y in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
     np.testing.assert_array_equal(x, y)
+
+
+# ------------------------------------------------------------------ a plugin's own key
+
+
+def _decay_run(plugins) -> dict:
+  return {**SMALL, "plugins": [plugins["term_rule_dataset"]], "algorithm": "ext_decay",
+          "dataset": "ext_blobs"}
+
+
+def _params(out: str) -> list:
+  return [np.asarray(a) for a in jax.tree.leaves(fedjax_dp.load_params(out))]
+
+
+def test_a_plugins_key_sets_its_stages_number_through_the_cli_and_the_api(plugins, tmp_path):
+  """The plugin's register_key row makes ext_decay's lam a config key: set on the CLI
+  it reaches the term (config.json keeps it; at its default it is not written), and
+  the same term built in Python with that number is the same run, bit for bit."""
+  cli, default = str(tmp_path / "cli"), str(tmp_path / "default")
+  assert main(["run", "--no-progress", "--out", cli] + _sets(
+      {**_decay_run(plugins), "ext_decay_lam": 0.5})) == 0
+  assert main(["run", "--no-progress", "--out", default] + _sets(_decay_run(plugins))) == 0
+  assert json.load(open(os.path.join(cli, "config.json")))["ext_decay_lam"] == 0.5
+  assert "ext_decay_lam" not in json.load(open(os.path.join(default, "config.json")))
+  assert any(not np.array_equal(a, b) for a, b in zip(_params(cli), _params(default)))
+
+  from fedjax_dp import recipes
+  recipe = recipes.compose("ext", recipes.stages.term("ext_decay", ext_decay_lam=0.5),
+                           recipes.stages.sgd(1.0))
+  assert recipe.terms[0].stage.hparams == {"lam": 0.5}
+  values = {k: v for k, v in _decay_run(plugins).items() if k != "algorithm"}
+  fedjax_dp.run(recipe, out=str(tmp_path / "api"), progress=False, **values)
+  for a, b in zip(_params(cli), _params(str(tmp_path / "api"))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_plugins_key_is_data_to_the_compiled_round(plugins):
+  """with_hparams changes it without a new program: the round's pytree carries the
+  term's lam, float32, as the built-in terms' numbers."""
+  values = _decay_run(plugins)
+  sim = fedjax_dp.simulate(values.pop("algorithm"), **values)
+  other = sim.with_hparams(ext_decay_lam=0.25)
+  assert other.run_chunk is sim.run_chunk
+  assert float(other.hparams["terms"]["ext_decay"]["lam"]) == np.float32(0.25)
+  assert float(sim.hparams["terms"]["ext_decay"]["lam"]) == np.float32(0.01)
+
+
+def test_a_sweep_over_a_plugins_key_shares_one_program(plugins, tmp_path):
+  spec = tmp_path / "sweep.yaml"
+  spec.write_text(json.dumps({"config": _decay_run(plugins),
+                              "grid": {"ext_decay_lam": [0.0, 0.5]}}))
+  out = str(tmp_path / "sweep")
+  assert main(["sweep", str(spec), "--out", out, "--no-progress"]) == 0
+  record = json.load(open(os.path.join(out, "sweep.json")))
+  assert len(record["programs"]) == 1 and len(record["programs"][0]["cells"]) == 2
+  lams = {}
+  for cell in record["cells"]:
+    folder = os.path.join(out, "cells", cell["name"])
+    lams[json.load(open(os.path.join(folder, "config.json"))).get("ext_decay_lam", 0.01)] = \
+        _params(folder)
+  assert sorted(lams) == [0.0, 0.5]
+  assert any(not np.array_equal(a, b) for a, b in zip(lams[0.0], lams[0.5]))
+
+
+@pytest.mark.parametrize("sets, message", [
+    ({"ext_decay_lam": -1.0}, "config key 'ext_decay_lam' = -1.0: must be >= 0"),
+    ({"ext_decay_lam": 0.5, "algorithm": "fedavg"},
+     "config key 'ext_decay_lam' = 0.5 is read by nothing in this run: it is read with "
+     "algorithm 'ext_decay'"),
+    ({"plugins": [], "ext_decay_lam": 0.5}, "unknown config key 'ext_decay_lam'"),
+])
+def test_a_plugins_key_is_checked_as_a_built_in_one(plugins, tmp_path, capsys, sets, message):
+  values = {**_decay_run(plugins), **sets}
+  if not values["plugins"]:   # the key without its plugin (none has registered it)
+    plugin_keys.PLUGIN_KEYS.pop("ext_decay_lam", None)
+    values = {**SMALL, **sets}
+  assert main(["run", "--no-progress", "--out", str(tmp_path / "x")] + _sets(values)) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and len(err.splitlines()) == 1, err
+  assert not os.path.exists(tmp_path / "x")
+
+
+def test_register_key_refuses_a_built_in_name_or_a_key_that_feeds_nothing(plugins):
+  with pytest.raises(fedjax_dp.ConfigError, match="'lr' is a built-in config key"):
+    register_key(Key("lr", 0.1, "x", feeds=("term:ext_decay.lam",)))
+  with pytest.raises(fedjax_dp.ConfigError, match="feeds no stage argument"):
+    register_key(Key("ext_x", 0.1, "x"))

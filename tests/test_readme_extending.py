@@ -4,9 +4,8 @@ in order (a term and an aggregator registered at run time, one short run)."""
 import os
 import re
 
-from fedjax_dp.algorithms import registry as term_registry
-from fedjax_dp.data import registry as data_registry
-from fedjax_dp.robust import registry as rule_registry
+from fedjax_dp.recipes import from_config
+from tests.helpers import registries_restored
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
@@ -19,18 +18,14 @@ def extending_blocks() -> list[str]:
 
 def test_readme_extending_snippets_run(capsys):
   blocks = extending_blocks()
-  assert len(blocks) == 6
+  assert len(blocks) == 7
   namespace = {}
-  registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS,
-                data_registry.DATASETS)
-  saved = [dict(r) for r in registries]
-  try:
+  with registries_restored():   # other tests in this process read the registries
     for block in blocks:
       exec(compile(block, README, "exec"), namespace)
-  finally:   # the registries, in place, as they were (other tests in this process read them)
-    for registry, before in zip(registries, saved):
-      registry.clear()
-      registry.update(before)
+    decay = namespace["decay_cfg"]   # a key the block registered, read into its term
+    assert decay.weight_decay_lam == 0.01 and decay.to_dict()["weight_decay_lam"] == 0.01
+    assert from_config(decay).terms[0].stage.hparams == {"lam": 0.01}
   stats = namespace["stats"]
   assert stats.flagged.shape == (2,)
   assert int(namespace["state"].round) == 2

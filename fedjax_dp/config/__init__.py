@@ -14,10 +14,13 @@ The package holds, one concept a module:
   schema.py   what the rows derive: the Config dataclass, CHOICES, RANGES; PRESETS
   checks.py   the checks a Config passes on its own (keys, population, a stage's numbers)
   loading.py  coercion of raw values, parse_config, parse_set, read_config_file
+  plugin_keys.py  register_key: a plugin's own key row (its stage's number as a key)
 """
 
 # every name an importer reads through fedjax_dp.config (_coerce: recipes/base.py)
+from fedjax_dp.config.key import Key
 from fedjax_dp.config.loading import _coerce, parse_config, parse_set, read_config_file
+from fedjax_dp.config.plugin_keys import register_key
 from fedjax_dp.config.schema import (CHOICES, FLOAT32_MAX, MIN_NOISE_MULTIPLIER,
                                      PLD_MIN_NOISE_MULTIPLIER, PRESETS, RANGES, Config)
 from fedjax_dp.errors import ConfigError
@@ -36,5 +39,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["CHOICES", "FLOAT32_MAX", "MIN_NOISE_MULTIPLIER", "PLD_MIN_NOISE_MULTIPLIER",
-           "PRESETS", "RANGES", "Config", "ConfigError", "parse_config", "parse_set",
-           "read_config_file"]
+           "PRESETS", "RANGES", "Config", "ConfigError", "Key", "parse_config", "parse_set",
+           "read_config_file", "register_key"]

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from fedjax_dp.config.checks import check_config
+from fedjax_dp.config.plugin_keys import PLUGIN_KEYS, normalised, plugin_value
 from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config
 from fedjax_dp.errors import ConfigError
 
@@ -99,14 +100,18 @@ def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = 
     if name in [a.strip() for a in algorithm.split("+")] and (base is None
                                                                or "algorithm" in raw):
       values.update({k: v for k, v in preset.items() if k not in raw})
+  plugin = {k: values.pop(k) for k in list(values) if k not in _FIELDS}   # base's, checked
   for key, value in raw.items():
-    if key not in _FIELDS:
+    if key in PLUGIN_KEYS:      # a plugin's key (config/plugin_keys.py)
+      plugin[key] = plugin_value(key, value)
+    elif key not in _FIELDS:
       raise ConfigError(unknown_key_message(key))
-    values[key] = _coerce(key, value)
+    else:
+      values[key] = _coerce(key, value)
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   values["plugins"] = tuple(values["plugins"])
-  cfg = Config(**values)
+  cfg = Config(**values, plugin_values=normalised(plugin))
   check_config(cfg, raw)
   return cfg
 

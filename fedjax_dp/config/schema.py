@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from fedjax_dp.config.keys import KEYS
+from fedjax_dp.config.plugin_keys import PLUGIN_FIELD, PLUGIN_KEYS
 from fedjax_dp.errors import ConfigError  # noqa: F401  (its old home; callers import it from here)
 
 
@@ -33,7 +34,18 @@ def _to_dict(self) -> dict[str, Any]:
   d = dataclasses.asdict(self)
   d["hidden"] = list(self.hidden)
   d["tier_noise_multipliers"] = list(self.tier_noise_multipliers)
+  d.update(d.pop(PLUGIN_FIELD))   # a plugin's keys, flat (only those away from their defaults)
   return d
+
+
+def _plugin_key(self, name: str) -> Any:
+  """A plugin's key (config/plugin_keys.py): its value here, else its default."""
+  values = dict(self.__dict__.get(PLUGIN_FIELD, ()))
+  if name in values:
+    return values[name]
+  if name in PLUGIN_KEYS:
+    return PLUGIN_KEYS[name].default
+  raise AttributeError(f"'Config' object has no attribute {name!r}")
 
 
 def _to_json(self) -> str:
@@ -41,10 +53,13 @@ def _to_json(self) -> str:
 
 
 # The run configuration: one flat, frozen dataclass with a field per row of KEYS, in
-# the reference's section order (config.json is written with sorted keys).
+# the reference's section order (config.json is written with sorted keys), and the
+# values of plugins' keys away from their defaults ((name, value) pairs by name).
 Config = dataclasses.make_dataclass(
-    "Config", [(k.name, k.annotation, dataclasses.field(default=k.default)) for k in KEYS],
+    "Config", [(k.name, k.annotation, dataclasses.field(default=k.default)) for k in KEYS]
+    + [(PLUGIN_FIELD, tuple, dataclasses.field(default=()))],
     frozen=True, namespace={"to_dict": _to_dict, "to_json": _to_json, "__module__": __name__,
+                            "__getattr__": _plugin_key,
                             "__doc__": "A run's configuration: config/keys.py lists its keys."})
 
 # each key's allowed values and range: key -> (low, high, low_inclusive, high_inclusive),
@@ -54,7 +69,15 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     k.name: k.bounds for k in KEYS if k.bounds is not None}
 
 # the keys make_config accepts, and those that may be null (with their type when set)
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != PLUGIN_FIELD}
+
+
+def config_of(values: dict[str, Any]) -> "Config":
+  """A Config of `values` as a plain namespace (not checked): its keys and, checked
+  against their rows, registered plugins' keys."""
+  from fedjax_dp.config.plugin_keys import normalised, plugin_value
+  plugin = {k: plugin_value(k, v) for k, v in values.items() if k not in _FIELDS}
+  return Config(**{k: v for k, v in values.items() if k in _FIELDS}, plugin_values=normalised(plugin))
 _OPTIONAL = {k.name: k.nullable for k in KEYS if k.nullable is not None}
 
 # algorithm presets: defaults a named algorithm brings, unless the user sets the key

@@ -192,11 +192,11 @@ class Simulation:
 
   def _config_and_privacy(self, overrides: dict):
     from fedjax_dp.recipes.config_checks import make_config
-    bad = sorted(set(overrides) - set(hparams_lib.NUMERIC_KEYS))
+    bad = sorted(set(overrides) - set(hparams_lib.numeric_keys()))
     if bad:
       raise ConfigError(f"with_hparams: {', '.join(bad)} shape the compiled round (a new "
                         "simulation is needed); the keys that are data are "
-                        f"{', '.join(hparams_lib.NUMERIC_KEYS)}")
+                        f"{', '.join(hparams_lib.numeric_keys())}")
     cfg = make_config(overrides, base=self.cfg)
     hparams_lib.check_same_structure(self.cfg, cfg)
     hparams_lib.check_overridable(self.cfg, overrides, self.calibrated,

@@ -7,7 +7,6 @@ an existing run's results; `saved_config` reads config.json back;
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -57,7 +56,8 @@ def config_diff(cfg: Config, saved: Config, free: tuple[str, ...]) -> list[str]:
   is 'pooled' without DP)."""
   value = lambda c, k: resolved_feature_scaling(c) if k == "feature_scaling" else getattr(c, k)
   unread = unread_keys(cfg) & unread_keys(saved)
-  return [k for k in dataclasses.asdict(cfg) if value(cfg, k) != value(saved, k)
+  keys = dict.fromkeys([*cfg.to_dict(), *saved.to_dict()])   # a plugin's keys by name
+  return [k for k in keys if value(cfg, k) != value(saved, k)
           and k not in free and k not in unread]
 
 

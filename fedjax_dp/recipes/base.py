@@ -31,6 +31,8 @@ import types
 from typing import Any, Callable, Mapping, NamedTuple
 
 from fedjax_dp.config import Config
+from fedjax_dp.config.plugin_keys import PLUGIN_FIELD
+from fedjax_dp.config.schema import config_of
 from fedjax_dp.errors import ConfigError
 
 # Config keys of the set-up, not of the algorithm: recipes leave them to the caller
@@ -55,7 +57,8 @@ SETUP_KEYS = frozenset({
     # the user's modules that register stages (recipes/plugins.py)
     "plugins",
 })
-RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in SETUP_KEYS)
+RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config)
+                    if f.name not in SETUP_KEYS and f.name != PLUGIN_FIELD)
 _DEFAULTS = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}
 
 
@@ -279,7 +282,7 @@ def _resolve_draw(recipe: Recipe) -> Recipe:
   if not any(c.config.get("kept_noise_draw") == "auto" for c in recipe.upload):
     return recipe
   from fedjax_dp.recipes.flat import upload_choices
-  namespace = dataclasses.replace(Config(), **recipe.config_values())
+  namespace = config_of(recipe.config_values())
   rebuilt = {c.stage.name: c for c in upload_choices(namespace)}
   return recipe.replace(upload=tuple(rebuilt[c.stage.name] if "kept_noise_draw" in c.config
                                      else c for c in recipe.upload))

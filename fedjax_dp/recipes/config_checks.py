@@ -13,8 +13,8 @@ from typing import Any
 from fedjax_dp import robust
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.algorithms.registry import TERMS
-from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, parse_config, parse_set,
-                              read_config_file)
+from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, _coerce, parse_config,
+                              parse_set, read_config_file)
 from fedjax_dp.data import DATASETS, TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
@@ -30,9 +30,20 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
   run's stages checked (check_run). A key of `overrides` away from its default that
   nothing of the run reads is a ConfigError unless not `refuse_unread` (a saved
   config, checked when it was written)."""
+  _load_named_plugins(overrides, base)   # their keys are names parse_config then accepts
   cfg = parse_config(overrides, base)
   check_run(cfg, dict(overrides or {}), refuse_unread)
   return cfg
+
+
+def _load_named_plugins(overrides: dict[str, Any] | None, base: Config | None) -> None:
+  """Imports the plugins the config will list (overrides', else base's)."""
+  raw = (overrides or {}).get("plugins", base.plugins if base is not None else ())
+  try:
+    plugins = _coerce("plugins", raw)
+  except ConfigError:
+    return   # parse_config says what is wrong with the value
+  load_plugins(plugins)
 
 
 def load_config(path: str | None = None, sets: list[str] | None = None) -> Config:

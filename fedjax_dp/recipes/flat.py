@@ -19,7 +19,8 @@ from fedjax_dp.training import server_stages
 from fedjax_dp.algorithms import registry
 from fedjax_dp.config import Config
 from fedjax_dp.config.keys import KEYS
-from fedjax_dp.recipes.base import _DEFAULTS, RECIPE_KEYS, Choice, Recipe
+from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
+from fedjax_dp.recipes.base import RECIPE_KEYS, Choice, Recipe
 
 # pipeline.ClientStage name -> the config keys it stands for
 UPLOAD_KEYS = {
@@ -44,26 +45,32 @@ def _take(cfg, keys) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in keys}
 
 
-# (slot, stage name) -> ((config key, constructor argument), ...): the keys' `feeds`
-FEEDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
-for _key in KEYS:
-  for _feed in _key.feeds:
-    _slot, _, _target = _feed.partition(":")
-    _stage, _, _arg = _target.partition(".")
-    FEEDS[_slot, _stage] = FEEDS.get((_slot, _stage), ()) + ((_key.name, _arg),)
+def feeds(keys=None) -> dict[tuple[str, str], tuple[tuple[str, str], ...]]:
+  """(slot, stage name) -> ((config key, constructor argument), ...): the `feeds` of
+  `keys` (default: the built-in rows and those plugins registered)."""
+  out: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
+  for key in (keys if keys is not None else (*KEYS, *PLUGIN_KEYS.values())):
+    for feed in key.feeds:
+      slot, _, target = feed.partition(":")
+      stage, _, arg = target.partition(".")
+      out[slot, stage] = out.get((slot, stage), ()) + ((key.name, arg),)
+  return out
+
+
+FEEDS = feeds(KEYS)   # the built-in rows' (a plugin's are added by feeds())
 
 
 def stage_keys(slot: str, name: str) -> tuple[str, ...]:
   """The config keys that feed the registered stage `name` of `slot` ('term',
   'aggregator'): the values a recipe keeps for it."""
-  return tuple(key for key, _ in FEEDS.get((slot, name), ()))
+  return tuple(key for key, _ in feeds().get((slot, name), ()))
 
 
 def build_stage(slot: str, name: str, cfg):
   """The registered stage `name` built from cfg's values of the keys that feed it
   (a user's stage without keys: its constructor's defaults). An aggregator that is
   not registered is get_aggregator's ValueError, naming the registered ones."""
-  numbers = {arg: getattr(cfg, key) for key, arg in FEEDS.get((slot, name), ())}
+  numbers = {arg: getattr(cfg, key) for key, arg in feeds().get((slot, name), ())}
   if slot == "term":
     return registry.TERMS[name](**numbers)
   return robust.get_aggregator(name, **numbers)
@@ -174,15 +181,15 @@ def from_config(cfg: Config) -> Recipe:
                               _take(cfg, SERVER_OPTIMIZER_KEYS)),
       **privacy_choices(cfg))
   unused = {k: getattr(cfg, k) for k in unread_keys_of(recipe)
-            if getattr(cfg, k) != _DEFAULTS[k]}
+            if getattr(cfg, k) != getattr(Config(), k)}   # (a plugin's key: its default)
   return recipe.replace(unused=unused)
 
 
 def unread_keys_of(recipe: Recipe) -> frozenset[str]:
-  """The recipe keys (RECIPE_KEYS) that no stage of `recipe` stands for: whatever
-  their values, the round does not read them."""
+  """The recipe keys (RECIPE_KEYS, and plugins' keys) that no stage of `recipe`
+  stands for: whatever their values, the round does not read them."""
   owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
-  return frozenset(k for k in RECIPE_KEYS if k not in owned)
+  return frozenset(k for k in (*RECIPE_KEYS, *PLUGIN_KEYS) if k not in owned)
 
 
 def noise_clip(cfg) -> float | None:

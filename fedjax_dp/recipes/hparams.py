@@ -48,6 +48,7 @@ import numpy as np
 
 from fedjax_dp.algorithms import parse_algorithm
 from fedjax_dp.config.keys import KEYS
+from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import accounting, mechanisms
 from fedjax_dp.recipes.flat import from_config, server_optimizer_name
@@ -72,6 +73,14 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
     # constructor argument with a number (its row in config/keys.py); a string fed
     # (contrastive's form, FedADMM's upload) is structure
     k.name for k in KEYS if k.feeds and type(k.default) in (int, float))
+
+
+def numeric_keys() -> tuple[str, ...]:
+  """NUMERIC_KEYS and the numeric keys plugins registered (config/plugin_keys.py):
+  each feeds a stage argument, which the round reads as data where the stage keeps
+  it in its hparams (with_hparams refuses one it does not)."""
+  return NUMERIC_KEYS + tuple(k.name for k in PLUGIN_KEYS.values()
+                              if type(k.default) in (int, float))
 
 
 # keys after which central DP's calibration to target_epsilon is done again

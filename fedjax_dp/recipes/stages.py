@@ -10,7 +10,6 @@ stage built here and the same stage read from a config are the same object.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fedjax_dp.privacy import budgets, dp_round, mechanisms, noise_control
@@ -19,6 +18,7 @@ from fedjax_dp.compression import pipeline
 
 from fedjax_dp.training import server_stages
 from fedjax_dp.config import Config
+from fedjax_dp.config.schema import config_of
 from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.base import Choice
 
@@ -27,7 +27,7 @@ Slot = tuple[str, Choice]
 
 def _cfg(**keys) -> Config:
   """A Config used as a plain namespace of keys (not validated: validate does that)."""
-  return dataclasses.replace(Config(), **keys)
+  return config_of(keys)
 
 
 def term(name: str, **keys) -> Slot:

@@ -58,7 +58,7 @@ def cell_dir(out: str, cell: Cell) -> str:
 def program_key(cfg: Config) -> tuple:
   """What a program's cells share: every key but the seed and the numbers the
   compiled round takes as data."""
-  free = set(hparams_lib.NUMERIC_KEYS) | {"seed"}
+  free = set(hparams_lib.numeric_keys()) | {"seed"}
   return tuple((k, getattr(cfg, k)) for k in cfg.to_dict() if k not in free)
 
 
@@ -184,7 +184,7 @@ def _run_program(plans, out, spec, log, bar, model, data, task, inputs, callback
     cell = plan.cell
     try:
       cell_sim = sim.with_seed(cell.cfg.seed).with_hparams(**{
-          k: getattr(cell.cfg, k) for k in hparams_lib.NUMERIC_KEYS
+          k: getattr(cell.cfg, k) for k in hparams_lib.numeric_keys()
           if getattr(cell.cfg, k) != getattr(sim.cfg, k)})
     except hparams_lib.StructureChange:
       leftover.append(plan)
