@@ -64,6 +64,8 @@ register_term(ext_decay)
 register_aggregator(ext_bound)
 register_key(Key("ext_decay_lam", 0.01, "ext_decay's weight on 0.5 |w|^2", at_least=0.0,
                  feeds=("term:ext_decay.lam",)))
+register_key(Key("ext_bound_norm", 1e-6, "ext_bound's norm bound", above=0.0,
+                 feeds=("aggregator:ext_bound.bound",)))
 
 
 def _blobs(data_dir, seed):
@@ -345,21 +347,28 @@ def test_a_plugins_key_is_data_to_the_compiled_round(plugins):
   assert float(sim.hparams["terms"]["ext_decay"]["lam"]) == np.float32(0.01)
 
 
-def test_a_sweep_over_a_plugins_key_shares_one_program(plugins, tmp_path):
+def test_a_sweep_over_a_plugins_keys_shares_one_program(plugins, tmp_path):
+  """The term's and the rule's numbers, each a plugin's key, swept as one program; the
+  rule's bound flags every upload (5 a round) when tiny and none when huge."""
   spec = tmp_path / "sweep.yaml"
-  spec.write_text(json.dumps({"config": _decay_run(plugins),
-                              "grid": {"ext_decay_lam": [0.0, 0.5]}}))
+  spec.write_text(json.dumps({"config": {**_decay_run(plugins), "aggregator": "ext_bound"},
+                              "grid": {"ext_decay_lam": [0.0, 0.5],
+                                       "ext_bound_norm": [1e-6, 1e6]}}))
   out = str(tmp_path / "sweep")
   assert main(["sweep", str(spec), "--out", out, "--no-progress"]) == 0
   record = json.load(open(os.path.join(out, "sweep.json")))
-  assert len(record["programs"]) == 1 and len(record["programs"][0]["cells"]) == 2
-  lams = {}
+  assert len(record["programs"]) == 1 and len(record["programs"][0]["cells"]) == 4
+  models = {}
   for cell in record["cells"]:
     folder = os.path.join(out, "cells", cell["name"])
-    lams[json.load(open(os.path.join(folder, "config.json"))).get("ext_decay_lam", 0.01)] = \
-        _params(folder)
-  assert sorted(lams) == [0.0, 0.5]
-  assert any(not np.array_equal(a, b) for a, b in zip(lams[0.0], lams[0.5]))
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    lam, bound = cfg.get("ext_decay_lam", 0.01), cfg.get("ext_bound_norm", 1e-6)
+    rows = [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
+    assert rows[-1]["flagged"] == (5 * SMALL["eval_every"] if bound == 1e-6 else 0), cell
+    models[lam, bound] = _params(folder)
+  assert sorted(models) == [(0.0, 1e-6), (0.0, 1e6), (0.5, 1e-6), (0.5, 1e6)]
+  assert any(not np.array_equal(a, b)
+             for a, b in zip(models[0.0, 1e6], models[0.5, 1e6]))
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -385,3 +394,10 @@ def test_register_key_refuses_a_built_in_name_or_a_key_that_feeds_nothing(plugin
     register_key(Key("lr", 0.1, "x", feeds=("term:ext_decay.lam",)))
   with pytest.raises(fedjax_dp.ConfigError, match="feeds no stage argument"):
     register_key(Key("ext_x", 0.1, "x"))
+
+
+def test_a_plugins_float_key_reads_yamls_exponent_text_as_a_number(plugins):
+  """YAML 1.1 reads `1e-6` (no dot) as text, as the built-in keys' coercion allows for."""
+  cfg = fedjax_dp.make_config({**_decay_run(plugins), "aggregator": "ext_bound",
+                               "ext_bound_norm": "1e-3"})
+  assert cfg.ext_bound_norm == 1e-3 and cfg.to_dict()["ext_bound_norm"] == 1e-3

@@ -56,6 +56,11 @@ def plugin_value(name: str, value):
                       "registers it in 'plugins')")
   key = PLUGIN_KEYS[name]
   kind = type(key.default)
+  if kind is float and isinstance(value, str):   # YAML 1.1 reads `1e-6` (no dot) as text
+    try:
+      value = float(value)
+    except ValueError:
+      pass
   if kind is bool:
     ok = isinstance(value, bool)
   elif kind is int:
