@@ -55,9 +55,12 @@ def _bounded_mean(u, mask, weights, state, hp):
           metrics(jnp.sum(mask & (norm > hp["bound"]), dtype=jnp.int32)))
 
 
+_BOUNDED_MEAN = on_finite_uploads(_bounded_mean)   # built once: the bound is data
+
+
 def ext_bound(bound: float = 1e-6) -> Aggregator:
-  return Aggregator(name="ext_bound", aggregate=on_finite_uploads(_bounded_mean),
-                    hparams={"bound": bound}, reports=("flagged",))
+  return Aggregator(name="ext_bound", aggregate=_BOUNDED_MEAN, hparams={"bound": bound},
+                    reports=("flagged",))
 
 
 register_term(ext_decay)
@@ -325,6 +328,9 @@ def test_a_plugins_key_sets_its_stages_number_through_the_cli_and_the_api(plugin
   assert json.load(open(os.path.join(cli, "config.json")))["ext_decay_lam"] == 0.5
   assert "ext_decay_lam" not in json.load(open(os.path.join(default, "config.json")))
   assert any(not np.array_equal(a, b) for a, b in zip(_params(cli), _params(default)))
+  from fedjax_dp.experiment.compare import compare_rows, load_runs
+  rows = compare_rows(load_runs([cli, default]))   # the default run shows the default
+  assert [r["ext_decay_lam"] for r in rows] == [0.5, 0.01]
 
   from fedjax_dp import recipes
   recipe = recipes.compose("ext", recipes.stages.term("ext_decay", ext_decay_lam=0.5),
@@ -369,6 +375,9 @@ def test_a_sweep_over_a_plugins_keys_shares_one_program(plugins, tmp_path):
   assert sorted(models) == [(0.0, 1e-6), (0.0, 1e6), (0.5, 1e-6), (0.5, 1e6)]
   assert any(not np.array_equal(a, b)
              for a, b in zip(models[0.0, 1e6], models[0.5, 1e6]))
+  from fedjax_dp.experiment import releases   # the keys' columns are declared settings
+  assert releases.undeclared(releases.sweep_outputs(out, record), fedjax_dp.make_config(
+      {**_decay_run(plugins), "aggregator": "ext_bound"})) == []
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -401,3 +410,41 @@ def test_a_plugins_float_key_reads_yamls_exponent_text_as_a_number(plugins):
   cfg = fedjax_dp.make_config({**_decay_run(plugins), "aggregator": "ext_bound",
                                "ext_bound_norm": "1e-3"})
   assert cfg.ext_bound_norm == 1e-3 and cfg.to_dict()["ext_bound_norm"] == 1e-3
+
+
+def test_register_key_refuses_a_fed_argument_a_bad_feed_or_a_config_attribute(plugins):
+  with pytest.raises(fedjax_dp.ConfigError, match="which config key 'prox_mu' already feeds"):
+    register_key(Key("my_mu", 0.001, "x", feeds=("term:fedprox.mu",)))
+  with pytest.raises(fedjax_dp.ConfigError, match="expected 'term:STAGE.ARG'"):
+    register_key(Key("my_mu", 0.001, "x", feeds=("terms:fedprox.mu",)))
+  with pytest.raises(fedjax_dp.ConfigError, match="not a key name"):
+    register_key(Key("to_dict", 0.001, "x", feeds=("term:my.mu",)))
+  row = Key("my_mu", 0.001, "x", feeds=("term:my.mu",))
+  register_key(row)
+  register_key(row)   # a plugin imported twice: the same row again changes nothing
+
+
+def test_a_key_feeding_an_argument_its_stage_lacks_is_one_line(plugins):
+  fedjax_dp.make_config({"plugins": [plugins["term_rule_dataset"]]})
+  register_key(Key("ext_decay_lamda", 0.01, "x", feeds=("term:ext_decay.lamda",)))
+  with pytest.raises(fedjax_dp.ConfigError, match=r"'ext_decay_lamda' feeds "
+                     r"term:ext_decay.lamda, but ext_decay\(\) takes no argument 'lamda'"):
+    fedjax_dp.make_config(_decay_run(plugins))
+
+
+def test_a_number_baked_into_its_stage_is_structure_not_data(plugins):
+  """A constructor that closes over its number (not reading hp) would keep the first
+  value in a shared program: with_hparams refuses, so a sweep compiles it anew."""
+  from fedjax_dp.algorithms import LocalTerm, register_term
+  from fedjax_dp.algorithms.base import dot
+  from fedjax_dp.recipes.hparams import StructureChange
+
+  def baked(mu: float = 0.1) -> LocalTerm:
+    return LocalTerm(name="baked", hparams={"mu": mu},
+                     loss=lambda inputs, hp: 0.5 * mu * dot(inputs.params, inputs.params))
+
+  register_term(baked)
+  register_key(Key("baked_mu", 0.1, "x", at_least=0.0, feeds=("term:baked.mu",)))
+  sim = fedjax_dp.simulate("baked", **{k: v for k, v in SMALL.items()})
+  with pytest.raises(StructureChange, match="changes 'baked' other than in its hparams"):
+    sim.with_hparams(baked_mu=0.5)

@@ -18,6 +18,7 @@ key's) and takes a number, a string or true/false.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from fedjax_dp.config.key import Key
 from fedjax_dp.errors import ConfigError
@@ -26,26 +27,43 @@ PLUGIN_KEYS: dict[str, Key] = {}
 PLUGIN_FIELD = "plugin_values"   # the Config field that holds their values
 
 
+_FEED = re.compile(r"(term|aggregator):[A-Za-z_]\w*\.[A-Za-z_]\w*")
+
+
 def register_key(key: Key) -> None:
-  """Adds `key` (ConfigError: a built-in key's name, another row under the same name,
-  no stage argument fed, or a type other than a number, a string or a boolean).
+  """Adds `key`; ConfigError where its name is a built-in key's or an attribute of
+  Config, another row has the name, a feed is not 'term:STAGE.ARG' or
+  'aggregator:STAGE.ARG' or is already fed by another key (built-in or a plugin's:
+  one stage argument, one key), or its type is not a number, a string or a boolean.
   Registering the same row again (a plugin imported twice) changes nothing."""
-  from fedjax_dp.config.schema import _FIELDS   # (schema imports this module)
+  from fedjax_dp.config.keys import KEYS
+  from fedjax_dp.config.schema import _FIELDS, Config   # (schema imports this module)
   name = key.name
   if name in _FIELDS or name == PLUGIN_FIELD:
     raise ConfigError(f"register_key: {name!r} is a built-in config key; name the plugin's "
                       "key after its stage (e.g. 'my_prox_mu')")
-  if not name.isidentifier():
-    raise ConfigError(f"register_key: {name!r} is not a valid key name (letters, digits, _)")
+  if not name.isidentifier() or name.startswith("_") or hasattr(Config, name):
+    raise ConfigError(f"register_key: {name!r} is not a key name (letters, digits and _, "
+                      "not starting with _, not a Config method)")
   if not key.feeds:
     raise ConfigError(f"register_key: {name!r} feeds no stage argument; give feeds="
                       "('term:STAGE.ARG',) or ('aggregator:STAGE.ARG',)")
+  fed = {feed: k.name for k in (*KEYS, *PLUGIN_KEYS.values()) if k.name != name
+         for feed in k.feeds}
+  for feed in key.feeds:
+    if not _FEED.fullmatch(feed):
+      raise ConfigError(f"register_key: {name!r} feeds {feed!r}; expected 'term:STAGE.ARG' "
+                        "or 'aggregator:STAGE.ARG'")
+    if feed in fed:
+      raise ConfigError(f"register_key: {name!r} feeds {feed!r}, which config key "
+                        f"{fed[feed]!r} already feeds (one stage argument, one key)")
   if type(key.default) not in (int, float, str, bool) or key.nullable is not None:
     raise ConfigError(f"register_key: {name!r} has default {key.default!r}; a plugin's key "
                       "takes a number, a string or true/false")
-  if name in PLUGIN_KEYS and PLUGIN_KEYS[name] != key:
+  row = dataclasses.replace(key, section=key.section or "Plugins")
+  if name in PLUGIN_KEYS and PLUGIN_KEYS[name] != row:
     raise ConfigError(f"register_key: {name!r} is already registered with another row")
-  PLUGIN_KEYS[name] = dataclasses.replace(key, section=key.section or "Plugins")
+  PLUGIN_KEYS[name] = row
 
 
 def plugin_value(name: str, value):

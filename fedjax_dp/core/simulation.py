@@ -199,6 +199,7 @@ class Simulation:
                         f"{', '.join(hparams_lib.numeric_keys())}")
     cfg = make_config(overrides, base=self.cfg)
     hparams_lib.check_same_structure(self.cfg, cfg)
+    hparams_lib.check_numbers_are_data(self.cfg, cfg)
     hparams_lib.check_overridable(self.cfg, overrides, self.calibrated,
                                   self.privacy.client_budgets is not None)
     privacy = self._privacy_of(cfg, overrides)

@@ -98,12 +98,23 @@ def differing_keys(runs: list[RunRecord]) -> list[str]:
   """Config keys whose values are not the same in every run (the Config's order),
   but those no run reads (prox_mu of FedAvg runs): as config_diff compares runs."""
   from fedjax_dp.config.schema import _FIELDS
-  unread = frozenset.intersection(*(_unread(r) for r in runs))
+  unread = frozenset.intersection(*(_unread(r) for r in runs))   # (imports their plugins)
+  _fill_plugin_defaults(runs)
   order = {k: i for i, k in enumerate(_FIELDS)}   # the Config's order: related keys together
   keys = sorted(dict.fromkeys(k for r in runs for k in r.config),
                 key=lambda k: order.get(k, len(order)))
   return [k for k in keys if k not in unread and len(
       {json.dumps(r.config.get(k), sort_keys=True, default=str) for r in runs}) > 1]
+
+
+def _fill_plugin_defaults(runs: list[RunRecord]) -> None:
+  """A plugin's key at its default is not in config.json: the runs that lack a key
+  another run sets show its default."""
+  from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
+  named = {k for r in runs for k in r.config if k in PLUGIN_KEYS}
+  for r in runs:
+    for k in named - set(r.config):
+      r.config[k] = PLUGIN_KEYS[k].default
 
 
 def shown_config(run: RunRecord) -> dict:

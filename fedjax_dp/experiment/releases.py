@@ -119,7 +119,8 @@ def _column(key: str, cfg) -> Declared | None:
   from fedjax_dp.config import Config
   if key == "seed":
     return _declared(RUN_FILES["config.json"], cfg)
-  if key in Config.__dataclass_fields__:
+  from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
+  if key in Config.__dataclass_fields__ or key in PLUGIN_KEYS:
     return Declared(PUBLIC, "a setting")
   if key in TABLE_COLUMNS:
     return _declared(TABLE_COLUMNS[key], cfg)

@@ -8,6 +8,7 @@ tables below are the config's vocabulary: which keys belong to which stage.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from fedjax_dp.privacy import budgets, dp_round, mechanisms, noise_control
@@ -18,6 +19,7 @@ from fedjax_dp import robust
 from fedjax_dp.training import server_stages
 from fedjax_dp.algorithms import registry
 from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.keys import KEYS
 from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
 from fedjax_dp.recipes.base import RECIPE_KEYS, Choice, Recipe
@@ -70,10 +72,31 @@ def build_stage(slot: str, name: str, cfg):
   """The registered stage `name` built from cfg's values of the keys that feed it
   (a user's stage without keys: its constructor's defaults). An aggregator that is
   not registered is get_aggregator's ValueError, naming the registered ones."""
-  numbers = {arg: getattr(cfg, key) for key, arg in feeds().get((slot, name), ())}
+  fed = feeds().get((slot, name), ())
+  numbers = {arg: getattr(cfg, key) for key, arg in fed}
   if slot == "term":
-    return registry.TERMS[name](**numbers)
-  return robust.get_aggregator(name, **numbers)
+    make = registry.TERMS[name]
+  else:
+    make = robust.AGGREGATORS.get(name)
+    if make is None:
+      return robust.get_aggregator(name, **numbers)   # its ValueError names the registered
+  _check_arguments(make, slot, name, fed)
+  return make(**numbers)
+
+
+def _check_arguments(make, slot: str, name: str, fed) -> None:
+  """ConfigError where a key feeds an argument the stage's constructor does not take
+  (a plugin's key row naming it wrongly)."""
+  try:
+    params = inspect.signature(make).parameters
+  except (TypeError, ValueError):
+    return
+  if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    return
+  for key, arg in fed:
+    if arg not in params:
+      raise ConfigError(f"config key {key!r} feeds {slot}:{name}.{arg}, but {name}() takes "
+                        f"no argument {arg!r} (it takes {', '.join(params) or 'none'})")
 
 
 def term_choices(cfg) -> tuple[Choice, ...]:

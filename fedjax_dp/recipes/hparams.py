@@ -189,6 +189,25 @@ def check_same_structure(cfg, new) -> None:
                       "target or upload clip set or unset); build a new simulation")
 
 
+def check_numbers_are_data(cfg, new) -> None:
+  """Raises StructureChange where a plugin's key changed its stage other than in the
+  stage's hparams: a constructor that bakes the number into new functions (a closure
+  over it) or keeps it as structure. The compiled round would keep the old number,
+  so the change needs a program of its own (a sweep then runs one)."""
+  changed = [k for k in PLUGIN_KEYS if getattr(cfg, k) != getattr(new, k)]
+  if not changed:
+    return
+  before, after = from_config(cfg), from_config(new)
+  stages = lambda r: [c.stage for c in r.terms] + [r.rule]
+  for a, b in zip(stages(before), stages(after)):
+    if a._replace(hparams=None) != b._replace(hparams=None):
+      raise StructureChange(
+          f"with_hparams: {', '.join(changed)} changes {a.name!r} other than in its hparams "
+          "(its constructor makes new functions or keeps the number as structure: build "
+          "them once, at module level, and read the number from hp); a new simulation is "
+          "needed")
+
+
 def digest(hp: dict) -> str:
   """SHA-256 of the pytree's keys, dtypes and values (host copies)."""
   import hashlib
