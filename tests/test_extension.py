@@ -448,3 +448,25 @@ def test_a_number_baked_into_its_stage_is_structure_not_data(plugins):
   sim = fedjax_dp.simulate("baked", **{k: v for k, v in SMALL.items()})
   with pytest.raises(StructureChange, match="changes 'baked' other than in its hparams"):
     sim.with_hparams(baked_mu=0.5)
+
+
+def test_a_resume_with_edited_plugin_code_is_refused(plugins, tmp_path, capsys):
+  """segments.jsonl keeps each plugin's SHA-256: the rounds to come would run other
+  code than the rounds run (an edited default, term or mechanism), so a resume with
+  it is one line and exit 2, and the run is left as it was."""
+  out = str(tmp_path / "cut")
+  values = {**_decay_run(plugins), "checkpoint_every": 2}
+  assert main(["run", "--no-progress", "--out", out] + _sets({**values, "rounds": 2})) == 0
+  segments = [json.loads(line) for line in open(os.path.join(out, "segments.jsonl"))]
+  assert list(segments[-1]["plugins"]) == [plugins["term_rule_dataset"]]
+  source = open(plugins["term_rule_dataset"]).read()
+  open(plugins["term_rule_dataset"], "w").write(source + "\n# edited\n")
+  before = sorted(os.listdir(out))
+  capsys.readouterr()
+  resume = ["run", "--no-progress", "--out", out, "--resume", "--set", "rounds=4"]
+  assert main(resume) == 2
+  err = capsys.readouterr().err.strip()
+  assert "ran with other code for plugin" in err and len(err.splitlines()) == 1, err
+  assert sorted(os.listdir(out)) == before
+  open(plugins["term_rule_dataset"], "w").write(source)   # the run's code again
+  assert main(resume) == 0

@@ -153,3 +153,25 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
       raise RunError(f"{head}, and no resume can repeat them as they ran (they ran under "
                      "several `rounds`, or no checkpoint would mark them): start a new run "
                      "with another --out")
+
+
+def plugin_digests(cfg) -> dict[str, str]:
+  """{plugin: SHA-256 of its source} of the config's plugins ({} without any)."""
+  from fedjax_dp.recipes.release_identity import plugin_digest
+  return {p: plugin_digest(p) for p in cfg.plugins}
+
+
+def check_plugins(out: str, cfg) -> None:
+  """RunError where a plugin's code is not what the run's last stretch of rounds ran
+  with (segments.jsonl keeps its SHA-256): an edited mechanism, term or default would
+  change the rounds to come without a word, and the privacy report describes one
+  mechanism for the whole run."""
+  segments = reporting.read_metrics(os.path.join(out, SEGMENTS))
+  if not segments or "plugins" not in segments[-1]:
+    return   # no plugins (config_diff compares the lists), or a run from before the record
+  ran, now = segments[-1]["plugins"], plugin_digests(cfg)
+  changed = sorted(p for p in set(ran) | set(now) if ran.get(p) != now.get(p))
+  if changed:
+    raise RunError(f"the run in {out} ran with other code for plugin {changed[0]!r} (its "
+                   f"SHA-256 in {SEGMENTS} differs): continue it with the same plugin code, "
+                   "or start a new run")

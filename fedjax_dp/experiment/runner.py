@@ -34,7 +34,8 @@ from fedjax_dp.experiment import reporting
 from fedjax_dp.experiment.loop import chunk_ends  # noqa: F401  (public here too)
 from fedjax_dp.errors import RunError
 from fedjax_dp.experiment.inputs_fingerprint import INPUTS, check_inputs, own_inputs
-from fedjax_dp.experiment.resume import FRESH_META, SEGMENTS, restore, save_secret_key
+from fedjax_dp.experiment.resume import (FRESH_META, SEGMENTS, check_plugins, plugin_digests,
+                                         restore, save_secret_key)
 from fedjax_dp.experiment.run_folder import (EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff,
                                              prepare_out, saved_config, shown_setting)
 from fedjax_dp.experiment.setup import setup
@@ -71,6 +72,7 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
     try:
       check_inputs(out, own_inputs(kwargs.get("model"), kwargs.get("data"),
                                     kwargs.get("task") or losses.CLASSIFICATION))
+      check_plugins(out, cfg)
     except RunError as e:
       if not overwrite:
         raise RunError(f"{out} holds a finished run with other inputs ({e}): pass "
@@ -170,6 +172,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   plog = privacy_log.empty()
   if resume:
     # everything is checked before a file is touched: a refused resume leaves the run as it was
+    check_plugins(out, cfg)
     state, meta, plog, calibration = restore(out, cfg, sim, state, log, calibrating)
     if calibration != from_zero:   # ds is scaled: reload
       sim = rebuild(calibration)
@@ -217,4 +220,5 @@ def _write_run_files(out: str, cfg: Config, state, start: int, calibration, inpu
     reporting.write_json_atomic(os.path.join(out, INPUTS), inputs)
   # which `rounds` (and calibration) each stretch of rounds ran under (_check_rerun)
   reporting.append_metrics(os.path.join(out, SEGMENTS), {
-      "from_round": start, "rounds": cfg.rounds, "noise_multiplier": calibration})
+      "from_round": start, "rounds": cfg.rounds, "noise_multiplier": calibration,
+      **({"plugins": plugin_digests(cfg)} if cfg.plugins else {})})   # (check_plugins)

@@ -41,6 +41,7 @@ from fedjax_dp.experiment import reporting
 from fedjax_dp.errors import RunError
 from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
+from fedjax_dp.experiment.resume import check_plugins
 from fedjax_dp.experiment.setup import check_test_source
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
     saved_config
@@ -91,8 +92,9 @@ def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Pl
     if config_diff(cell.cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES):
       plans.append(_Plan(cell, "overwrite"))   # reuse_conflict allowed it: overwrite
       continue
-    try:   # the same config with other data, model or loss is another run (inputs.json)
+    try:   # the same config with other data, model, loss or plugin code is another run
       check_inputs(where, inputs)
+      check_plugins(where, cell.cfg)
     except RunError as e:
       if not overwrite:
         raise RunError(f"{where} holds a run with other inputs ({e}): pass --overwrite to "
