@@ -470,3 +470,16 @@ def test_a_resume_with_edited_plugin_code_is_refused(plugins, tmp_path, capsys):
   assert sorted(os.listdir(out)) == before
   open(plugins["term_rule_dataset"], "w").write(source)   # the run's code again
   assert main(resume) == 0
+
+
+def test_a_plugin_stage_serialises_with_its_key(plugins):
+  """A recipe with the plugin's term at lam 0.5 is {"stage": "ext_decay", "args":
+  {"ext_decay_lam": 0.5}} as data, and from_dict builds the term at 0.5 again."""
+  from fedjax_dp import recipes
+  fedjax_dp.make_config({"plugins": [plugins["term_rule_dataset"]]})   # imports it
+  recipe = recipes.compose("ext", recipes.stages.term("ext_decay", ext_decay_lam=0.5),
+                           recipes.stages.sgd(1.0))
+  data = json.loads(json.dumps(recipes.to_dict(recipe)))
+  assert {"slot": "terms", "stage": "ext_decay", "args": {"ext_decay_lam": 0.5}} in \
+      data["stages"]
+  assert recipes.from_dict(data).terms[0].stage.hparams == {"lam": 0.5}

@@ -14,6 +14,7 @@
                 scaffold, moon, fedadmm, feddyn, contrastive, topksdp, solo,
                 dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
+  serial.py     to_dict / from_dict: a recipe as registered names and keyword arguments
   setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution)
   privacy.py    make_privacy: the config's DP keys read into the round's Privacy
                 (calibration to target_epsilon, the accounted event)
@@ -33,5 +34,6 @@ from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dynamic_
                                          fedadmm, fedavg, fedavgm, feddyn, fedprox, ldp_fedavg,
                                          moon, scaffold, solo, topksdp)
 from fedjax_dp.recipes.flat import from_config
+from fedjax_dp.recipes.serial import from_dict, to_dict
 from fedjax_dp.recipes.setup import Execution, LocalTraining, Population, RunSetup, run_setup
 from fedjax_dp.recipes import stages
