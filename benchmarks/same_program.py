@@ -35,6 +35,9 @@ CONFIGS = {
     "krum_byzantine": {"aggregator": "krum", "byzantine_fraction": 0.2},
     "audit_canaries": {"dp": "central", "noise_multiplier": 1.0, "audit_canaries": 2},
     "one_step": {"local_epochs": 1, "batch_size": 1000},
+    "cluster": {"aggregator": "cluster"},
+    "cluster_noise": {"dp": "local", "noise_multiplier": 0.5, "aggregator": "cluster",
+                      "cluster_noise": "equalize"},
 }
 BASE = {"dataset": "digits", "num_clients": 20, "clients_per_round": 10, "hidden": [32],
         "rounds": 4, "devices": 1}
@@ -81,9 +84,12 @@ def main(argv=None) -> int:
   parser.add_argument("before")
   parser.add_argument("after")
   parser.add_argument("--json", type=new_file, help="write the table here too (a new file)")
+  parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                      help="compare only these (default: all)")
   args = parser.parse_args(argv)
   rows = {}
-  for name, values in CONFIGS.items():
+  for name in args.configs:
+    values = CONFIGS[name]
     before, after = (program(t, {**BASE, **values}) for t in (args.before, args.after))
     rows[name] = {"before": before, "after": after, "same": before["sha256"] == after["sha256"]}
     print(f"{name:22s} {'same' if rows[name]['same'] else 'DIFFERENT':9s} "

@@ -35,7 +35,7 @@ from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.core import one_step, upload_stages
 from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
-from fedjax_dp.kernels import robust_aggregation, weighted_mean
+from fedjax_dp.kernels import weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.placement.executor import Executor, gather_over_devices, sum_over_devices
 from fedjax_dp.privacy.dp_round import DPRound
@@ -251,31 +251,21 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
 def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
                       cluster_noise: bool):
   """A robust rule over every upload: the cohort all-gathered over the devices,
-  aggregated replicated. Returns (aggregate, flagged, clusters, cluster info,
-  server-state slots: the rule's new state where it keeps one)."""
+  aggregated replicated. Returns (aggregate, flagged, clusters, cluster info: the
+  cluster rule's clusters where the cluster-noise stage reads them, server-state
+  slots: the rule's new state where it keeps one)."""
   rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
   all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
   all_weights = gather_over_devices(weights)
   unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
-  if not cluster_noise:
-    # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
-    # replicated, lives in server_state["aggregator"] when it keeps one
-    agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
-                                   server_state.get("aggregator", ()), hp)
-    slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
-    return unravel(agg), metrics["flagged"], metrics["clusters"], (), slots
-  # the cluster rule whose clusters also set next round's noise: cluster once
-  # (on the finite uploads, as the registry's rules)
-  all_rows, all_mask, flagged = robust_aggregation.finite_participants(all_rows, all_mask)
-  labels = robust_aggregation.cosine_clusters(all_rows, all_mask, hp["threshold"])
-  agg, clusters = robust_aggregation.clustered_mean(all_rows, all_mask, all_weights,
-                                                    hp["threshold"], labels)
-  same = (labels[:, None] == labels[None, :]) & all_mask[None, :]
-  size = jnp.sum(same, axis=1).astype(jnp.float32)                     # [M]
-  heads = all_mask & (labels == jnp.arange(labels.shape[0]))            # one per cluster
-  median = robust_aggregation.coordinate_median(size[:, None], heads)[0]
-  cluster_info = (gather_over_devices(cohort_ids), all_mask, size, median)
-  return unravel(agg), flagged, clusters, cluster_info, {}
+  # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
+  # replicated, lives in server_state["aggregator"] when it keeps one
+  agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
+                                 server_state.get("aggregator", ()), hp)
+  slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
+  cluster_info = ((gather_over_devices(cohort_ids), metrics["cluster_mask"],
+                   metrics["cluster_size"], metrics["cluster_median"]) if cluster_noise else ())
+  return unravel(agg), metrics["flagged"], metrics["clusters"], cluster_info, slots
 
 
 def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,

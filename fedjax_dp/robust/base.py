@@ -7,8 +7,9 @@ module each in this package and one line in `registry.AGGREGATORS`:
   aggregate(u, mask, weights, state, hp) -> (aggregate [d], state, metrics)
       u [m, d] the cohort's uploads, mask [m] bool (padded or refused slots are
       False and never influence anything), weights [m] the round's weights (example
-      counts, or ones), hp {name: number} its hyperparameters (`hparams(cfg)`);
-      metrics {"flagged": int32, "clusters": int32}
+      counts, or ones), hp {name: number} its hyperparameters (its `hparams`);
+      metrics {"flagged": int32, "clusters": int32}, and what a later stage reads
+      of the rule (the cluster rule's clusters: robust/cluster.py)
 
 Static properties the round, the executor and recipes/validate.py read:
   linear     a weighted mean: the round sums it in its fused psum path (never
