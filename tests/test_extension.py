@@ -483,3 +483,8 @@ def test_a_plugin_stage_serialises_with_its_key(plugins):
   assert {"slot": "terms", "stage": "ext_decay", "args": {"ext_decay_lam": 0.5}} in \
       data["stages"]
   assert recipes.from_dict(data).terms[0].stage.hparams == {"lam": 0.5}
+
+
+def test_an_unknown_key_near_a_plugins_key_names_it(plugins):
+  with pytest.raises(fedjax_dp.ConfigError, match="did you mean 'ext_decay_lam'"):
+    fedjax_dp.make_config({**_decay_run(plugins), "ext_decay_lamb": 0.5})

@@ -118,7 +118,7 @@ def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = 
 
 def unknown_key_message(key: str) -> str:
   """One line: the unknown key, the nearest known ones, and where the list is."""
-  near = difflib.get_close_matches(str(key), list(_FIELDS), n=3, cutoff=0.6)
+  near = difflib.get_close_matches(str(key), [*_FIELDS, *PLUGIN_KEYS], n=3, cutoff=0.6)
   hint = f"did you mean {' or '.join(repr(k) for k in near)}? " if near else ""
   return (f"unknown config key '{key}' ({hint}`fedjax-dp config` lists all {len(_FIELDS)}, "
           "with their defaults and allowed values)")
