@@ -488,3 +488,8 @@ def test_a_plugin_stage_serialises_with_its_key(plugins):
 def test_an_unknown_key_near_a_plugins_key_names_it(plugins):
   with pytest.raises(fedjax_dp.ConfigError, match="did you mean 'ext_decay_lam'"):
     fedjax_dp.make_config({**_decay_run(plugins), "ext_decay_lamb": 0.5})
+
+
+def test_fedjax_dp_datasets_lists_a_plugins_dataset(plugins, capsys):
+  assert main(["datasets", "--set", f"plugins=[{plugins['term_rule_dataset']}]"]) == 0
+  assert any(line.startswith("ext_blobs") for line in capsys.readouterr().out.splitlines())

@@ -234,6 +234,14 @@ def _audit(args) -> int:
   return 0
 
 
+def _load_listed_plugins(args) -> None:
+  """Imports the plugins --config or --set name (without checking the rest)."""
+  from fedjax_dp.config import _coerce, parse_set, read_config_file
+  from fedjax_dp.recipes.plugins import load_plugins
+  raw = {**(read_config_file(args.config) if args.config else {}), **parse_set(args.set)}
+  load_plugins(_coerce("plugins", raw.get("plugins", [])))
+
+
 def _datasets(args) -> int:
   from fedjax_dp.recipes.config_checks import load_config
   from fedjax_dp.data.registry import DATASETS, find_dataset
@@ -246,6 +254,7 @@ def _datasets(args) -> int:
   if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
     raise RunError(f"--plot {args.plot}: its folder does not exist")
   if not args.partition:
+    _load_listed_plugins(args)   # a plugin's datasets are listed too
     for name in DATASETS:
       ok, where = find_dataset(name, args.data_dir)
       print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")

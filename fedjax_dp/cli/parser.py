@@ -210,7 +210,8 @@ def _datasets_command(sub) -> None:
   d.add_argument("--data-dir", help="folder to search for dataset files")
   d.add_argument("--partition", action="store_true",
                  help="print the per-client label histogram of the configured partition")
-  d.add_argument("--config", help="YAML config (dataset, num_clients, partition, alpha, ...)")
+  d.add_argument("--config", help="YAML config (dataset, num_clients, partition, alpha, ...; "
+                                  "its plugins' datasets are listed too)")
   d.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.set_defaults(func=_datasets)
