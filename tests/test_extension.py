@@ -456,7 +456,8 @@ def test_a_resume_with_edited_plugin_code_is_refused(plugins, tmp_path, capsys):
   it is one line and exit 2, and the run is left as it was."""
   out = str(tmp_path / "cut")
   values = {**_decay_run(plugins), "checkpoint_every": 2}
-  assert main(["run", "--no-progress", "--out", out] + _sets({**values, "rounds": 2})) == 0
+  with registries_restored():   # the resume below imports the plugin afresh, as a new process
+    assert main(["run", "--no-progress", "--out", out] + _sets({**values, "rounds": 2})) == 0
   segments = [json.loads(line) for line in open(os.path.join(out, "segments.jsonl"))]
   assert list(segments[-1]["plugins"]) == [plugins["term_rule_dataset"]]
   source = open(plugins["term_rule_dataset"]).read()
@@ -464,7 +465,8 @@ def test_a_resume_with_edited_plugin_code_is_refused(plugins, tmp_path, capsys):
   before = sorted(os.listdir(out))
   capsys.readouterr()
   resume = ["run", "--no-progress", "--out", out, "--resume", "--set", "rounds=4"]
-  assert main(resume) == 2
+  with registries_restored():   # (each command as a new process would import it)
+    assert main(resume) == 2
   err = capsys.readouterr().err.strip()
   assert "ran with other code for plugin" in err and len(err.splitlines()) == 1, err
   assert sorted(os.listdir(out)) == before
@@ -493,3 +495,30 @@ def test_an_unknown_key_near_a_plugins_key_names_it(plugins):
 def test_fedjax_dp_datasets_lists_a_plugins_dataset(plugins, capsys):
   assert main(["datasets", "--set", f"plugins=[{plugins['term_rule_dataset']}]"]) == 0
   assert any(line.startswith("ext_blobs") for line in capsys.readouterr().out.splitlines())
+
+
+def test_cluster_noise_needs_a_rule_that_labels_its_clusters(plugins):
+  """A plugin rule that counts clusters but does not say which upload fell in which
+  (labels_clusters) is refused with cluster noise in one line, not a KeyError mid-run."""
+  from fedjax_dp.robust import Aggregator, metrics, register_aggregator
+
+  def counts(u, mask, weights, state, hp):
+    return u[0], state, metrics(clusters=jnp.int32(1))
+
+  register_aggregator(lambda: Aggregator(name="counts_clusters", aggregate=counts,
+                                         reports=("clusters",)))
+  with pytest.raises(fedjax_dp.ConfigError, match="per-cluster noise needs aggregator"):
+    fedjax_dp.make_config({**SMALL, "aggregator": "counts_clusters", "dp": "local",
+                           "noise_multiplier": 1.0, "cluster_noise": "equalize"})
+
+
+def test_a_plugins_digest_is_of_the_code_imported(plugins):
+  """The run key and segments.jsonl record the code that runs: a plugin file edited
+  after its import in this process keeps the digest of what was imported."""
+  import hashlib
+  from fedjax_dp.recipes.release_identity import plugin_digest
+  path = plugins["term_rule_dataset"]
+  source = open(path, "rb").read()
+  fedjax_dp.make_config({"plugins": [path]})   # imports it
+  open(path, "ab").write(b"\n# edited after the import\n")
+  assert plugin_digest(path) == hashlib.sha256(source).hexdigest()

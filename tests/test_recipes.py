@@ -331,7 +331,7 @@ def test_a_recipe_round_trips_as_names_and_arguments():
 
 def test_from_dict_refuses_other_data_in_one_line():
   data = recipes.to_dict(recipes.fedprox(mu=0.1))
-  with pytest.raises(ValueError, match="expected a dict with format 1"):
+  with pytest.raises(ValueError, match="expected recipes.to_dict's"):
     recipes.from_dict({**data, "format": 2})
   renamed = json.loads(json.dumps(data))
   renamed["stages"][0]["stage"] = "fedproxx"   # a stage its arguments do not build
@@ -341,3 +341,13 @@ def test_from_dict_refuses_other_data_in_one_line():
   clash["stages"].append({"slot": "terms", "stage": "fedprox", "args": {"prox_mu": 0.5}})
   with pytest.raises(ValueError, match="'prox_mu' is 0.1 for one stage and 0.5"):
     recipes.from_dict(clash)
+  with pytest.raises(ValueError, match="expected recipes.to_dict's"):
+    recipes.from_dict({k: v for k, v in data.items() if k != "stages"})
+  private = recipes.to_dict(recipes.dp_fedavg(noise_multiplier=1.0))
+  with pytest.raises(ValueError, match="are not what their names and arguments build"):
+    recipes.from_dict({**private, "unused": {"noise_multiplier": 0.5}})   # not unused
+  moved = json.loads(json.dumps(data))   # prox_mu under the server optimizer's stage
+  moved["stages"][0]["args"] = {}
+  moved["stages"][1]["args"]["prox_mu"] = 0.1
+  with pytest.raises(ValueError, match="are not what their names and arguments build"):
+    recipes.from_dict(moved)

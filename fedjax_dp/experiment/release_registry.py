@@ -197,7 +197,7 @@ RUN_FILES: dict[str, tuple[Status, str]] = {
     "model.msgpack": (COVERED, "the released model"),
     "released.json": (PUBLIC, "the last round any output came from"),
     "segments.jsonl": (PUBLIC, "which rounds and calibration each stretch of rounds ran under, "
-                               "and the SHA-256 of each plugin's code"),
+                               "and the SHA-256 of each plugin's source as imported"),
     "checkpoints/": (NOT_COVERED, "the server's private working state: the run key, unnoised "
                                   "per-client state (residuals, control variates, local models, "
                                   "ledgers) and the unnoised diagnostics; never publish them"),

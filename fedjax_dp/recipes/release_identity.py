@@ -75,10 +75,16 @@ def settings_digest(cfg: Config) -> str:
 
 
 def plugin_digest(plugin: str) -> str:
-  """SHA-256 (hex) of a plugin's source: a .py file's bytes, or an importable
-  module's file (its name where it has none): a plugin edited under the same name
-  is another release."""
+  """SHA-256 (hex) of a plugin's source: the bytes it was imported from in this
+  process (the code that runs, though the file may have been edited since), else a
+  .py file's bytes or an importable module's file (its name where it has none): a
+  plugin edited under the same name is another release. A package's is its
+  __init__.py's; modules a plugin imports are not covered."""
   import importlib.util
+  from fedjax_dp.recipes.plugins import imported_digest
+  imported = imported_digest(plugin)
+  if imported is not None:
+    return imported
   path = plugin if plugin.endswith(".py") else getattr(
       importlib.util.find_spec(plugin), "origin", None)
   if not path or not os.path.isfile(path):

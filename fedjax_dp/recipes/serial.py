@@ -38,10 +38,6 @@ def _slots(recipe: Recipe) -> list[tuple[str, Any]]:
   return [(slot, c) for slot, c in pairs if (slot, _name(c.stage)) != ("aggregator", "mean")]
 
 
-def _stages(pairs) -> list[tuple[str, str]]:
-  """(slot, name) pairs as a recipe runs them: a static noise planner is none."""
-  return [p for p in pairs if p != ("planner", "static")]
-
 
 def _plain(values) -> dict:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
@@ -59,13 +55,11 @@ def to_dict(recipe: Recipe) -> dict:
 
 
 def from_dict(data: dict) -> Recipe:
-  """The recipe `to_dict` wrote. ValueError in one line for another format, two
-  stages giving one argument two values, or stages that are not what their names
-  and arguments build (a plugin's stage whose plugin is not imported)."""
-  if not isinstance(data, dict) or data.get("format") != FORMAT:
-    raise ValueError(f"recipe data: expected a dict with format {FORMAT} (recipes.to_dict), "
-                     f"got {type(data).__name__} with format "
-                     f"{data.get('format') if isinstance(data, dict) else None!r}")
+  """The recipe `to_dict` wrote. ValueError in one line for data of another shape or
+  format, one argument given two values, or stages that are not what their names
+  and arguments build: another stage, an argument its stage does not take or
+  changes, an `unused` key a stage reads (a plugin's stage needs its plugin)."""
+  _check_shape(data)
   values: dict[str, Any] = {}
   for stage in data["stages"]:
     for key, value in stage["args"].items():
@@ -76,9 +70,32 @@ def from_dict(data: dict) -> Recipe:
   values.update(data.get("unused", {}), algorithm=data["algorithm"])
   values = {k: _coerce(k, v) if k in _FIELDS else v for k, v in values.items()}
   recipe = flat.from_config(config_of(values)).replace(name=data["name"])
-  want = _stages((s["slot"], s["stage"]) for s in data["stages"])
-  got = _stages((slot, _name(c.stage)) for slot, c in _slots(recipe))
-  if got != want:
-    raise ValueError(f"recipe {data['name']!r}: its stages {want} are not what their names "
-                     f"and arguments build {got} (is a plugin's stage not imported?)")
+  built = to_dict(recipe)
+  if _stages(built["stages"]) != _stages(data["stages"]) or \
+      built.get("unused", {}) != data.get("unused", {}):
+    raise ValueError(f"recipe {data['name']!r}: its stages {_names(data['stages'])} are not "
+                     f"what their names and arguments build {_names(built['stages'])}, or an "
+                     "argument is not its stage's (is a plugin's stage not imported?)")
   return recipe
+
+
+def _check_shape(data) -> None:
+  ok = (isinstance(data, dict) and data.get("format") == FORMAT
+        and isinstance(data.get("name"), str) and isinstance(data.get("algorithm"), str)
+        and isinstance(data.get("stages"), list)
+        and all(isinstance(s, dict) and {"slot", "stage", "args"} <= set(s)
+                and isinstance(s["args"], dict) for s in data["stages"])
+        and isinstance(data.get("unused", {}), dict))
+  if not ok:
+    raise ValueError(f"recipe data: expected recipes.to_dict's (format {FORMAT}: name, "
+                     "algorithm, stages of slot, stage and args), got "
+                     f"{str(data)[:80]!r}")
+
+
+def _stages(stages: list[dict]) -> list[dict]:
+  """The stages as a recipe runs them: a static noise planner is none."""
+  return [s for s in stages if (s["slot"], s["stage"]) != ("planner", "static")]
+
+
+def _names(stages: list[dict]) -> list[tuple[str, str]]:
+  return [(s["slot"], s["stage"]) for s in _stages(stages)]

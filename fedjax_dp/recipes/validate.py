@@ -86,7 +86,7 @@ def _server_stage_inputs(r: Recipe, v: dict) -> str | None:
   m = _mechanism(r)
   for c in r.server:
     s = c.stage
-    if (s.needs_clusters and "clusters" not in r.rule.reports) or \
+    if (s.needs_clusters and not r.rule.labels_clusters) or \
         (s.needs_client_noise and (m is None or not m.noises_each_upload)):
       return (f"config key 'cluster_noise' = {v['cluster_noise']!r}: per-cluster noise needs "
               f"aggregator 'cluster' and dp 'local' (aggregator is {v['aggregator']!r}, dp "

@@ -20,6 +20,9 @@ Static properties the round, the executor and recipes/validate.py read:
              server_state["aggregator"] (only then, so stateless set-ups keep their
              state pytree) and passes it back in the next round
   reports    the metrics that mean something for it, for metrics.jsonl
+  labels_clusters  its metrics also say which cluster each upload fell in
+             (cluster_mask, cluster_size, cluster_median): the cluster-noise
+             server stage reads them (robust/cluster.py)
   hparams    its numbers {name: number}, from its constructor (centered_clip(tau=1.0))
   check      (hparams, clients_per_round) -> a one-line config error, or None (its
              numbers against the cohort: Krum's f and m)
@@ -57,6 +60,7 @@ class Aggregator(NamedTuple):
   stateful: bool = False
   reports: tuple[str, ...] = ()
   check: Callable[[Mapping, int], str | None] = _no_check
+  labels_clusters: bool = False
 
 
 def metrics(flagged=None, clusters=None) -> dict:

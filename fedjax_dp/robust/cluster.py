@@ -31,4 +31,4 @@ _AGGREGATE = on_finite_uploads(_aggregate)
 def cluster(threshold: float = 0.5) -> Aggregator:
   """Clusters joined at cosine similarity `threshold`; the largest cluster's mean."""
   return Aggregator(name="cluster", aggregate=_AGGREGATE, hparams={"threshold": threshold},
-                    reports=("clusters",))
+                    reports=("clusters",), labels_clusters=True)
