@@ -225,13 +225,17 @@ def ALL_FOUR(plugins) -> dict:
           "dataset": "ext_blobs"}
 
 
+def _sweep(tmp_path, spec: dict) -> tuple[str, dict]:
+  """`fedjax-dp sweep` of `spec` (exit 0): its folder and its sweep.json."""
+  path, out = tmp_path / "sweep.yaml", str(tmp_path / "sweep")
+  path.write_text(json.dumps(spec))
+  assert main(["sweep", str(path), "--out", out, "--no-progress"]) == 0
+  return out, json.load(open(os.path.join(out, "sweep.json")))
+
+
 def test_a_sweep_of_all_four_shares_one_program(plugins, tmp_path):
-  spec = tmp_path / "sweep.yaml"
-  spec.write_text(json.dumps({"config": {**SMALL, **ALL_FOUR(plugins)},
-                              "grid": {"noise_multiplier": [2.0, 8.0]}}))
-  out = str(tmp_path / "sweep")
-  assert main(["sweep", str(spec), "--out", out, "--no-progress"]) == 0
-  record = json.load(open(os.path.join(out, "sweep.json")))
+  out, record = _sweep(tmp_path, {"config": {**SMALL, **ALL_FOUR(plugins)},
+                                  "grid": {"noise_multiplier": [2.0, 8.0]}})
   assert len(record["programs"]) == 1 and len(record["programs"][0]["cells"]) == 2
   epsilons = {}
   for cell in record["cells"]:
@@ -356,13 +360,9 @@ def test_a_plugins_key_is_data_to_the_compiled_round(plugins):
 def test_a_sweep_over_a_plugins_keys_shares_one_program(plugins, tmp_path):
   """The term's and the rule's numbers, each a plugin's key, swept as one program; the
   rule's bound flags every upload (5 a round) when tiny and none when huge."""
-  spec = tmp_path / "sweep.yaml"
-  spec.write_text(json.dumps({"config": {**_decay_run(plugins), "aggregator": "ext_bound"},
-                              "grid": {"ext_decay_lam": [0.0, 0.5],
-                                       "ext_bound_norm": [1e-6, 1e6]}}))
-  out = str(tmp_path / "sweep")
-  assert main(["sweep", str(spec), "--out", out, "--no-progress"]) == 0
-  record = json.load(open(os.path.join(out, "sweep.json")))
+  out, record = _sweep(tmp_path, {"config": {**_decay_run(plugins), "aggregator": "ext_bound"},
+                                  "grid": {"ext_decay_lam": [0.0, 0.5],
+                                           "ext_bound_norm": [1e-6, 1e6]}})
   assert len(record["programs"]) == 1 and len(record["programs"][0]["cells"]) == 4
   models = {}
   for cell in record["cells"]:

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from fedjax_dp.config.checks import check_config
-from fedjax_dp.config.plugin_keys import PLUGIN_KEYS, normalised, plugin_value
-from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config
+from fedjax_dp.config.plugin_keys import PLUGIN_KEYS, plugin_value
+from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, PRESETS, Config, config_of
 from fedjax_dp.errors import ConfigError
 
 
@@ -100,10 +100,9 @@ def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = 
     if name in [a.strip() for a in algorithm.split("+")] and (base is None
                                                                or "algorithm" in raw):
       values.update({k: v for k, v in preset.items() if k not in raw})
-  plugin = {k: values.pop(k) for k in list(values) if k not in _FIELDS}   # base's, checked
   for key, value in raw.items():
     if key in PLUGIN_KEYS:      # a plugin's key (config/plugin_keys.py)
-      plugin[key] = plugin_value(key, value)
+      values[key] = plugin_value(key, value)
     elif key not in _FIELDS:
       raise ConfigError(unknown_key_message(key))
     else:
@@ -111,7 +110,7 @@ def parse_config(overrides: dict[str, Any] | None = None, base: Config | None = 
   values["hidden"] = tuple(values["hidden"])
   values["tier_noise_multipliers"] = tuple(values["tier_noise_multipliers"])
   values["plugins"] = tuple(values["plugins"])
-  cfg = Config(**values, plugin_values=normalised(plugin))
+  cfg = config_of(values)   # (base's plugin keys are flat in its to_dict, as raw's)
   check_config(cfg, raw)
   return cfg
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from fedjax_dp.config.keys import KEYS
-from fedjax_dp.config.plugin_keys import PLUGIN_FIELD, PLUGIN_KEYS
+from fedjax_dp.config.plugin_keys import PLUGIN_FIELD, PLUGIN_KEYS, normalised, plugin_value
 from fedjax_dp.errors import ConfigError  # noqa: F401  (its old home; callers import it from here)
 
 
@@ -75,9 +75,11 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.name != PLUGIN_FIE
 def config_of(values: dict[str, Any]) -> "Config":
   """A Config of `values` as a plain namespace (not checked): its keys and, checked
   against their rows, registered plugins' keys."""
-  from fedjax_dp.config.plugin_keys import normalised, plugin_value
   plugin = {k: plugin_value(k, v) for k, v in values.items() if k not in _FIELDS}
-  return Config(**{k: v for k, v in values.items() if k in _FIELDS}, plugin_values=normalised(plugin))
+  return Config(**{k: v for k, v in values.items() if k in _FIELDS},
+                plugin_values=normalised(plugin))
+
+
 _OPTIONAL = {k.name: k.nullable for k in KEYS if k.nullable is not None}
 
 # algorithm presets: defaults a named algorithm brings, unless the user sets the key

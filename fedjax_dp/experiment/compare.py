@@ -85,6 +85,7 @@ def load_runs(paths: list[str]) -> list[RunRecord]:
   for r in runs:
     if names.count(r.name) > 1:
       r.name = os.path.normpath(r.path)
+  _fill_plugin_defaults(runs)
   return runs
 
 
@@ -98,8 +99,7 @@ def differing_keys(runs: list[RunRecord]) -> list[str]:
   """Config keys whose values are not the same in every run (the Config's order),
   but those no run reads (prox_mu of FedAvg runs): as config_diff compares runs."""
   from fedjax_dp.config.schema import _FIELDS
-  unread = frozenset.intersection(*(_unread(r) for r in runs))   # (imports their plugins)
-  _fill_plugin_defaults(runs)
+  unread = frozenset.intersection(*(_unread(r) for r in runs))
   order = {k: i for i, k in enumerate(_FIELDS)}   # the Config's order: related keys together
   keys = sorted(dict.fromkeys(k for r in runs for k in r.config),
                 key=lambda k: order.get(k, len(order)))
@@ -109,8 +109,11 @@ def differing_keys(runs: list[RunRecord]) -> list[str]:
 
 def _fill_plugin_defaults(runs: list[RunRecord]) -> None:
   """A plugin's key at its default is not in config.json: the runs that lack a key
-  another run sets show its default."""
+  another run sets show its default (their plugins imported for their rows)."""
   from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
+  from fedjax_dp.recipes.plugins import load_plugins
+  for r in runs:
+    load_plugins(tuple(r.config.get("plugins", ())))
   named = {k for r in runs for k in r.config if k in PLUGIN_KEYS}
   for r in runs:
     for k in named - set(r.config):

@@ -62,6 +62,10 @@ RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config)
 _DEFAULTS = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}
 
 
+_SINGLE_SLOTS = ("shuffle", "aggregator", "server_optimizer", "privacy", "planner",
+                 "adaptive_clip", "budgets")
+
+
 class Choice(NamedTuple):
   """One stage of a recipe: its module's object and the config keys it stands for."""
   stage: Any
@@ -90,10 +94,14 @@ class Recipe:
   unused: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   # ------------------------------------------------------------------ the flat config
+  def slots(self) -> list[tuple[str, Choice]]:
+    """(slot, choice) of every stage: the tuple slots in order, then the single ones."""
+    many = [(slot, c) for slot in ("terms", "upload", "server") for c in getattr(self, slot)]
+    return many + [(slot, getattr(self, slot)) for slot in _SINGLE_SLOTS
+                   if getattr(self, slot) is not None]
+
   def choices(self) -> tuple[Choice, ...]:
-    single = (self.shuffle, self.aggregator, self.server_optimizer, self.privacy, self.planner,
-              self.adaptive_clip, self.budgets)
-    return self.terms + self.upload + self.server + tuple(c for c in single if c is not None)
+    return tuple(c for _, c in self.slots())
 
   def config_values(self) -> dict[str, Any]:
     """Every recipe key (RECIPE_KEYS) of the flat config: the stages' values, the

@@ -24,19 +24,12 @@ from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.base import Recipe, _name
 
 FORMAT = 1
-_LISTS = ("terms", "upload", "server")
-_SINGLES = ("shuffle", "aggregator", "server_optimizer", "privacy", "planner", "adaptive_clip",
-            "budgets")
 
 
 def _slots(recipe: Recipe) -> list[tuple[str, Any]]:
-  """(slot, choice) in the recipe's order, the tuple slots first; the weighted mean
-  (what a recipe without an aggregator has) is left out."""
-  pairs = ([(slot, c) for slot in _LISTS for c in getattr(recipe, slot)] +
-           [(slot, getattr(recipe, slot)) for slot in _SINGLES
-            if getattr(recipe, slot) is not None])
-  return [(slot, c) for slot, c in pairs if (slot, _name(c.stage)) != ("aggregator", "mean")]
-
+  """Recipe.slots() but the weighted mean (what a recipe without an aggregator has)."""
+  return [(slot, c) for slot, c in recipe.slots()
+          if (slot, _name(c.stage)) != ("aggregator", "mean")]
 
 
 def _plain(values) -> dict:
