@@ -10,6 +10,7 @@ import pytest
 from fedjax_dp import make_config
 from fedjax_dp.models import make_model
 from fedjax_dp.core.build import build_simulation
+from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.placement.host import _FLAG as DEVICE_COUNT_FLAG
 from fedjax_dp.placement.store import build_store
@@ -45,7 +46,7 @@ def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, reside
   cfg = make_config(values)
   model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
-  return build_simulation(cfg, model, store, make_mesh(devices), feature_tiers,
+  return build_simulation(plan_run(cfg, model, feature_tiers), model, store, make_mesh(devices),
                           resident_state=resident_state, poisoned_offset=poisoned_offset)
 
 

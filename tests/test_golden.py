@@ -40,6 +40,7 @@ import pytest
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.experiment.reports.privacy_report import privacy_report
 from fedjax_dp.core.build import build_simulation
+from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.data.tabular import TIERS
 from tests.helpers import toy_problem, toy_simulation
 
@@ -145,7 +146,8 @@ def case_simulation(name: str, devices: int):
   sim = toy_simulation(x, y, parts, devices=devices, rounds=4,
                        feature_tiers=FEATURE_TIERS if name in TIERED else None, **CONFIGS[name])
   if name in BUDGETS:
-    sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh, client_budgets=BUDGETS[name])
+    sim = build_simulation(plan_run(sim.cfg, sim.model, client_budgets=BUDGETS[name]),
+                           sim.model, sim.store, sim.mesh)
   return sim
 
 

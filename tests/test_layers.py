@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,3 +168,41 @@ def test_the_check_sees_a_cycle():
 
 
 CLIMBING: set[str] = set()   # empty since issue 40's report move; it may only stay so
+
+
+# where the flat config may be read (issue 40, item 2): config/ itself, recipes/
+# (from_config, plan_run: the edge's readers) and the layers above core/
+EDGE = ("config/", "recipes/", "experiment/", "sweeps/", "callbacks.py", "api.py", "cli/",
+        "__init__.py", "__main__.py")
+
+
+def config_readers(mods: dict[str, str] | None = None) -> set[str]:
+  """'module.function' of every function below the edge that takes the config: a
+  parameter named cfg or config, or one annotated Config."""
+  mods = mods or modules()
+  found = set()
+  for m, path in mods.items():
+    if unit(m, mods) in EDGE:
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for n in ast.walk(tree):
+      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        for a in n.args.args + n.args.kwonlyargs + n.args.posonlyargs:
+          note = ast.unparse(a.annotation) if a.annotation is not None else ""
+          if a.arg in ("cfg", "config") or re.search(r"\bConfig\b", note):
+            found.add(f"{m}.{getattr(n, 'name', '<lambda>')}")
+  return found
+
+
+def test_nothing_below_the_edge_takes_the_config():
+  """The config is read once at the edge (recipes.plan_run); build_simulation, the
+  round and the stages take the plan's records and built stages."""
+  assert config_readers() == set()
+
+
+def test_the_config_check_sees_a_reader(tmp_path):
+  """Not vacuous: a module of core/ with a function taking cfg is found."""
+  path = tmp_path / "reader.py"
+  path.write_text("def build(cfg):\n  return cfg.rounds\n\ndef fine(plan, x: int):\n  pass\n")
+  assert config_readers({"fedjax_dp.core.reader": str(path)}) == {"fedjax_dp.core.reader.build"}

@@ -147,8 +147,9 @@ def test_per_client_budgets_stop_each_client_at_its_own():
   sim = toy_simulation(x, y, parts, dp="local", noise_multiplier=2.0, target_epsilon=2.0,
                        client_budgets="allocated", clients_per_round=4)
   from fedjax_dp.core.build import build_simulation
-  sim = build_simulation(sim.cfg, sim.model, sim.store, sim.mesh,
-                         client_budgets=np.array([1.0, 2.0, 3.0, 1.5]))
+  from fedjax_dp.recipes.plan import plan_run
+  sim = build_simulation(plan_run(sim.cfg, sim.model, client_budgets=np.array([1.0, 2.0, 3.0, 1.5])),
+                         sim.model, sim.store, sim.mesh)
   state, _ = sim.run_rounds(sim.init_state(), 30)
   eps, _ = sim.epsilons(state)
   assert np.all(eps <= np.array([1.0, 2.0, 3.0, 1.5]))

@@ -28,6 +28,7 @@ from fedjax_dp.robust import Aggregator, metrics
 from tests.helpers import objective_of, registries_restored
 from fedjax_dp.robust import registry as rule_registry
 from fedjax_dp.core.build import build_simulation
+from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.placement.store import build_store
 from fedjax_dp.data.tabular import TIERS
@@ -80,7 +81,7 @@ def _simulate(cfg):
   model = make_model(cfg.model, x.shape[1:], 3, cfg.hidden)
   store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
   tiers = TIERS_OF_FEATURES if cfg.clip_parts == "tiers" else None
-  return build_simulation(cfg, model, store, make_mesh(1), tiers)
+  return build_simulation(plan_run(cfg, model, tiers), model, store, make_mesh(1))
 
 
 def _leaves(tree):

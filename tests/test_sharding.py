@@ -226,12 +226,14 @@ def test_resident_state_keeps_a_refused_clients_rows():
   out; with per-client budgets a real client is refused and must keep its rows
   (previous model, residual, seen) exactly while the others' move on."""
   from fedjax_dp.core.build import build_simulation
+  from fedjax_dp.recipes.plan import plan_run
   x, y, parts = toy_problem(sizes=(9, 12, 7, 10, 8), features=4, seed=2)  # 5 over 2: padded
   base = toy_simulation(x, y, parts, devices=2, dp="local", noise_multiplier=15.0,
                         target_epsilon=3.0, algorithm="contrastive", s_local=0.5,
                         index_selection="random_k")   # local DP refuses top-k indices
-  sim = build_simulation(base.cfg, base.model, base.store, base.mesh,
-                         client_budgets=np.array([1.0, 2.0, 3.0, 1.5, 2.5]))
+  sim = build_simulation(plan_run(base.cfg, base.model,
+                                  client_budgets=np.array([1.0, 2.0, 3.0, 1.5, 2.5])),
+                         base.model, base.store, base.mesh)
   state = sim.init_state()
   refused_rounds = 0
   for _ in range(25):

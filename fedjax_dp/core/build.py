@@ -4,21 +4,17 @@ stages, the aggregator, the executor, the cohort sampler) and its round compiled
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from functools import partial
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp import losses
 from fedjax_dp import recipes
-from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.config.schema import data_seed
 from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core import upload_stages
@@ -35,22 +31,19 @@ from fedjax_dp.adversary import audit
 from fedjax_dp.privacy import boundary
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.recipes import release_identity
-from fedjax_dp.recipes.privacy import make_privacy
 from fedjax_dp.adversary import attacks
 from fedjax_dp.training import client as client_lib
 from fedjax_dp.core.round import make_round
 from fedjax_dp.core.simulation import Simulation, make_mesh
 
 
-def build_simulation(cfg: Config, model: Model, store: FederatedStore,
-                     mesh: Mesh | None = None, feature_tiers=None,
-                     client_budgets=None, resident_state: bool | None = None,
-                     calibrated: float | None = None,
+def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
+                     mesh: Mesh | None = None, *, resident_state: bool | None = None,
                      task: losses.Task | None = None,
                      poisoned_offset: int | None = None) -> Simulation:
-  """`feature_tiers` [features]: the data's sensitivity tiers, for clip_parts 'tiers';
-  `client_budgets` [num_clients]: per-client target epsilons (local DP).
-  `task`: the training loss and evaluation metrics (losses.py; default classification).
+  """The run `plan` describes (recipes.plan_run(cfg, model, ...): the config read
+  once, at the edge) compiled for `model` on `store`. `task`: the training loss and
+  evaluation metrics (losses.py; default classification).
 
   `resident_state` (default: whenever every client takes part in every round and
   there is per-client state): each device keeps the state rows of the clients it
@@ -58,69 +51,58 @@ def build_simulation(cfg: Config, model: Model, store: FederatedStore,
   layout from chunk to chunk, `run_rounds` converts to client order at its ends);
   False: the table follows the cohort (executor.map_clients_with_sharded_state,
   map_clients_with_state). Same numbers either way.
-  `calibrated`: see make_privacy. `poisoned_offset`: the store's row where the
-  poisoned copy of every client's data starts (a data attack drawn each round:
-  experiment/setup.py puts the copy after the clean rows)."""
-  mesh = mesh or make_mesh(cfg.devices)
+  `poisoned_offset`: the store's row where the poisoned copy of every client's data
+  starts (a data attack drawn each round: experiment/setup.py puts the copy after
+  the clean rows)."""
+  recipe, setup, privacy = plan.recipe, plan.setup, plan.privacy
+  ex, pop = setup.execution, setup.population
+  mesh = mesh or make_mesh(ex.devices)
   n_dev = mesh.devices.size
   # before the store is placed: one pass over the host's copy of the data
-  inputs = release_identity.inputs_digest(store, model if cfg.model == "custom" else None, task,
-                                          feature_tiers, client_budgets)
-  recipe = recipes.from_config(cfg)   # the run's stages (config validation read the same)
-  setup = recipes.run_setup(cfg)      # and the rest of the run
-  capacity, slots = _cohort_room(setup.population, n_dev)
-  privacy, dp = _privacy_and_round(make_privacy(cfg, model, feature_tiers, calibrated),
-                                   setup.population, cfg.cluster_noise == "equalize",
-                                   client_budgets)
+  inputs = release_identity.inputs_digest(store, model if setup.model == "custom" else None,
+                                          task, plan.feature_tiers, plan.client_budgets)
+  capacity, slots = _cohort_room(pop, n_dev)
+  dp = dp_round.make_dp_round(privacy, pop.num_clients, pop.clients_per_round,
+                              recipe.cluster_noise, SERVER_NOISE, CLIP_COUNT_NOISE, LOCAL_NOISE)
   aggregator = recipe.rule
-  full_participation = cfg.sampling == "fixed" and cfg.clients_per_round == cfg.num_clients
+  full_participation = pop.sampling == "fixed" and pop.clients_per_round == pop.num_clients
   shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
   per_client_state = bool(jax.tree.leaves(shape.client_state))
-  uploads = _upload_chain(
-      recipe, dp, attacks.make_byzantine(
-          cfg.num_clients, cfg.byzantine_fraction, data_seed(cfg), cfg.byzantine_attack,
-          cfg.byzantine_scale, BYZANTINE, cfg.byzantine_draw, BYZANTINE_DRAW),
-      attacks.placement(cfg.byzantine_attack),
-      audit.make_canary_stage(cfg.num_clients, cfg.audit_canaries, data_seed(cfg)),
-      cfg.server_clip_l2, cfg.shuffle == "layerwise")
+  uploads = _upload_chain(recipe, dp, setup)
   # a stage or rule that needs the cohort's uploads one by one stacks them (DP's
   # client half, one upload at a time, runs inside the client loop's sum)
   stacks_uploads = not aggregator.linear or upload_stages.inspects_uploads(uploads)
-  paged = cfg.client_state_store != "device"
+  paged = ex.client_state_store != "device"
   if paged:
-    _check_paging(cfg.client_state_store, per_client_state, resident_state)
+    _check_paging(ex.client_state_store, per_client_state, resident_state)
   width = _one_step_width(setup, recipe, store, per_client_state,
-                          stacks_uploads or dp.client is not None, cfg.shuffle == "layerwise")
+                          stacks_uploads or dp.client is not None, recipe.shuffle is not None)
   executor = plan_executor(
-      mesh, parallelism=cfg.client_parallelism, client_batch=cfg.client_batch, slots=slots,
-      num_clients=cfg.num_clients, full_participation=full_participation,
+      mesh, parallelism=ex.client_parallelism, client_batch=ex.client_batch, slots=slots,
+      num_clients=pop.num_clients, full_participation=full_participation,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
       one_step_width=width, paged=paged)
-  poisoned_rows = _data_attack(cfg.num_clients, cfg.byzantine_fraction, cfg.byzantine_attack,
-                               cfg.byzantine_draw, poisoned_offset)
   stages = _client_stages(
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
-      uploads=uploads, poisoned_rows=poisoned_rows,
-      cluster_noise=cfg.cluster_noise == "equalize")
-  home, sample = _sampler(setup.population, store.client_count, n_dev, slots, capacity,
+      uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
+                                                  poisoned_offset))
+  home, sample = _sampler(pop, store.client_count, n_dev, slots, capacity,
                           resident=executor.resident and not paged)
   round_fn = make_round(setup, recipe, mesh, stages, dp, sample)
   paging = _paging(sample, mesh, setup) if paged else None
 
-  run_chunk, run_replica_chunk = _compiled_chunks(round_fn, cfg.matmul_precision)
+  run_chunk, run_replica_chunk = _compiled_chunks(round_fn, ex.matmul_precision)
   replicated = NamedSharding(mesh, P())
   store = jax.device_put(store, replicated)
-  host_hp = hparams_lib.round_hparams(cfg, privacy, recipe)
-  hp = jax.device_put(jax.tree.map(jnp.asarray, host_hp), replicated)
-  layouts = _layouts(mesh, home, cfg.num_clients, executor.table_rows)
-  return Simulation(cfg=cfg, model=model, store=store, mesh=mesh, cohort_capacity=slots,
+  hp = jax.device_put(jax.tree.map(jnp.asarray, plan.hparams), replicated)
+  layouts = _layouts(mesh, home, pop.num_clients, executor.table_rows)
+  return Simulation(plan=plan, model=model, store=store, mesh=mesh, cohort_capacity=slots,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,
-                    evaluate=make_evaluate(model, task, cfg.matmul_precision), privacy=privacy, hparams=hp,
-                    feature_tiers=feature_tiers, calibrated=calibrated,
-                    issued={hparams_lib.digest(host_hp): cfg}, paging=paging,
-                    inputs_digest=inputs, recipe=recipe, setup=setup, **layouts)
+                    evaluate=make_evaluate(model, task, ex.matmul_precision), hparams=hp,
+                    issued={hparams_lib.digest(plan.hparams): plan.cfg}, paging=paging,
+                    inputs_digest=inputs, **layouts)
 
 
 def _cohort_room(population: recipes.Population, n_dev: int) -> tuple[int, int]:
@@ -151,39 +133,36 @@ def _paging(sample: Callable, mesh: Mesh, setup: recipes.RunSetup):
       kind=ex.client_state_store, dtype=ex.client_state_dtype, directory=ex.client_state_dir)
 
 
-def _upload_chain(recipe: recipes.Recipe, dp: dp_round.DPRound, byzantine, attack_placement,
-                  canary, server_clip: float | None, shuffle: bool) -> tuple:
-  """The stages between training and the aggregate (core/upload_stages.chain); an
-  attack acts on the report sent: before a server's clip, after a client's."""
+def _upload_chain(recipe: recipes.Recipe, dp: dp_round.DPRound,
+                  setup: recipes.RunSetup) -> tuple:
+  """The stages between training and the aggregate (core/upload_stages.chain): the
+  set-up's canaries, Byzantine clients and server norm bound, the recipe's shuffler;
+  an attack acts on the report sent: before a server's clip, after a client's."""
+  a, n = setup.adversary, setup.population.num_clients
+  byzantine = attacks.make_byzantine(n, a.byzantine_fraction, a.data_seed, a.byzantine_attack,
+                                     a.byzantine_scale, BYZANTINE, a.byzantine_draw,
+                                     BYZANTINE_DRAW)
   boundary_of = recipe.privacy.stage.boundary if recipe.privacy is not None else None
   return upload_stages.chain(
-      canary=canary, byzantine=byzantine,
-      attack_before=byzantine is not None and boundary.before_boundary(boundary_of,
-                                                                       attack_placement),
-      divides_by=dp.mechanism.divides_by, server_clip=server_clip, shuffle=shuffle)
+      canary=audit.make_canary_stage(n, a.canaries, a.data_seed), byzantine=byzantine,
+      attack_before=byzantine is not None and boundary.before_boundary(
+          boundary_of, attacks.placement(a.byzantine_attack)),
+      divides_by=dp.mechanism.divides_by, server_clip=a.server_clip_l2,
+      shuffle=recipe.shuffle is not None)
 
 
-def _data_attack(num_clients: int, fraction: float, attack: str, draw: str,
-                 poisoned_offset: int | None):
+def _data_attack(adversary: recipes.Adversary, num_clients: int, poisoned_offset: int | None):
   """A data attack drawn each round (attacks.make_data_redraw), or None; it needs the
   store's poisoned copy (`poisoned_offset`)."""
-  rows = attacks.make_data_redraw(num_clients, fraction, attack, draw, poisoned_offset or 0,
-                                  BYZANTINE_DRAW)
+  a = adversary
+  rows = attacks.make_data_redraw(num_clients, a.byzantine_fraction, a.byzantine_attack,
+                                  a.byzantine_draw, poisoned_offset or 0, BYZANTINE_DRAW)
   if rows is not None and poisoned_offset is None:
-    raise ConfigError(f"config key 'byzantine_attack' = {attack!r} with "
+    raise ConfigError(f"config key 'byzantine_attack' = {a.byzantine_attack!r} with "
                       "byzantine_draw 'round' needs the store to hold every client's poisoned "
                       "data after the clean rows and build_simulation(poisoned_offset=) to "
                       "say where it starts (experiment/setup.py builds both)")
   return rows
-
-
-def _privacy_and_round(privacy, population, cluster_noise: bool, client_budgets):
-  """(Privacy with the per-client budgets, the DP round's parts) of this run."""
-  if client_budgets is not None:
-    privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
-  dp = dp_round.make_dp_round(privacy, population.num_clients, population.clients_per_round,
-                              cluster_noise, SERVER_NOISE, CLIP_COUNT_NOISE, LOCAL_NOISE)
-  return privacy, dp
 
 
 def _one_step_width(setup: recipes.RunSetup, recipe, store: FederatedStore,
@@ -249,7 +228,7 @@ def _compiled_chunks(round_fn, matmul_precision: str):
 
 def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, model: Model,
                    task: losses.Task, dp: dp_round.DPRound, aggregator, executor: Executor, *,
-                   uploads: tuple, poisoned_rows, cluster_noise: bool) -> ClientStages:
+                   uploads: tuple, poisoned_rows) -> ClientStages:
   """The client phase's stages: the recipe's, with the run's upload chain
   (core/upload_stages.py), data attack and cluster noise."""
   client_pipeline = recipe.client_pipeline()
@@ -259,7 +238,7 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
       objective=recipe.objective(task.loss, training.momentum), model=model,
       pipeline=client_pipeline, dp=dp, uploads=uploads, poisoned_rows=poisoned_rows,
       aggregator=None if aggregator.linear else aggregator.aggregate,
-      cluster_noise=cluster_noise,
+      cluster_noise=recipe.cluster_noise,
       aggregate_noise=any(c.stage.owes_noise for c in recipe.upload),
       guard_nonfinite=client_pipeline is not None and (dp.client is not None
                                                       or any(c.stage.privatizes

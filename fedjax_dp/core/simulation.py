@@ -25,10 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.config.schema import data_seed
 from fedjax_dp.recipes import hparams as hparams_lib
+from fedjax_dp.recipes import plan as plan_lib
 from fedjax_dp.core.state import RoundStats, SimState, init_state, secret_run_key
 from fedjax_dp.models import Model
 from fedjax_dp.placement import paged_state
@@ -37,7 +36,6 @@ from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import noise_control
 from fedjax_dp.recipes import release_identity
 from fedjax_dp.privacy.setup import Privacy
-from fedjax_dp.recipes.privacy import make_privacy
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
@@ -58,7 +56,7 @@ def make_mesh(num_devices: int = 0) -> Mesh:
 @dataclasses.dataclass(frozen=True)
 class Simulation:
   """A compiled federated simulation: build with `build_simulation`."""
-  cfg: Config
+  plan: plan_lib.RunPlan      # the settings read once (recipes/plan.py): recipe, set-up, privacy
   model: Model
   store: FederatedStore
   mesh: Mesh
@@ -66,20 +64,17 @@ class Simulation:
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
   run_chunk: Callable         # (working state, store, hparams, length) -> (state, RoundStats [length])
   evaluate: Callable          # (params, x, y, mask) -> {metric name: mean over the test set}
-  privacy: Privacy = Privacy()
   hparams: Any = None         # the round's numeric hyperparameters (hparams.py), replicated
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
   # client order <-> the layout the compiled rounds keep the per-client state in
   # (identity but with resident state or a sharded table; see build_simulation)
   to_working: Callable = lambda state: state
   to_client_order: Callable = lambda state: state
-  feature_tiers: Any = None   # as given to build_simulation (hparams_for rebuilds privacy)
-  calibrated: float | None = None   # as given to build_simulation
   # digests of the hyperparameter pytrees this simulation made -> the config each stands
   # for (run_rounds refuses others: an edited pytree could change the noise applied but
   # not the RDP charged; init_state(hparams) takes the run key of that config's release)
   issued: dict = dataclasses.field(default_factory=dict)
-  _privacy_cache: dict = dataclasses.field(default_factory=dict)   # (cfg, calibrated) -> Privacy
+  _privacy_cache: dict = dataclasses.field(default_factory=dict)   # recipes/plan.replan's
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
   # sim.evaluate(state.params, *sim.test_data)
   test_data: Any = None
@@ -91,8 +86,14 @@ class Simulation:
   # the release's inputs (data, own model and loss, tiers, budgets): with the config,
   # the run key's identity (recipes/release_identity.py)
   inputs_digest: str = ""
-  recipe: Any = None   # the run's stages (recipes.from_config(cfg), built once per start)
-  setup: Any = None    # the rest of the run: recipes.run_setup(cfg)
+
+  # the plan's parts, by the names the reports and callbacks read
+  cfg = property(lambda self: self.plan.cfg, doc="The run's settings (config.json).")
+  recipe = property(lambda self: self.plan.recipe, doc="The run's stages.")
+  setup = property(lambda self: self.plan.setup, doc="Population, training, execution, adversary.")
+  privacy = property(lambda self: self.plan.privacy, doc="The privacy set-up (privacy/setup.py).")
+  feature_tiers = property(lambda self: self.plan.feature_tiers)
+  calibrated = property(lambda self: self.plan.calibrated)
 
   @property
   def noise_multiplier(self) -> float:
@@ -120,7 +121,7 @@ class Simulation:
         raise ConfigError("init_state: these hyperparameters were not made by this "
                           "simulation's hparams_for or with_hparams (the run key is the "
                           "release's, and these name none)")
-    key = (secret_run_key() if cfg.noise_seed == "secret" else
+    key = (secret_run_key() if self.setup.noise_seed == "secret" else
            release_identity.run_key(cfg, self.inputs_digest))
     state = init_state(self.setup, self.recipe, self.model, key,
                        self.paging and self.paging.make_table)
@@ -130,27 +131,23 @@ class Simulation:
     return self.replicate(state)
 
   def with_hparams(self, **overrides) -> "Simulation":
-    """This simulation with config keys that are data changed (hparams.NUMERIC_KEYS):
-    the same compiled round (no recompilation), the new config, privacy set-up and
+    """This simulation with config keys that are data changed (hparams.numeric_keys()):
+    the same compiled round (no recompilation), the new settings, privacy set-up and
     hyperparameters, so that its init_state, epsilons, privacy log and report
     (privacy_report.privacy_report(sim.cfg, sim, state, log)) all follow the new
     values. Derived entries (the RDP a round is charged, budget limits) are
-    recomputed with the config path's own functions: the ledger charges what the
-    round applies. Structural changes, and keys that would change nothing in this
-    round, are refused in one line."""
-    from fedjax_dp.recipes import run_setup
-    cfg, privacy, hp, recipe = self._issue(overrides)
-    return dataclasses.replace(self, cfg=cfg, privacy=privacy, recipe=recipe,
-                               setup=run_setup(cfg),
-                               hparams=self.replicate(jax.tree.map(jnp.asarray, hp)))
+    recomputed with the config path's own functions (recipes/plan.replan): the
+    ledger charges what the round applies. Structural changes, and keys that would
+    change nothing in this round, are refused in one line."""
+    plan = self._issue(overrides)
+    return dataclasses.replace(self, plan=plan,
+                               hparams=self.replicate(jax.tree.map(jnp.asarray, plan.hparams)))
 
   def with_seed(self, seed: int) -> "Simulation":
     """This simulation with another run key (config key `seed`: the model's
     initialisation, cohorts, local training, noise) on the same data: `data_seed`
     is pinned to the data this simulation was built from. The same compiled round."""
-    from fedjax_dp.recipes.config_checks import make_config
-    cfg = make_config({"seed": seed, "data_seed": data_seed(self.cfg)}, base=self.cfg)
-    return dataclasses.replace(self, cfg=cfg)
+    return dataclasses.replace(self, plan=plan_lib.reseeded(self.plan, seed))
 
   def run_replicas(self, states: SimState, hparams: dict, num_rounds: int):
     """num_rounds rounds of a batch of replicas in one compiled program: `states`
@@ -165,78 +162,33 @@ class Simulation:
     (run_rounds checks this; here the stacked states are the caller's)."""
     if self.paging is not None:
       raise ConfigError("replicas of a run with client_state_store "
-                        f"{self.cfg.client_state_store!r} cannot be batched: its host table is "
-                        "paged round by round for one run; run them one at a time "
-                        "(replica_batch 1)")
+                        f"{self.setup.execution.client_state_store!r} cannot be batched: its "
+                        "host table is paged round by round for one run; run them one at a "
+                        "time (replica_batch 1)")
     return self.run_replica_chunk(states, self.store, hparams, num_rounds)
 
   def hparams_for(self, **overrides) -> dict:
     """`with_hparams(**overrides).hparams` as host arrays, for stacking replicas
     (`jax.vmap` over run_chunk) or run_rounds(hparams=...). A run's reports and
     privacy log must come from the matching `with_hparams` simulation."""
-    return self._issue(overrides)[2]   # (cfg, privacy, hparams, recipe)
+    return self._issue(overrides).hparams
 
-  def _issue(self, overrides: dict):
-    """(config, privacy, host hyperparameters, recipe) with `overrides`; the pytree's
-    digest is recorded, so that run_rounds accepts it."""
-    from fedjax_dp import recipes
-    cfg, privacy = self._config_and_privacy(overrides)
-    recipe = recipes.from_config(cfg)
-    hp = hparams_lib.round_hparams(cfg, privacy, recipe)
-    self.issued[hparams_lib.digest(hp)] = cfg
-    return cfg, privacy, hp, recipe
+  def _issue(self, overrides: dict) -> plan_lib.RunPlan:
+    """The plan with `overrides`; its hyperparameters' digest is recorded, so that
+    run_rounds accepts them."""
+    plan = plan_lib.replan(self.plan, overrides, self.model, self._privacy_cache)
+    self.issued[hparams_lib.digest(plan.hparams)] = plan.cfg
+    return plan
 
   def privacy_for(self, **overrides) -> Privacy:
-    """make_privacy of the config with `overrides` (see with_hparams)."""
-    return self._config_and_privacy(overrides)[1]
-
-  def _config_and_privacy(self, overrides: dict):
-    from fedjax_dp.recipes.config_checks import make_config
-    bad = sorted(set(overrides) - set(hparams_lib.numeric_keys()))
-    if bad:
-      raise ConfigError(f"with_hparams: {', '.join(bad)} shape the compiled round (a new "
-                        "simulation is needed); the keys that are data are "
-                        f"{', '.join(hparams_lib.numeric_keys())}")
-    cfg = make_config(overrides, base=self.cfg)
-    hparams_lib.check_same_structure(self.cfg, cfg)
-    hparams_lib.check_numbers_are_data(self.cfg, cfg)
-    hparams_lib.check_overridable(self.cfg, overrides, self.calibrated,
-                                  self.privacy.client_budgets is not None)
-    privacy = self._privacy_of(cfg, overrides)
-    structure = lambda p: (p.layout and p.layout._replace(noise_scales=p.layout.noise_scales
-                                                          is None),
-                           p.stop_in_round, len(p.event_multipliers))
-    if structure(privacy) != structure(self.privacy):
-      raise hparams_lib.StructureChange(f"with_hparams: {overrides} change the privacy set-up's structure; "
-                        "build a new simulation")
-    for key in overrides:   # a key this round never reads would give N identical replicas
-      if getattr(cfg, key) != getattr(self.cfg, key) and hparams_lib.same(
-          self.hparams, hparams_lib.round_hparams(*self._one_change(key, overrides[key]))):
-        raise ConfigError(f"with_hparams: {key} = {overrides[key]!r} changes nothing in this "
-                          "simulation's round (its stage or schedule is not on)")
-    return cfg, privacy
-
-  def _one_change(self, key, value):
-    from fedjax_dp.recipes.config_checks import make_config
-    cfg = make_config({key: value}, base=self.cfg)
-    return cfg, self._privacy_of(cfg, {key: value})
-
-  def _privacy_of(self, cfg: Config, overrides: dict) -> Privacy:
-    """make_privacy of a changed config (cached: a calibration with a noise schedule
-    tabulates 17 RDP curves), keeping this simulation's calibration unless the
-    overrides recalibrate, and its per-client budgets."""
-    calibrated = None if hparams_lib.RECALIBRATING & set(overrides) else self.calibrated
-    if (cfg, calibrated) not in self._privacy_cache:
-      privacy = make_privacy(cfg, self.model, self.feature_tiers, calibrated)
-      if self.privacy.client_budgets is not None:
-        privacy = dataclasses.replace(privacy, client_budgets=self.privacy.client_budgets)
-      self._privacy_cache[(cfg, calibrated)] = privacy
-    return self._privacy_cache[(cfg, calibrated)]
+    """The privacy set-up with `overrides` (see with_hparams)."""
+    return plan_lib.replan(self.plan, overrides, self.model, self._privacy_cache).privacy
 
   def epsilons(self, state: SimState):
     """(epsilon, optimal order) spent, by the in-round RDP ledger, as float64 numpy:
     scalars for central DP, [num_clients] arrays for local DP."""
-    return accounting.epsilons_np(np.asarray(state.privacy.ledger, np.float64), self.cfg.delta)
+    return accounting.epsilons_np(np.asarray(state.privacy.ledger, np.float64),
+                                  self.privacy.delta)
 
   def next_event_rdp(self, state: SimState) -> np.ndarray:
     """float64 [orders] (or [num_clients, orders] with per-cluster noise): the RDP
@@ -247,10 +199,10 @@ class Simulation:
     else:
       score = float(state.server_state["noise_control"]["score"])
       scales = np.asarray(noise_control.noise_scales(p.schedule, score, p.tier_scales(),
-                                                     self.cfg.convergence_beta), np.float64)
+                                                     self._convergence_beta()), np.float64)
       event = noise_control.local_event_rdp_np(p.update_noise_multiplier, p.layout.fractions,
                                                scales)
-    if self.cfg.cluster_noise == "equalize":
+    if self.recipe.cluster_noise:
       cn = state.server_state["cluster_noise"]
       f = np.asarray(noise_control.cluster_noise_factors(cn["size"], cn["median"]), np.float64)
       event = event[None, :] / f[:, None] ** 2
@@ -260,9 +212,12 @@ class Simulation:
     """float64 [num_clients]: each client's target epsilon (None without a target)."""
     if self.privacy.client_budgets is not None:
       return self.privacy.client_budgets
-    if self.cfg.target_epsilon is None:
+    if self.privacy.target_epsilon is None:
       return None
-    return np.full(self.cfg.num_clients, self.cfg.target_epsilon)
+    return np.full(self.setup.population.num_clients, self.privacy.target_epsilon)
+
+  def _convergence_beta(self) -> float:
+    return self.recipe.planner.config["convergence_beta"]
 
   def run_rounds(self, state: SimState, num_rounds: int, hparams: dict | None = None,
                  same_draws: bool = False) -> tuple[SimState, RoundStats]:
@@ -283,7 +238,7 @@ class Simulation:
     """ConfigError where `state` holds another release's run key (noise_seed 'secret':
     the key is the operating system's, nothing to compare)."""
     cfg = self.cfg if hparams is None else self.issued.get(hparams_lib.digest(hparams))
-    if cfg is None or cfg.noise_seed == "secret":
+    if cfg is None or self.setup.noise_seed == "secret":
       return   # unissued hyperparameters: run_working refuses them
     want = np.asarray(release_identity.run_key(cfg, self.inputs_digest))
     if not np.array_equal(np.asarray(state.key), want):

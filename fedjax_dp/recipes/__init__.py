@@ -15,7 +15,11 @@
                 dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
   serial.py     to_dict / from_dict: a recipe as registered names and keyword arguments
-  setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution)
+  setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution,
+                Adversary)
+  plan.py       plan_run: the config read once into what build_simulation compiles
+                (recipe, set-up, privacy, the round's numbers); replan / reseeded:
+                the same round with numbers or the seed changed
   privacy.py    make_privacy: the config's DP keys read into the round's Privacy
                 (calibration to target_epsilon, the accounted event)
   release_identity.py  the run key: the seed with the release's settings and inputs
@@ -35,5 +39,7 @@ from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dynamic_
                                          moon, scaffold, solo, topksdp)
 from fedjax_dp.recipes.flat import from_config
 from fedjax_dp.recipes.serial import from_dict, to_dict
-from fedjax_dp.recipes.setup import Execution, LocalTraining, Population, RunSetup, run_setup
+from fedjax_dp.recipes.setup import (Adversary, Execution, LocalTraining, Population, RunSetup,
+                                     run_setup)
+from fedjax_dp.recipes.plan import RunPlan, plan_run
 from fedjax_dp.recipes import stages

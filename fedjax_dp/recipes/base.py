@@ -146,6 +146,11 @@ class Recipe:
     from fedjax_dp import robust
     return self.aggregator.stage if self.aggregator is not None else robust.get_aggregator("mean")
 
+  @property
+  def cluster_noise(self) -> bool:
+    """Whether the noise is equalised across the rule's clusters (a server stage)."""
+    return any(c.config.get("cluster_noise") == "equalize" for c in self.server)
+
   def rule_hparams(self) -> dict:
     return dict(self.rule.hparams)
 

@@ -1,13 +1,16 @@
 """The run's set-up beside its recipe: who takes part, how each client trains, how
-the simulation executes. `run_setup(cfg)` reads them from the flat config once,
-at the edge (build_simulation), beside `from_config(cfg)`'s recipe; the round
-and the state below read these records, not the config.
+the simulation executes, who attacks. `run_setup(cfg)` reads them from the flat
+config once, at the edge (recipes/plan.plan_run), beside `from_config(cfg)`'s
+recipe; build_simulation, the round and the state read these records, not the
+config.
 
   Population      num_clients, clients_per_round, sampling, max_cohort
   LocalTraining   epochs, batch_size, the learning-rate schedule's shape and its
                   rounds, the client optimizer's momentum
   Execution       devices, how a device runs its clients, matmul precision, where
                   per-client state lives
+  Adversary       the Byzantine clients (who, how, which draw), an audit's canaries,
+                  the server's norm bound on each upload
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from fedjax_dp.config import Config
+from fedjax_dp.config.schema import data_seed
 
 
 class Population(NamedTuple):
@@ -43,12 +47,26 @@ class Execution(NamedTuple):
   client_state_dir: str | None
 
 
+class Adversary(NamedTuple):
+  byzantine_fraction: float
+  byzantine_attack: str
+  byzantine_scale: float
+  byzantine_draw: str          # 'fixed' (one set of clients) | 'round' (drawn each round)
+  canaries: int                # an audit's canary clients (audit_canaries)
+  server_clip_l2: float | None  # the server's L2 bound on each upload (None: none)
+  data_seed: int               # who is Byzantine or a canary is the data's draw
+
+
 class RunSetup(NamedTuple):
   population: Population
   training: LocalTraining
   execution: Execution
+  adversary: Adversary
   seed: int                    # the model's initialisation
   clip_norm: float             # the mechanism's initial clip norm (its state slot's)
+  noise_seed: str              # 'seed' (the run key from the seed) | 'secret' (the OS's)
+  model: str                   # the config's model ('custom': the caller's own, whose
+                               # programs the release's inputs digest covers)
 
 
 def run_setup(cfg: Config) -> RunSetup:
@@ -59,4 +77,6 @@ def run_setup(cfg: Config) -> RunSetup:
                     cfg.momentum),
       Execution(cfg.devices, cfg.client_parallelism, cfg.client_batch, cfg.matmul_precision,
                 cfg.client_state_store, cfg.client_state_dtype, cfg.client_state_dir),
-      cfg.seed, cfg.clip_norm)
+      Adversary(cfg.byzantine_fraction, cfg.byzantine_attack, cfg.byzantine_scale,
+                cfg.byzantine_draw, cfg.audit_canaries, cfg.server_clip_l2, data_seed(cfg)),
+      cfg.seed, cfg.clip_norm, cfg.noise_seed, cfg.model)
