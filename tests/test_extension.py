@@ -51,8 +51,11 @@ def ext_decay(lam: float = 0.01) -> LocalTerm:
 def _bounded_mean(u, mask, weights, state, hp):
   norm = jnp.sqrt(jnp.sum(u * u, axis=1))
   bounded = u * jnp.minimum(1.0, hp["bound"] / jnp.maximum(norm, 1e-30))[:, None]
+  flagged = jnp.sum(mask & (norm > hp["bound"]), dtype=jnp.int32)
+  # the rule's own metrics: how many uploads it received, and how many it kept whole
+  seen = jnp.sum(mask, dtype=jnp.int32)
   return (ra.weighted_mean(bounded, mask, weights), state,
-          metrics(jnp.sum(mask & (norm > hp["bound"]), dtype=jnp.int32)))
+          {**metrics(flagged), "seen": seen, "kept": seen - flagged})
 
 
 _BOUNDED_MEAN = on_finite_uploads(_bounded_mean)   # built once: the bound is data
@@ -60,7 +63,10 @@ _BOUNDED_MEAN = on_finite_uploads(_bounded_mean)   # built once: the bound is da
 
 def ext_bound(bound: float = 1e-6) -> Aggregator:
   return Aggregator(name="ext_bound", aggregate=_BOUNDED_MEAN, hparams={"bound": bound},
-                    reports=("flagged",))
+                    reports=("flagged",),
+                    declares=(("seen", "public", "the cohort's size, fixed by the config"),
+                              ("kept", "not covered", "uploads within the bound, from the "
+                                                      "unnoised uploads")))
 
 
 register_term(ext_decay)
@@ -216,6 +222,23 @@ def test_a_mechanism_term_rule_and_dataset_run_from_plugins_through_the_cli(plug
   # every upload is above the rule's tiny bound: all five flagged in each of the
   # row's rounds
   assert rows[-1]["flagged"] == 5 * SMALL["eval_every"] and rows[-1]["round"] == SMALL["rounds"]
+  # the rule's own metrics, summed over the row's rounds: it received the cohort of
+  # five each round and kept none whole (kept = seen - flagged)
+  assert rows[-1]["aggregator.seen"] == 5 * SMALL["eval_every"]
+  assert rows[-1]["aggregator.kept"] == 0
+  # published as the rule declares them: 'seen' public, 'kept' not covered and listed
+  # in the report's not_accounted with what it reveals; a metric a stage does not
+  # declare would be taken as not covered; no such stage, no declaration
+  from fedjax_dp.experiment import releases
+  cfg = fedjax_dp.load_config(os.path.join(out, "config.json"))
+  assert releases.declaration("metrics.jsonl:aggregator.seen", cfg).status == "public"
+  assert releases.declaration("metrics.jsonl:aggregator.kept", cfg).status == "not covered"
+  lines = releases.not_accounted(cfg, releases.run_outputs(out, rows))
+  assert any("aggregator.kept" in line and "from the unnoised uploads" in line for line in lines)
+  assert not any("aggregator.seen" in line for line in lines)
+  other = releases.declaration("metrics.jsonl:aggregator.other", cfg)
+  assert other.status == "not covered" and "does not declare" in other.says
+  assert releases.declaration("metrics.jsonl:no_stage.other", cfg) is None
 
 
 def ALL_FOUR(plugins) -> dict:
@@ -522,3 +545,18 @@ def test_a_plugins_digest_is_of_the_code_imported(plugins):
   fedjax_dp.make_config({"plugins": [path]})   # imports it
   open(path, "ab").write(b"\n# edited after the import\n")
   assert plugin_digest(path) == hashlib.sha256(source).hexdigest()
+
+
+def test_a_rules_declared_metrics_are_in_the_round_stats(plugins):
+  """The Python API's view: RoundStats.metrics['aggregator'] holds what the rule
+  declares (seen: the participants, kept: those within the bound), beside flagged."""
+  from tests.helpers import toy_problem, toy_simulation
+  x, y, parts = toy_problem(sizes=(7, 12, 3, 9, 5, 8))
+  sim = toy_simulation(x, y, parts, aggregator="ext_bound", ext_bound_norm=0.3,
+                       plugins=[plugins["term_rule_dataset"]], clients_per_round=4)
+  _, stats = sim.run_rounds(sim.init_state(), 3)
+  got = stats.metrics["aggregator"]
+  np.testing.assert_array_equal(got["seen"], stats.participants)
+  np.testing.assert_array_equal(got["kept"], stats.participants - stats.flagged)
+  assert set(got) == {"flagged", "clusters", "seen", "kept"}
+  assert int(np.sum(stats.flagged)) > 0 and int(np.sum(got["kept"])) > 0   # both happen

@@ -40,6 +40,7 @@ import pytest
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.experiment.reports.privacy_report import privacy_report
 from fedjax_dp.core.build import build_simulation
+from fedjax_dp.core.state import ATTRIBUTE_METRICS
 from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.data.tabular import TIERS
 from tests.helpers import toy_problem, toy_simulation
@@ -128,8 +129,24 @@ def state_digest(state) -> str:
   return _digest(np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(state))
 
 
+# RoundStats' fields as recorded (before issue 40 moved the stages' counts into
+# RoundStats.metrics; the four read there are its properties): the digests and
+# values stay comparable, and a stage's metric beyond them is its own entry
+STATS_FIELDS = ("loss_sum", "examples", "participants", "unclipped", "spent", "flagged",
+                "clusters", "event", "lr", "nonfinite", "bounded")
+
+
+def stats_fields(s) -> dict:
+  """{name: value} of one chunk's RoundStats: STATS_FIELDS, then any other stage
+  metric as '<stage>.<metric>' (none in the recorded cases)."""
+  out = {f: getattr(s, f) for f in STATS_FIELDS}
+  out.update({f"{stage}.{name}": v for stage, m in s.metrics.items() for name, v in m.items()
+              if (stage, name) not in ATTRIBUTE_METRICS})
+  return out
+
+
 def stats_digest(stats) -> str:
-  return _digest(np.asarray(getattr(s, f)).tobytes() for s in stats for f in s._fields)
+  return _digest(np.asarray(v).tobytes() for s in stats for v in stats_fields(s).values())
 
 
 def report_digest(sim, state, stats) -> str:
@@ -167,7 +184,7 @@ def case_values(state, stats) -> dict:
   RoundStats ("t<chunk>.<field>") as host arrays."""
   out = {f"s{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(state))}
   for c, s in enumerate(stats):
-    out.update({f"t{c}.{f}": np.asarray(getattr(s, f)) for f in s._fields})
+    out.update({f"t{c}.{f}": np.asarray(v) for f, v in stats_fields(s).items()})
   return out
 
 

@@ -46,7 +46,7 @@ def test_error_feedback_conserves_mass(selection):
   residual = jnp.asarray(rng.normal(size=D), jnp.float32)
   u = rng.normal(size=D)
   public = jnp.asarray(rng.normal(size=D), jnp.float32)
-  out, new_residual = stage.update(upload(u), residual, ctx(public=public))
+  out, new_residual, _ = stage.update(upload(u), residual, ctx(public=public))
   # sent + new residual = update + old residual, exactly
   np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(new_residual),
                                 np.asarray(jnp.asarray(u, jnp.float32) + residual))
@@ -57,7 +57,7 @@ def test_error_feedback_conserves_mass(selection):
   if selection == "public_topk":   # indices from the public update, not from the private one
     np.testing.assert_array_equal(out.sent, topk_kernels.topk_mask_exact(public, 100))
   if selection == "random_k":      # indices from the key alone
-    other, _ = stage.update(upload(-u * 7), residual, ctx())
+    other, _, _ = stage.update(upload(-u * 7), residual, ctx())
     np.testing.assert_array_equal(out.sent, other.sent)
 
 
@@ -65,7 +65,7 @@ def test_sparsity_zero_without_noise_is_the_identity():
   u = np.random.default_rng(2).normal(size=D)
   stage = pl.chain(pl.clip_per_coordinate(1e9), pl.topk_with_error_feedback(0.0),
                    pl.clip_l2(1e12))
-  out, state = stage.update(upload(u), stage.init(D), ctx())
+  out, state, _ = stage.update(upload(u), stage.init(D), ctx())
   np.testing.assert_array_equal(np.asarray(out.values), np.asarray(u, np.float32))
   np.testing.assert_array_equal(np.asarray(state[1]), 0.0)
 
@@ -78,7 +78,7 @@ def test_noise_only_on_kept_coordinates_with_the_papers_std():
   stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0))
   u = np.zeros(D)
   u[:k] = 100.0
-  out, _ = stage.update(upload(u), stage.init(D), ctx())
+  out, _, _ = stage.update(upload(u), stage.init(D), ctx())
   noise = np.asarray(out.values)[:k] - 100.0
   assert np.all(np.asarray(out.values)[k:] == 0)
   assert stats.kstest(noise / 2.0, "norm").pvalue > 1e-3
@@ -209,7 +209,7 @@ def test_threshold_kernel_in_the_stage_keeps_exactly_k_and_conserves_mass():
   rng = np.random.default_rng(5)
   stage = pl.topk_with_error_feedback(0.9, kernel="threshold")
   u = rng.normal(size=D)
-  out, residual = stage.update(upload(u), stage.init(D), ctx())
+  out, residual, _ = stage.update(upload(u), stage.init(D), ctx())
   assert int(out.sent.sum()) == 100
   np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(residual),
                                 np.asarray(u, np.float32))
@@ -376,7 +376,7 @@ def test_public_topk_bisect_sends_the_first_k_in_round_zero():
   # (as the exact kernel does), never more than k
   stage = pl.topk_with_error_feedback(0.9, "public_topk", kernel="bisect")
   v = jax.random.normal(jax.random.PRNGKey(1), (D,))
-  sent, residual = stage.update(upload(v), stage.init(D), ctx())   # public update: zeros
+  sent, residual, _ = stage.update(upload(v), stage.init(D), ctx())   # public update: zeros
   np.testing.assert_array_equal(sent.sent, np.arange(D) < 100)
   np.testing.assert_array_equal(np.asarray(sent.values) + np.asarray(residual), np.asarray(v))
 
@@ -385,7 +385,7 @@ def test_bisect_kernel_in_the_stage_and_downlink_conserves_mass():
   rng = np.random.default_rng(6)
   stage = pl.topk_with_error_feedback(0.9, kernel="bisect")
   u = rng.normal(size=D)
-  out, residual = stage.update(upload(u), stage.init(D), ctx())
+  out, residual, _ = stage.update(upload(u), stage.init(D), ctx())
   assert 99 <= int(out.sent.sum()) <= 100
   np.testing.assert_array_equal(np.asarray(out.values) + np.asarray(residual),
                                 np.asarray(u, np.float32))
@@ -406,7 +406,7 @@ def test_aggregate_noise_variance_against_a_loop():
   stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0,
                                                                        draw="aggregate"))
   u = rng.normal(size=D)
-  out, _ = stage.update(upload(u), stage.init(D), ctx())
+  out, _, _ = stage.update(upload(u), stage.init(D), ctx())
   assert float(out.noise_std) == 2.0
   np.testing.assert_array_equal(np.asarray(out.values)[np.asarray(out.sent)],
                                 np.asarray(u, np.float32)[np.asarray(out.sent)])

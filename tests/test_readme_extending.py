@@ -48,7 +48,10 @@ def test_readme_server_stage_snippet_keeps_its_average():
   delta = {"w": jnp.ones((2, 2)), "b": jnp.full((2,), 2.0)}
   ctx = RoundContext(None, {}, None, None, None, None, True, ())
   for _ in range(2):
-    out, state = chain.update(delta, state, ctx)
+    out, state, metrics = chain.update(delta, state, ctx)
+  assert set(metrics) == {"released_average"}
+  np.testing.assert_allclose(metrics["released_average"]["norm"],
+                             np.linalg.norm(np.asarray(state["released_average"])), rtol=1e-6)
   flat = np.array([2.0, 2.0, 1.0, 1.0, 1.0, 1.0], np.float32)   # ravel order: b, then w
   np.testing.assert_allclose(state["released_average"], (1 - 0.9 ** 2) * flat, rtol=1e-6)
   np.testing.assert_array_equal(state["public_update"], flat)

@@ -162,7 +162,8 @@ def test_client_stage_contract(name):
   stage = make(number)
   state0 = stage.init(D)
   state, up, ctx = some_state(state0, 1), an_upload(0), a_stage_context(0)
-  (out, new_state), update = jit_matches_eager(stage.update, up, state, ctx)
+  (out, new_state, metrics), update = jit_matches_eager(stage.update, up, state, ctx)
+  assert isinstance(metrics, dict) and all(jnp.shape(v) == () for v in metrics.values())
   assert out.values.shape == (D,) and out.values.dtype == jnp.float32
   assert out.sent.shape == (D,) and out.sent.dtype == jnp.bool_
   assert jnp.shape(out.noise_std) == ()
@@ -171,7 +172,7 @@ def test_client_stage_contract(name):
   assert not np.any(np.asarray(out.values)[~np.asarray(out.sent)])
   # a stage never sends what came in unsent (zero-valued: the contract above)
   sparse = np.arange(D) % 3 != 0
-  out_sparse, _ = update(an_upload(0, sparse), state, ctx)
+  out_sparse, _, _ = update(an_upload(0, sparse), state, ctx)
   assert not np.any(np.asarray(out_sparse.sent)[~sparse])
 
   # vmap over a cohort's clients (the client phase maps a stage over its slots) equals
@@ -185,7 +186,7 @@ def test_client_stage_contract(name):
   if draws:   # contract 4: two clients' draws (and two rounds' keys) differ
     values = np.asarray(batched[0].values)
     assert not np.allclose(values[0], values[1]) and not np.allclose(values[1], values[2])
-    again, _ = update(up, state, ctx._replace(key=key(1)))
+    again, _, _ = update(up, state, ctx._replace(key=key(1)))
     assert trees_differ(again, out)
 
   if number is not None:   # contract 5: its number traced, vmapped over replicas
@@ -195,16 +196,17 @@ def test_client_stage_contract(name):
 def test_chain_gives_each_stage_its_own_key():
   """A spy stage returns its key as its state: three in a chain get three keys, none
   the client's own; two noise stages in a chain draw two different noises."""
-  spy = pl.ClientStage(lambda d: jnp.zeros((2,), jnp.uint32), lambda u, s, ctx: (u, ctx.key))
+  spy = pl.ClientStage(lambda d: jnp.zeros((2,), jnp.uint32),
+                       lambda u, s, ctx: (u, ctx.key, {}))
   chained = pl.chain(spy, spy, spy)
   ctx = a_stage_context(0)
-  _, keys = chained.update(an_upload(0), chained.init(D), ctx)
+  _, keys, _ = chained.update(an_upload(0), chained.init(D), ctx)
   seen = {tuple(np.asarray(k).tolist()) for k in (*keys, ctx.key)}
   assert len(seen) == 4
   noise = pl.gaussian_on_kept(lambda ctx: jnp.float32(1.0))
   zero = pl.Upload(jnp.zeros(D), jnp.ones(D, bool))
-  one, _ = pl.chain(noise).update(zero, ((),), ctx)
-  two, _ = pl.chain(noise, noise).update(zero, ((), ()), ctx)
+  one, _, _ = pl.chain(noise).update(zero, ((),), ctx)
+  two, _, _ = pl.chain(noise, noise).update(zero, ((), ()), ctx)
   # with one key reused, the second noise would equal the first: two = 2 * one
   assert not np.allclose(two.values, 2 * one.values)
 
@@ -213,7 +215,7 @@ def test_topk_after_a_sparse_upload_keeps_values_zero_off_sent():
   stage = pl.topk_with_error_feedback(0.5)
   sparse = np.arange(D) % 2 == 0
   residual = jnp.asarray(np.where(sparse, 0.0, 10.0), jnp.float32)   # large where unsent
-  out, _ = stage.update(an_upload(0, sparse), residual, a_stage_context(0))
+  out, _, _ = stage.update(an_upload(0, sparse), residual, a_stage_context(0))
   assert not np.any(np.asarray(out.values)[~np.asarray(out.sent)])
 
 
@@ -323,7 +325,8 @@ def test_server_stage_contract(name):
   state0 = stage.init(SERVER_PARAMS, SD)
   state, delta = some_server_state(state0, 1), a_delta(0)
   ctx = a_round_context(hp)
-  (new_delta, new_state), update = jit_matches_eager(stage.update, delta, state, ctx)
+  (new_delta, new_state, metrics), update = jit_matches_eager(stage.update, delta, state, ctx)
+  assert isinstance(metrics, dict)
   same_structure(new_delta, SERVER_PARAMS)
   same_structure(new_state, state0)
   # fed back, the state keeps its structure (a fixed lax.scan carry)
@@ -333,7 +336,7 @@ def test_server_stage_contract(name):
   # did not take part has its row written (padded slots carry a real id, 0)
   garbage = a_round_context(hp, ids=jnp.asarray([4, 1, 5, 2], jnp.int32),
                             sizes=(3.0, 2.0, 1e6, np.nan))
-  assert_trees_close(update(delta, state, garbage), (new_delta, new_state))
+  assert_trees_close(update(delta, state, garbage)[:2], (new_delta, new_state))
   took_part = np.zeros(N, bool)
   took_part[np.asarray(IDS)[np.asarray(MASK)]] = True
   for before, after in zip(client_rows(state), client_rows(new_state)):
@@ -342,7 +345,7 @@ def test_server_stage_contract(name):
   # a round nobody took part in, skipped and not applied, observes nothing: only
   # the per-round counters may move
   nobody = a_round_context(hp, mask=jnp.zeros(SLOTS, bool), skipped=True, applied=False)
-  _, kept = update(delta, state, nobody)
+  _, kept, _ = update(delta, state, nobody)
   moves = {"skipped", "paper_epsilon_rounds"}
   flat_kept = jax.tree_util.tree_flatten_with_path(kept)[0]
   for (path, a), b in zip(flat_kept, jax.tree.leaves(state)):
@@ -357,7 +360,7 @@ def test_public_update_keeps_the_last_released_update_through_an_unapplied_round
   stage = ss.public_update()
   before = jnp.arange(SD, dtype=jnp.float32)
   nobody = a_round_context({}, mask=jnp.zeros(SLOTS, bool), applied=False)
-  _, after = stage.update(a_delta(0), before, nobody)
+  _, after, _ = stage.update(a_delta(0), before, nobody)
   np.testing.assert_array_equal(after, before)
 
 

@@ -259,7 +259,7 @@ def test_final_clip_bounds_the_sent_norm_and_conserves_mass():
   u = rng.normal(size=200)
   residual = jnp.asarray(rng.normal(size=200) * 10, jnp.float32)
   ctx = pl.StageContext(jax.random.PRNGKey(0), jnp.int32(10), jnp.float32(0.1), jnp.zeros(200))
-  out, new_r = stage.update(pl.Upload(jnp.asarray(u, jnp.float32), jnp.ones(200, bool)),
+  out, new_r, _ = stage.update(pl.Upload(jnp.asarray(u, jnp.float32), jnp.ones(200, bool)),
                             residual, ctx)
   assert float(jnp.linalg.norm(out.values)) <= 0.1 + 1e-6
   np.testing.assert_allclose(np.asarray(out.values + new_r), np.asarray(u + residual), rtol=1e-6)

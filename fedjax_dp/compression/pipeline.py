@@ -1,11 +1,13 @@
 """The update pipeline: optax-style stages between local training and aggregation.
 
-A client stage is a pair of pure functions, as in optax:
+A client stage is a pair of pure functions, as in optax, on the round's one stage
+protocol (fedjax_dp/stage.py):
 
   init(d) -> state                    one client's state for a flat update of size d
-  update(upload, state, ctx) -> (upload, state)
+  update(upload, state, ctx) -> (upload, state, metrics)
 
-and `chain(*stages)` composes them. Uploads are flat float32 vectors [d] with a
+and `chain(*stages)` composes them; a stage's metrics (scalars, this client's) are
+summed over the round's participants into RoundStats.metrics[its name]. Uploads are flat float32 vectors [d] with a
 bool mask [d] of the coordinates that are sent (all, for a dense upload).
 Stages (SparseRandom, TopkSDP-FL Algorithm 1, and its variants):
 
@@ -32,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp import stage as stage_lib
 from fedjax_dp.kernels import topk as topk_kernels
 
 
@@ -55,7 +58,7 @@ class StageContext(NamedTuple):
 
 class ClientStage(NamedTuple):
   init: Callable[[int], Any]
-  update: Callable[[Upload, Any, StageContext], tuple[Upload, Any]]
+  update: Callable[[Upload, Any, StageContext], tuple[Upload, Any, dict]]
   # static properties: what recipes (recipes/validate.py) check a combination by
   name: str = ""
   bound: float | None = None       # the norm it clips the upload to (per coordinate or L2)
@@ -69,6 +72,8 @@ class ClientStage(NamedTuple):
   hparams: Any = ()                # its numbers {name: value} (a chain: a tuple, one per
                                    # stage): the round passes them back as traced arrays in
                                    # StageContext.hp (hyperparameters as data, recipes/hparams.py)
+  declares: Any = ()               # its metrics' release declarations, ((name, status,
+                                   # says), ...) (fedjax_dp/stage.py)
 
 
 def numbers(ctx: StageContext, stage_hparams: dict) -> dict:
@@ -78,22 +83,20 @@ def numbers(ctx: StageContext, stage_hparams: dict) -> dict:
 
 
 def chain(*stages: ClientStage) -> ClientStage:
-  """Applies the stages in order; each gets its own key, fold_in(key, position)."""
+  """Applies the stages in order (stage.chain_update: their states a tuple, their
+  metrics by name); each gets its own key, fold_in(key, position)."""
   def init(d):
     return tuple(s.init(d) for s in stages)
 
-  def update(upload, state, ctx):
-    new_state = []
-    for i, (stage, s) in enumerate(zip(stages, state)):
-      hp = ctx.hp[i] if isinstance(ctx.hp, tuple) and ctx.hp else ()
-      upload, s = stage.update(upload, s, ctx._replace(key=jax.random.fold_in(ctx.key, i), hp=hp))
-      new_state.append(s)
-    return upload, tuple(new_state)
-  return ClientStage(init, update, hparams=tuple(s.hparams for s in stages))
+  def ctx_for(i, ctx):
+    hp = ctx.hp[i] if isinstance(ctx.hp, tuple) and ctx.hp else ()
+    return ctx._replace(key=jax.random.fold_in(ctx.key, i), hp=hp)
+  return ClientStage(init, stage_lib.chain_update(stages, ctx_for),
+                     hparams=tuple(s.hparams for s in stages))
 
 
 def identity() -> ClientStage:
-  return ClientStage(lambda d: (), lambda u, s, ctx: (u, s))
+  return ClientStage(lambda d: (), lambda u, s, ctx: (u, s, {}))
 
 
 def clip_per_coordinate(clip: float) -> ClientStage:
@@ -101,7 +104,7 @@ def clip_per_coordinate(clip: float) -> ClientStage:
 
   def update(u, s, ctx):
     c = numbers(ctx, own)["clip"]
-    return u._replace(values=jnp.clip(u.values, -c, c)), s
+    return u._replace(values=jnp.clip(u.values, -c, c)), s, {}
   return ClientStage(lambda d: (), update, name="clip_per_coordinate", bound=clip, hparams=own)
 
 
@@ -111,7 +114,7 @@ def clip_l2(clip: float) -> ClientStage:
   def update(u, s, ctx):
     c = numbers(ctx, own)["clip"]
     norm = jnp.linalg.norm(u.values)
-    return u._replace(values=u.values * jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))), s
+    return u._replace(values=u.values * jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30))), s, {}
   return ClientStage(lambda d: (), update, name="clip_l2", bound=clip, hparams=own)
 
 
@@ -182,7 +185,7 @@ def topk_with_error_feedback(sparsity: float, selection: str = "topk",
       c = numbers(ctx, own)["final_clip"]
       sent = sent * jnp.minimum(1.0, c / jnp.maximum(jnp.linalg.norm(sent), 1e-30))
     new_residual = v - sent if error_feedback else ()
-    return Upload(sent, mask), new_residual
+    return Upload(sent, mask), new_residual, {}
   return ClientStage(init, update, name="topk", bound=final_clip, sparsifies=True,
                      private_positions=selection == "topk", hparams=own)
 
@@ -205,9 +208,9 @@ def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
   def update(u, s, ctx):
     std = std_fn(ctx._replace(hp=numbers(ctx, own)))
     if draw == "aggregate":
-      return u._replace(noise_std=std), s
+      return u._replace(noise_std=std), s, {}
     noise = std * jax.random.normal(ctx.key, u.values.shape, u.values.dtype)
-    return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s
+    return u._replace(values=u.values + jnp.where(u.sent, noise, 0.0)), s, {}
   return ClientStage(lambda d: (), update, name="gaussian_on_kept", needs_sparsifier=True,
                      needs_bound=True, privatizes=True, owes_noise=draw == "aggregate",
                      hparams=own)

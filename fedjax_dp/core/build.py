@@ -238,6 +238,7 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
       objective=recipe.objective(task.loss, training.momentum), model=model,
       pipeline=client_pipeline, dp=dp, uploads=uploads, poisoned_rows=poisoned_rows,
       aggregator=None if aggregator.linear else aggregator.aggregate,
+      rule_figures=("flagged", "clusters", *(name for name, *_ in aggregator.declares)),
       cluster_noise=recipe.cluster_noise,
       aggregate_noise=any(c.stage.owes_noise for c in recipe.upload),
       guard_nonfinite=client_pipeline is not None and (dp.client is not None

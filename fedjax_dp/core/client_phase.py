@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dp import algorithms
+from fedjax_dp import stage as stage_lib
 from fedjax_dp.compression import pipeline as pipeline_lib
 from fedjax_dp.core import one_step, upload_stages
 from fedjax_dp.core.schedules import round_learning_rate
@@ -53,6 +54,8 @@ class ClientStages(NamedTuple):
                                   # the mechanism's, the server's norm bound, shuffling
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
+  rule_figures: tuple             # the rule's metrics kept in RoundStats.metrics["aggregator"]
+                                  # (its others, the clusters' arrays, feed cluster noise)
   cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
@@ -101,7 +104,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   if stages.dp.client is not None:   # (upload, id) -> (clipped [and noised] upload, its norm)
     dp_client = lambda u, cid: stages.dp.client(u, cid, round_key, clip_norm, client_hp,
                                                 noise_scales, client_noise_factor[cid])
-  (res, contribs, owed, nonfinite, dp_norms), sums, client_state = _train_cohort(
+  (res, contribs, owed, nonfinite, dp_norms, client_metrics), sums, client_state = _train_cohort(
       stages, params, cohort_ids, cohort_mask, counts, client_hp, round_key, client_state,
       server_state, x, y, client_index, client_count.shape[0], dp_client)
   contrib_sum = sum_over_devices(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs))
@@ -109,12 +112,16 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
                             nonfinite)
   ctx = upload_stages.UploadContext(cohort_ids, round_key, clip_norm, client_hp, dp_client,
                                     sums is not None, dp_norms)
-  u, metrics = upload_stages.run_chain(stages.uploads, u, ctx)
+  u, upload_metrics = upload_stages.run_chain(stages.uploads, u, ctx)
+  # the stages' counts over this device's slice: the pipeline's per client, summed
+  # over those who trained, and the upload stages'
+  partial = stage_lib.merge_metrics(jax.tree.map(
+      lambda m: jnp.sum(jnp.where(cohort_mask, m, jnp.zeros_like(m)), axis=0), client_metrics),
+      upload_metrics)
   mask_f = u.mask.astype(jnp.float32)
-  flagged = clusters = jnp.zeros((), jnp.int32)
-  cluster_info, server_slots = (), {}
+  rule_metrics, cluster_info, server_slots = {}, (), {}
   if stages.aggregator is not None:
-    mean_delta, flagged, clusters, cluster_info, server_slots = _robust_aggregate(
+    mean_delta, rule_metrics, cluster_info, server_slots = _robust_aggregate(
         u.deltas, cohort_ids, u.mask, u.weights * mask_f, server_state,
         client_hp["aggregator"], stages.aggregator, stages.cluster_noise)
   else:
@@ -122,9 +129,9 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
                                    divides_by=stages.dp.mechanism.divides_by,
                                    uniform=upload_stages.uniform_weights(stages.uploads),
                                    aggregate_noise=stages.aggregate_noise)
-  zero = jnp.zeros((), jnp.int32)
-  stats = _round_stats(res, u.mask, metrics.get("unclipped", zero), u.nonfinite, flagged,
-                       clusters, client_hp["lr"], metrics.get("bounded", zero))
+  stats = _round_stats(res, u.mask, u.nonfinite, partial, stage_lib.check_metrics(
+      "aggregator", {k: rule_metrics[k] for k in stages.rule_figures if k in rule_metrics}),
+                       client_hp["lr"])
   return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
 
 
@@ -159,7 +166,7 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
                                                     client_hp["lr"], x, y,
                                                     stages.executor.batch)
     no_flags = jnp.zeros(counts.shape, bool)
-    return (res, {}, (), no_flags, ()), {"delta": delta_sum}, client_state
+    return (res, {}, (), no_flags, (), {}), {"delta": delta_sum}, client_state
   one = _client_step(stages, params, client_hp, server_state, x, y,
                      jax.random.fold_in(round_key, PIPELINE), dp_client if fused else None)
   args = (cohort_rows, counts, keys, cohort_mask, cohort_ids)
@@ -173,21 +180,30 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   return (out[0], out[1], client_state) if fused else (out, None, client_state)
 
 
-def _round_stats(res, cohort_mask, unclipped, nonfinite, flagged, clusters, lr,
-                 bounded) -> RoundStats:
-  """The round's statistics, summed over the devices."""
+def _round_stats(res, cohort_mask, nonfinite, partial: dict, replicated: dict,
+                 lr) -> RoundStats:
+  """The round's statistics, summed over the devices: `partial`, the stages' counts
+  over this device's slice ({stage: {name: scalar}}); `replicated`, the rule's, the
+  same on every device."""
   mask_f = cohort_mask.astype(jnp.float32)
   # the integer counts in one all-reduce: a separate psum for the non-finite count
   # alone cost TopkSDP-FL's round 4-5 % on 2 CPU devices (BENCHMARKS.md, issue 18)
-  participants, unclipped, nonfinite = sum_over_devices(jnp.stack([
-      jnp.sum(cohort_mask, dtype=jnp.int32), unclipped,
-      jnp.sum(nonfinite, dtype=jnp.int32)]))
+  leaves, tree = jax.tree.flatten(partial)
+  ints = [i for i, v in enumerate(leaves) if v.dtype == jnp.int32]
+  summed = sum_over_devices(jnp.stack([jnp.sum(cohort_mask, dtype=jnp.int32),
+                                       jnp.sum(nonfinite, dtype=jnp.int32)]
+                                      + [leaves[i] for i in ints]))
+  rest = [i for i in range(len(leaves)) if i not in ints]
+  others = sum_over_devices([leaves[i] for i in rest]) if rest else []
+  for i, v in zip(ints + rest, list(summed[2:]) + list(others)):
+    leaves[i] = v
   return RoundStats(loss_sum=sum_over_devices(jnp.sum(res.loss_sum * mask_f)),
                     examples=sum_over_devices(jnp.sum(res.examples * mask_f)),
-                    participants=participants, unclipped=unclipped,
-                    spent=jnp.zeros((), jnp.int32), flagged=flagged, clusters=clusters,
-                    event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=nonfinite,
-                    bounded=bounded)
+                    participants=summed[0], spent=jnp.zeros((), jnp.int32),
+                    event=jnp.zeros((), jnp.int32), lr=lr, nonfinite=summed[1],
+                    metrics=stage_lib.merge_metrics(jax.tree.unflatten(tree, leaves),
+                                                    {"aggregator": replicated} if replicated
+                                                    else {}))
 
 
 def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
@@ -213,7 +229,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     upload, cstate, contrib = objective.finish(ctx, res.delta, res.params, res.steps, lr,
                                                took_part, keep_rows, hp=client_hp["terms"])
     bad = jnp.zeros((), bool)
-    owed = ()
+    owed, pipeline_metrics = (), {}
     if client_pipeline is not None:
       if stages.guard_nonfinite:
         # a NaN or inf would reach the noise, the residual and the released sum: such
@@ -227,7 +243,7 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
           key=jax.random.fold_in(pipeline_key, cid), num_examples=count, lr=lr,
           public_update=server_state.get("public_update", jnp.zeros_like(flat)),
           hp=client_hp["pipeline"])
-      sent, pstate = client_pipeline.update(
+      sent, pstate, pipeline_metrics = client_pipeline.update(
           pipeline_lib.Upload(flat, jnp.ones(flat.shape, bool)), cstate["pipeline"], stage_ctx)
       cstate["pipeline"] = (jax.tree.map(lambda a, b: jnp.where(took_part, a, b), pstate,
                                          cstate["pipeline"]) if keep_rows else pstate)
@@ -235,7 +251,8 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
       if stages.aggregate_noise:  # the noise this upload owes, drawn below for the sum
         owed = (sent.sent, jnp.asarray(sent.noise_std, jnp.float32))
     if not summed:
-      return (res._replace(delta=upload, params=()), contrib, owed, bad, ()), cstate
+      return (res._replace(delta=upload, params=()), contrib, owed, bad, (),
+              pipeline_metrics), cstate
     norm = ()
     if dp_client is not None:   # always finite: a non-finite upload is sent as zero
       upload, norm = dp_client(upload, cid)
@@ -244,14 +261,15 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
       out["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
-    return ((res._replace(delta=(), params=()), contrib, (), bad, norm), out), cstate
+    return ((res._replace(delta=(), params=()), contrib, (), bad, norm, pipeline_metrics),
+            out), cstate
   return one
 
 
 def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
                       cluster_noise: bool):
   """A robust rule over every upload: the cohort all-gathered over the devices,
-  aggregated replicated. Returns (aggregate, flagged, clusters, cluster info: the
+  aggregated replicated. Returns (aggregate, the rule's metrics, cluster info: the
   cluster rule's clusters where the cluster-noise stage reads them, server-state
   slots: the rule's new state where it keeps one)."""
   rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
@@ -265,7 +283,7 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
   slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
   cluster_info = ((gather_over_devices(cohort_ids), metrics["cluster_mask"],
                    metrics["cluster_size"], metrics["cluster_median"]) if cluster_noise else ())
-  return unravel(agg), metrics["flagged"], metrics["clusters"], cluster_info, slots
+  return unravel(agg), metrics, cluster_info, slots
 
 
 def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,

@@ -18,6 +18,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from fedjax_dp import algorithms
 from fedjax_dp import recipes
+from fedjax_dp import stage as stage_lib
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
 from fedjax_dp.core.state import COHORT_SAMPLING, DOWNLINK, RoundStats, SimState
 from fedjax_dp.placement.store import FederatedStore
@@ -78,7 +79,8 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
                                                   server_context(adm, stats), hp=hp["terms"])
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
                                          adm.skip, ~keep_if(adm, stats), cluster_info)
-    delta, server_state = server_stages.update(delta, server_state, ctx)
+    delta, server_state, server_metrics = server_stages.update(delta, server_state, ctx)
+    stats = stats._replace(metrics=stage_lib.merge_metrics(stats.metrics, server_metrics))
     params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp.get("server_momentum")),
                                      delta, state.params, state.server_opt_state,
                                      frozen=objective.solo, keep=keep_if(adm, stats))

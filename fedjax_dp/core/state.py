@@ -53,10 +53,7 @@ class RoundStats(NamedTuple):
   loss_sum: jax.Array      # sum of local minibatch losses weighted by batch examples
   examples: jax.Array      # example-visits in local training this round
   participants: jax.Array  # int32 clients that trained this round
-  unclipped: jax.Array     # int32 participants whose update norm was <= the clip norm
   spent: jax.Array         # int32 cohort draws refused because the client's budget is spent
-  flagged: jax.Array       # int32 uploads the aggregator flagged as outliers or left out
-  clusters: jax.Array      # int32 clusters the `cluster` aggregator formed (0 otherwise)
   event: jax.Array         # int32 what the round released, for the host's privacy log:
                            # the index into Privacy.event_multipliers of the noise the
                            # accountant charged (central DP; local DP: 0 when anyone took
@@ -65,7 +62,36 @@ class RoundStats(NamedTuple):
   lr: jax.Array            # float32 the clients' learning rate this round
   nonfinite: jax.Array     # int32 uploads with a NaN or inf, replaced by zero before the
                            # mechanism (DP or kept noise; unnoised diagnostic)
-  bounded: jax.Array       # int32 received uploads the server's norm bound clipped
+  # {stage name: {metric: scalar}}: each stage's own figures (fedjax_dp/stage.py),
+  # summed over the cohort: the mechanism's `unclipped`, the rule's (`aggregator`)
+  # `flagged` and `clusters`, the server norm bound's (`server_clip`) `bounded`, and
+  # whatever a client, upload or server stage of the recipe reports
+  metrics: dict
+
+  def metric(self, stage: str, name: str):
+    """metrics[stage][name], or zeros shaped like `participants` where the stage
+    did not run or report it."""
+    value = self.metrics.get(stage, {}).get(name)
+    if value is not None:
+      return value
+    zeros = np.zeros_like if isinstance(self.participants, np.ndarray) else jnp.zeros_like
+    return zeros(self.participants)
+
+  # int32 participants whose update norm was <= the clip norm
+  unclipped = property(lambda self: self.metric("mechanism", "unclipped"))
+  # int32 uploads the aggregator flagged as outliers or left out
+  flagged = property(lambda self: self.metric("aggregator", "flagged"))
+  # int32 clusters the `cluster` aggregator formed (0 otherwise)
+  clusters = property(lambda self: self.metric("aggregator", "clusters"))
+  # int32 received uploads the server's norm bound clipped
+  bounded = property(lambda self: self.metric("server_clip", "bounded"))
+
+
+# the stages' metrics RoundStats reads as attributes (above), which a run publishes
+# under names of their own (unclipped_fraction, flagged, clusters, norm_bounded); any
+# other stage metric is published as '<stage>.<metric>' (experiment/callbacks.py)
+ATTRIBUTE_METRICS = frozenset({("mechanism", "unclipped"), ("aggregator", "flagged"),
+                               ("aggregator", "clusters"), ("server_clip", "bounded")})
 
 
 def secret_run_key() -> jax.Array:

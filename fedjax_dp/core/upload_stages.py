@@ -1,13 +1,14 @@
 """What happens to the cohort's uploads between the clients' training and the
-aggregate, as one chain of stages with one protocol:
+aggregate, as one chain of stages on the round's stage protocol (fedjax_dp/stage.py):
 
-  stage.apply(uploads, ctx) -> (uploads, metrics)
+  stage.update(uploads, (), ctx) -> (uploads, (), metrics)
 
 `uploads` (Uploads) is this device's slice of the cohort as the server sees it:
 the stacked updates (or, where the executor fused the sum into the client loop,
 nothing to change), the participation mask, the example counts and the
-aggregation weights; `metrics` is the stage's own named counts, gathered into
-the round's statistics.
+aggregation weights; the stages keep no state; `metrics` is the stage's own named
+counts over this device's slice, summed over the devices into
+RoundStats.metrics[its name].
 
 The chain's order comes from where each stage sits relative to the mechanism's
 trust boundary (privacy/boundary.py), never from its name:
@@ -36,6 +37,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_dp import stage as stage_lib
 from fedjax_dp.kernels import clipping
 from fedjax_dp.placement.executor import sum_over_devices
 
@@ -63,31 +65,33 @@ class UploadContext(NamedTuple):
 
 
 class UploadStage(NamedTuple):
-  """One stage: apply(uploads, ctx) -> (uploads, metrics), and its static properties."""
+  """One stage: update(uploads, (), ctx) -> (uploads, (), metrics), and its static
+  properties."""
   name: str
-  apply: Callable[[Uploads, UploadContext], tuple[Uploads, dict]]
+  update: Callable[[Uploads, tuple, UploadContext], tuple[Uploads, tuple, dict]]
   inspects_uploads: bool = False   # reads or replaces uploads one by one
   uniform_weights: bool = False    # sets every participant's weight alike
+  init: Callable = lambda: ()      # stateless
 
 
 def canary_stage(canary: Callable) -> UploadStage:
   """An audit's canary clients replace their slots' uploads; scale 0 takes them out."""
-  def apply(u: Uploads, ctx: UploadContext):
+  def update(u: Uploads, state, ctx: UploadContext):
     deltas, present = canary(u.deltas, ctx.ids, ctx.clip_norm,
                              ctx.client_hp["audit_canary_scale"])
     mask = u.mask & present
     counts = jnp.where(mask, u.counts, 0)
     return u._replace(deltas=deltas, mask=mask, counts=counts,
-                      weights=counts.astype(jnp.float32)), {}
-  return UploadStage("canary", apply, inspects_uploads=True)
+                      weights=counts.astype(jnp.float32)), state, {}
+  return UploadStage("canary", update, inspects_uploads=True)
 
 
 def attack_stage(byzantine: Callable) -> UploadStage:
   """Byzantine clients replace what they send (adversary/attacks.py)."""
-  def apply(u: Uploads, ctx: UploadContext):
+  def update(u: Uploads, state, ctx: UploadContext):
     return u._replace(deltas=byzantine(u.deltas, ctx.ids, u.mask, ctx.round_key,
-                                       sum_over_devices)), {}
-  return UploadStage("attack", apply, inspects_uploads=True)
+                                       sum_over_devices)), state, {}
+  return UploadStage("attack", update, inspects_uploads=True)
 
 
 def mechanism_stage(divides_by: str) -> UploadStage:
@@ -95,29 +99,29 @@ def mechanism_stage(divides_by: str) -> UploadStage:
   ran it in the client loop; its weights (uniform unless it divides by examples)
   and its counts: uploads within the clip norm, and those sent as zero for a norm
   that is not finite."""
-  def apply(u: Uploads, ctx: UploadContext):
+  def update(u: Uploads, state, ctx: UploadContext):
     if divides_by != "examples":
       u = u._replace(weights=u.mask.astype(jnp.float32))
     if ctx.client is None:
-      return u, {}
+      return u, state, {}
     norms = ctx.loop_norms
     if not ctx.in_loop:   # the uploads are stacked (a later stage reads them)
       deltas, norms = jax.vmap(ctx.client)(u.deltas, ctx.ids)
       u = u._replace(deltas=deltas)
     unclipped = jnp.sum((norms <= ctx.clip_norm) & u.mask, dtype=jnp.int32)
-    return u._replace(nonfinite=u.nonfinite | (~jnp.isfinite(norms) & u.mask)), {
+    return u._replace(nonfinite=u.nonfinite | (~jnp.isfinite(norms) & u.mask)), state, {
         "unclipped": unclipped}
-  return UploadStage("mechanism", apply, uniform_weights=divides_by != "examples")
+  return UploadStage("mechanism", update, uniform_weights=divides_by != "examples")
 
 
 def server_clip_stage(bound: float) -> UploadStage:
-  """The server's norm bound on every upload it received, the attackers' included;
-  counted over the whole cohort, as the robust rules' flagged count (replicated) is."""
-  def apply(u: Uploads, ctx: UploadContext):
+  """The server's norm bound on every upload it received, the attackers' included,
+  and how many it clipped."""
+  def update(u: Uploads, state, ctx: UploadContext):
     deltas, norms = jax.vmap(lambda v: clipping.l2_clip(v, bound))(u.deltas)
-    bounded = sum_over_devices(jnp.sum(u.mask & (norms > bound), dtype=jnp.int32))
-    return u._replace(deltas=deltas), {"bounded": bounded}
-  return UploadStage("server_clip", apply, inspects_uploads=True)
+    return u._replace(deltas=deltas), state, {
+        "bounded": jnp.sum(u.mask & (norms > bound), dtype=jnp.int32)}
+  return UploadStage("server_clip", update, inspects_uploads=True)
 
 
 def shuffle_stage() -> UploadStage:
@@ -127,9 +131,9 @@ def shuffle_stage() -> UploadStage:
   robust rules refuse shuffled tuples (recipes/validate.py), so the rows are not
   permuted (pipeline.layerwise_shuffle): on CPU the permutation cost 7 % of a
   TopkSDP-FL round and changed no number beyond float summation order."""
-  def apply(u: Uploads, ctx: UploadContext):
-    return u._replace(weights=u.mask.astype(jnp.float32)), {}
-  return UploadStage("shuffle", apply, uniform_weights=True)
+  def update(u: Uploads, state, ctx: UploadContext):
+    return u._replace(weights=u.mask.astype(jnp.float32)), state, {}
+  return UploadStage("shuffle", update, uniform_weights=True)
 
 
 def chain(*, canary: Callable | None, byzantine: Callable | None, attack_before: bool,
@@ -159,9 +163,7 @@ def uniform_weights(stages: tuple[UploadStage, ...]) -> bool:
 
 def run_chain(stages: tuple[UploadStage, ...], u: Uploads,
               ctx: UploadContext) -> tuple[Uploads, dict]:
-  """The stages in order; their metrics merged (each stage names its own)."""
-  metrics: dict = {}
-  for stage in stages:
-    u, m = stage.apply(u, ctx)
-    metrics.update(m)
+  """The stages in order (stage.chain_update) -> (uploads, {stage name: metrics} over
+  this device's slice)."""
+  u, _, metrics = stage_lib.chain_update(stages)(u, tuple(s.init() for s in stages), ctx)
   return u, metrics

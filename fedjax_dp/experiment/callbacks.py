@@ -56,7 +56,9 @@ from fedjax_dp.experiment.reports.local_dp_report import clients_spent
 from fedjax_dp.experiment.reports.privacy_report import rounds_skipped
 from fedjax_dp.experiment.loop import (  # noqa: F401  (the protocol, public here)
     DIAGNOSTICS, Callback, RunContext, after_chunk, check_callbacks, checkpoint_due,
-    chunk_ends, client_order, end_run, eval_due, run_loop, start_run, unfinished)
+    chunk_ends, client_order, end_run, eval_due, fresh_diagnostics, run_loop, start_run,
+    unfinished)
+from fedjax_dp.core.state import ATTRIBUTE_METRICS
 
 
 # ---------------------------------------------------------------------------- the defaults
@@ -183,7 +185,7 @@ def metrics() -> Callback:
   """Sums the chunk's diagnostics; where the chunk evaluated, writes the metrics.jsonl
   row (test metrics, train loss, epsilon spent, bytes, ...) -> ctx.row, ctx.rows."""
   def start(ctx: RunContext) -> None:
-    ctx.diag = {k: ctx.meta.get(k, v) for k, v in DIAGNOSTICS.items()}
+    ctx.diag = fresh_diagnostics(ctx.meta)
 
   def after(ctx: RunContext, stats) -> None:
     d = ctx.diag
@@ -199,6 +201,11 @@ def metrics() -> Callback:
     d["bounded"] += float(np.sum(stats.bounded))
     d["clusters"] += float(np.sum(stats.clusters))
     d["agg_rounds"] += ctx.round - ctx.prev_round
+    for stage, figures in stats.metrics.items():
+      for name, value in figures.items():
+        if (stage, name) not in ATTRIBUTE_METRICS:
+          key = f"{stage}.{name}"
+          d["stages"][key] = d["stages"].get(key, 0.0) + float(np.sum(value))
     if ctx.test_metrics is not None:
       write_row(ctx)
 
@@ -224,13 +231,14 @@ def write_row(ctx: RunContext) -> None:
          **aggregator_metrics(cfg, d["flagged"], d["clusters"], d["agg_rounds"], d["bounded"]),
          "bytes_up": participations * ctx.comm["bytes_per_client_up"],
          "bytes_down": participations * ctx.comm["bytes_per_client_down"],
+         **d["stages"],   # the stages' own metrics, summed over the row's rounds
          "wall_s": round(time.perf_counter() - ctx.wall0, 4)}
   row = div.finite_row(row)   # JSON has no NaN: null, and the key listed under 'nonfinite'
   reporting.append_metrics(os.path.join(ctx.out, "metrics.jsonl"), row)
   mark_released(ctx.out, ctx.round)
   ctx.rows.append(row)
   ctx.row = row
-  ctx.diag = dict(DIAGNOSTICS)
+  ctx.diag = fresh_diagnostics()
 
 
 def checkpoint() -> Callback:

@@ -47,9 +47,20 @@ def check_callbacks(callbacks) -> list[Callback]:
 
 
 # diagnostics summed between evaluations, saved in every checkpoint: their values at round 0
+# ("stages": {'<stage>.<metric>': sum} of the stages' own metrics, RoundStats.metrics
+# beyond those read as its attributes)
 DIAGNOSTICS = {"loss_sum": 0.0, "examples": 0.0, "unclipped": 0.0, "clip_seen": 0.0,
                "flagged": 0.0, "clusters": 0.0, "agg_rounds": 0, "nonfinite": 0,
-               "bounded": 0.0}
+               "bounded": 0.0, "stages": {}}
+
+
+def fresh_diagnostics(saved: dict | None = None) -> dict:
+  """DIAGNOSTICS (or a checkpoint's `saved` values of them), with a dict of its own
+  for the stages' sums."""
+  saved = saved or {}
+  out = {k: saved.get(k, v) for k, v in DIAGNOSTICS.items()}
+  out["stages"] = dict(out["stages"])
+  return out
 
 
 @dataclasses.dataclass

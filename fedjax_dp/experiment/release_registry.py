@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 from fedjax_dp.privacy.mechanisms import get_mechanism
 
-COVERED, PUBLIC, NOT_COVERED = "covered", "public", "not covered"
+from fedjax_dp.stage import COVERED, NOT_COVERED, PUBLIC  # (a stage declares its metrics)
 Status = str | Callable   # a status, or cfg -> status
 
 

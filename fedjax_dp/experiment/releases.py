@@ -25,11 +25,43 @@ from fedjax_dp.experiment.release_registry import (  # noqa: F401  (the registry
 
 
 def figure(key: str, cfg) -> Declared | None:
-  """A metrics row figure's declaration (None: undeclared)."""
+  """A metrics row figure's declaration (None: undeclared): a FIGURES entry, or a
+  stage's own metric '<stage>.<metric>' (stage_figure)."""
   for pattern, (status, says) in FIGURES.items():
     if fnmatch.fnmatchcase(key, pattern):
       return Declared(status(cfg) if callable(status) else status, says)
-  return None
+  return stage_figure(key, cfg) if "." in key else None
+
+
+def stage_figure(key: str, cfg) -> Declared | None:
+  """'<stage>.<metric>': a metric of one of the run's stages (RoundStats.metrics), as
+  the stage declares it (`declares`: ((metric, status, says), ...)); a metric its
+  stage does not declare is taken as not covered (computed from the clients' data
+  without noise, as far as the run can tell). None: no such stage in this run."""
+  stage, _, metric = key.partition(".")
+  declared = _stage_declarations(cfg)
+  if stage not in declared:
+    return None
+  if metric in declared[stage]:
+    return Declared(*declared[stage][metric])
+  return Declared(NOT_COVERED, f"stage {stage!r}'s own figure, which it does not declare: "
+                               "taken as computed from the clients' data without noise")
+
+
+@functools.lru_cache(maxsize=64)
+def _stage_declarations(cfg) -> dict[str, dict[str, tuple[str, str]]]:
+  """{stage name: {metric: (status, says)}} of the stages of cfg's recipe that can
+  report metrics: the upload pipeline's, the aggregation rule's (as 'aggregator')
+  and the server's (built, as the round names their slots)."""
+  from fedjax_dp.recipes.flat import from_config
+  recipe = from_config(cfg)
+  stages = [(c.stage.name, c.stage.declares) for c in recipe.upload]
+  stages.append(("aggregator", recipe.rule.declares))
+  for c in recipe.server:
+    built = c.stage.build(cfg.num_clients, 0)
+    stages.append((built.name, built.declares))
+  return {name: {m: (status, says) for m, status, says in declares}
+          for name, declares in stages}
 
 
 def _match(path: str, patterns: dict) -> tuple | None:

@@ -61,6 +61,8 @@ class Aggregator(NamedTuple):
   reports: tuple[str, ...] = ()
   check: Callable[[Mapping, int], str | None] = _no_check
   labels_clusters: bool = False
+  declares: tuple = ()        # its own metrics beyond flagged and clusters, with their
+                              # release declarations ((name, status, says), ...; stage.py)
 
 
 def metrics(flagged=None, clusters=None) -> dict:

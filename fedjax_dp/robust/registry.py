@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from fedjax_dp import stage
 from fedjax_dp.robust.base import Aggregator
 from fedjax_dp.robust.centered_clip import centered_clip
 from fedjax_dp.robust.cluster import cluster
@@ -42,6 +43,10 @@ def register_aggregator(aggregator: Aggregator | Callable[..., Aggregator]) -> N
                      f"number with a default ({e})") from None
   if rule.name in AGGREGATORS:
     raise ValueError(f"an aggregator {rule.name!r} is already registered")
+  stage.check_declares(f"aggregator {rule.name!r}", rule.declares)
+  if {"flagged", "clusters"} & {name for name, *_ in rule.declares}:
+    raise ValueError(f"aggregator {rule.name!r}: flagged and clusters are declared by the "
+                     "run (as rows' figures); declare only the rule's own metrics")
   if rule.linear:
     # `linear` tells the round it may run its own fused weighted mean instead of
     # calling `aggregate`: a user's rule so marked would never run

@@ -1,15 +1,17 @@
 """Server stages: what the server does to the aggregate before its optimizer.
 
 A stage is optax's (init, update) pair over the round's aggregate update, plus
-the round's context, and owns one named slot of `SimState.server_state`:
+the round's context, on the round's one stage protocol (fedjax_dp/stage.py), and
+owns one named slot of `SimState.server_state`:
 
     init(params, d)                 -> state of its slot
-    update(delta, state, ctx)       -> (delta, state)
+    update(delta, state, ctx)       -> (delta, state, metrics)
 
 `delta` is the aggregate model delta (a params pytree; the server optimizer
-takes -delta as its gradient). `chain` runs stages in order, each on its own
-slot (optax's named_chain: the slots are a dict by name, so a checkpoint's
-server_state reads the same whichever stages ran before).
+takes -delta as its gradient); metrics go to RoundStats.metrics[its name]. `chain`
+runs stages in order, each on its own slot (stage.named_chain_update, as optax's
+named_chain: the slots are a dict by name, so a checkpoint's server_state reads
+the same whichever stages ran before).
 
   downlink_topk(s, kernel)   the server sends only the top (1 - s) coordinates
                              of the update; what it does not send is kept and
@@ -31,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from fedjax_dp import stage as stage_lib
 from fedjax_dp.privacy import noise_control
 from fedjax_dp.compression import pipeline as pipeline_lib
 
@@ -51,7 +54,9 @@ class RoundContext(NamedTuple):
 class ServerStage(NamedTuple):
   name: str                 # its slot in server_state
   init: Callable            # (params, d) -> state
-  update: Callable          # (delta, state, ctx) -> (delta, state)
+  update: Callable          # (delta, state, ctx) -> (delta, state, metrics)
+  declares: tuple = ()      # its metrics' release declarations, ((name, status, says), ...)
+                            # (fedjax_dp/stage.py)
 
 
 def chain(*stages: ServerStage) -> ServerStage:
@@ -59,13 +64,7 @@ def chain(*stages: ServerStage) -> ServerStage:
   state dict (slots the chain does not own pass through)."""
   def init(params, d):
     return {s.name: s.init(params, d) for s in stages}
-
-  def update(delta, server_state: dict, ctx: RoundContext):
-    server_state = dict(server_state)
-    for s in stages:
-      delta, server_state[s.name] = s.update(delta, server_state[s.name], ctx)
-    return delta, server_state
-  return ServerStage("chain", init, update)
+  return ServerStage("chain", init, stage_lib.named_chain_update(stages))
 
 
 def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
@@ -74,7 +73,7 @@ def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
     sent, _, new_residual = pipeline_lib.downlink_topk(
         flat, residual, sparsity, jax.random.fold_in(ctx.key, key_tag), kernel)
     # a round the server does not apply sends nothing: the residual keeps what it owes
-    return unravel(sent), jnp.where(ctx.applied, new_residual, residual)
+    return unravel(sent), jnp.where(ctx.applied, new_residual, residual), {}
   return ServerStage("downlink_residual", lambda params, d: jnp.zeros((d,), jnp.float32),
                      update)
 
@@ -82,7 +81,7 @@ def downlink_topk(sparsity: float, key_tag: int, kernel: str) -> ServerStage:
 def public_update() -> ServerStage:
   def update(delta, previous, ctx):
     # a round the server does not apply published nothing new: keep the last update
-    return delta, jnp.where(ctx.applied, ravel_pytree(delta)[0], previous)
+    return delta, jnp.where(ctx.applied, ravel_pytree(delta)[0], previous), {}
   return ServerStage("public_update", lambda params, d: jnp.zeros((d,), jnp.float32), update)
 
 
@@ -95,7 +94,7 @@ def cluster_noise(num_clients: int) -> ServerStage:
     all_ids, all_mask, size, median = ctx.cluster_info
     where = jnp.where(all_mask, all_ids, num_clients)
     return delta, {"size": state["size"].at[where].set(size, mode="drop"),
-                   "median": jnp.where(jnp.any(all_mask), median, state["median"])}
+                   "median": jnp.where(jnp.any(all_mask), median, state["median"])}, {}
   return ServerStage("cluster_noise", init, update)
 
 
@@ -120,7 +119,7 @@ def noise_controller(schedule: str, measure: str, window: int, num_clients: int)
     observed["skipped"] = nc["skipped"] + ctx.skipped.astype(jnp.int32)
     observed["paper_epsilon_rounds"] = nc["paper_epsilon_rounds"] + jnp.where(ctx.skipped, 0.0,
                                                                               paper_eps)
-    return delta, observed
+    return delta, observed, {}
   return ServerStage("noise_control",
                      lambda params, d: noise_control.init_state(d, window, num_clients), update)
 
