@@ -38,6 +38,7 @@ CONFIGS = {
     "cluster": {"aggregator": "cluster"},
     "cluster_noise": {"dp": "local", "noise_multiplier": 0.5, "aggregator": "cluster",
                       "cluster_noise": "equalize"},
+    "server_clip": {"byzantine_fraction": 0.2, "server_clip_l2": 1.0},
 }
 BASE = {"dataset": "digits", "num_clients": 20, "clients_per_round": 10, "hidden": [32],
         "rounds": 4, "devices": 1}

@@ -125,6 +125,19 @@ def test_with_seed_alone_is_a_fresh_build_at_that_seed():
     np.testing.assert_array_equal(a, b)
   first, _ = sim.run_rounds(sim.init_state(), 2)
   assert not np.array_equal(_leaves(first.params)[0], _leaves(got.params)[0])
+  # the same numbers issued at both seeds name two releases: init_state(hparams) of
+  # each is its own seed's (keys and model), whichever was issued last
+  hp5 = moved.hparams_for(lr=0.2)
+  hp1 = sim.hparams_for(lr=0.2)
+  fresh5 = toy_simulation(x, y, parts, **{**base, "seed": 5, "data_seed": 1, "lr": 0.2})
+  fresh1 = toy_simulation(x, y, parts, **{**base, "lr": 0.2})
+  for s, hp, want in ((moved, hp5, fresh5), (sim, hp1, fresh1)):
+    start = s.init_state(hp)
+    for a, b in zip(_leaves(start), _leaves(want.init_state())):
+      np.testing.assert_array_equal(a, b)
+    s.run_rounds(start, 1, hparams=hp)   # its own release: accepted
+  with pytest.raises(ConfigError, match="another release's"):
+    moved.run_rounds(sim.init_state(hp1), 1, hparams=hp5)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -101,7 +101,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,
                     evaluate=make_evaluate(model, task, ex.matmul_precision), hparams=hp,
-                    issued={hparams_lib.digest(plan.hparams): plan.cfg}, paging=paging,
+                    issued={(hparams_lib.digest(plan.hparams), setup.seed): plan.cfg},
+                    paging=paging,
                     inputs_digest=inputs, **layouts)
 
 

@@ -70,9 +70,11 @@ class Simulation:
   # (identity but with resident state or a sharded table; see build_simulation)
   to_working: Callable = lambda state: state
   to_client_order: Callable = lambda state: state
-  # digests of the hyperparameter pytrees this simulation made -> the config each stands
-  # for (run_rounds refuses others: an edited pytree could change the noise applied but
-  # not the RDP charged; init_state(hparams) takes the run key of that config's release)
+  # (digest of a hyperparameter pytree this simulation or a copy made, the seed it was
+  # made at) -> the settings it stands for (run_rounds refuses others: an edited pytree
+  # could change the noise applied but not the RDP charged; init_state(hparams) takes
+  # the run key of that release; with_seed keeps the numbers, so the seed tells apart
+  # the releases of one pytree)
   issued: dict = dataclasses.field(default_factory=dict)
   _privacy_cache: dict = dataclasses.field(default_factory=dict)   # recipes/plan.replan's
   # the test set in evaluation batches (batch_for_eval), set by runner.setup:
@@ -116,7 +118,7 @@ class Simulation:
     norm the run starts from."""
     cfg = self.cfg
     if hparams is not None:   # the release those numbers are (hparams_for's config)
-      cfg = self.issued.get(hparams_lib.digest(hparams))
+      cfg = self._release_of(hparams)
       if cfg is None:
         raise ConfigError("init_state: these hyperparameters were not made by this "
                           "simulation's hparams_for or with_hparams (the run key is the "
@@ -147,7 +149,9 @@ class Simulation:
     """This simulation with another run key (config key `seed`: the model's
     initialisation, cohorts, local training, noise) on the same data: `data_seed`
     is pinned to the data this simulation was built from. The same compiled round."""
-    return dataclasses.replace(self, plan=plan_lib.reseeded(self.plan, seed))
+    plan = plan_lib.reseeded(self.plan, seed)
+    self.issued[(hparams_lib.digest(plan.hparams), seed)] = plan.cfg
+    return dataclasses.replace(self, plan=plan)
 
   def run_replicas(self, states: SimState, hparams: dict, num_rounds: int):
     """num_rounds rounds of a batch of replicas in one compiled program: `states`
@@ -177,8 +181,12 @@ class Simulation:
     """The plan with `overrides`; its hyperparameters' digest is recorded, so that
     run_rounds accepts them."""
     plan = plan_lib.replan(self.plan, overrides, self.model, self._privacy_cache)
-    self.issued[hparams_lib.digest(plan.hparams)] = plan.cfg
+    self.issued[(hparams_lib.digest(plan.hparams), plan.setup.seed)] = plan.cfg
     return plan
+
+  def _release_of(self, hparams: dict):
+    """The settings `hparams` stand for at this simulation's seed (None: not issued)."""
+    return self.issued.get((hparams_lib.digest(hparams), self.setup.seed))
 
   def privacy_for(self, **overrides) -> Privacy:
     """The privacy set-up with `overrides` (see with_hparams)."""
@@ -237,7 +245,7 @@ class Simulation:
   def _check_release_key(self, state: SimState, hparams: dict | None) -> None:
     """ConfigError where `state` holds another release's run key (noise_seed 'secret':
     the key is the operating system's, nothing to compare)."""
-    cfg = self.cfg if hparams is None else self.issued.get(hparams_lib.digest(hparams))
+    cfg = self.cfg if hparams is None else self._release_of(hparams)
     if cfg is None or self.setup.noise_seed == "secret":
       return   # unissued hyperparameters: run_working refuses them
     want = np.asarray(release_identity.run_key(cfg, self.inputs_digest))
@@ -254,7 +262,7 @@ class Simulation:
     A loop over many chunks converts once at each end (and where it reads the
     per-client state: `to_client_order` copies): with resident state, each
     conversion moves the whole per-client table between devices."""
-    if hparams is not None and hparams_lib.digest(hparams) not in self.issued:
+    if hparams is not None and self._release_of(hparams) is None:
       raise ConfigError("run_rounds: these hyperparameters were not made by this "
                         "simulation's hparams_for or with_hparams (an edited pytree can "
                         "change the noise applied without the RDP charged)")

@@ -20,6 +20,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import data_seed
 from fedjax_dp.core.evaluate import batch_for_eval
 from fedjax_dp.core.build import build_simulation
+from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
 from fedjax_dp.errors import DataError
@@ -104,6 +105,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   store = build_store(x_store, y_store, parts, pad_to_multiple=cfg.batch_size,
                       y_dtype=task.target_dtype)
   tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
+  mesh = mesh or make_mesh(cfg.devices)   # (its one-line error before the plan's)
   sim = build_simulation(plan_run(cfg, model, tiers, budgets, calibrated), model, store, mesh,
                          task=task,
                          poisoned_offset=None if poisoned is None else len(ds.x_train))
