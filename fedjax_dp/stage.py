@@ -34,27 +34,47 @@ COVERED, PUBLIC, NOT_COVERED = "covered", "public", "not covered"
 
 def check_declares(owner: str, declares) -> tuple:
   """A stage's metric declarations, ((metric, status, says), ...), refused in one
-  line unless each names a metric, one of the three statuses and a sentence."""
+  line unless each names a metric (once, without a dot), one of the three statuses
+  and a sentence."""
+  seen = set()
   for entry in declares:
     ok = (isinstance(entry, tuple) and len(entry) == 3 and all(isinstance(e, str) for e in entry)
-          and entry[1] in (COVERED, PUBLIC, NOT_COVERED))
+          and entry[0] and "." not in entry[0] and entry[0] not in seen
+          and entry[1] in (COVERED, PUBLIC, NOT_COVERED) and entry[2])
     if not ok:
       raise ValueError(f"{owner}: declares entry {entry!r}: allowed is (metric, status, what "
-                       f"it is or reveals) with status {COVERED!r}, {PUBLIC!r} or "
-                       f"{NOT_COVERED!r}")
+                       f"it is or reveals), each metric once and without a dot, with status "
+                       f"{COVERED!r}, {PUBLIC!r} or {NOT_COVERED!r}")
+    seen.add(entry[0])
   return tuple(declares)
 
 
+def check_named(stages, kind: str) -> None:
+  """A chain's stages that report metrics are kept under their names: each needs one,
+  distinct, without a dot (a row's column is '<stage>.<metric>'); their declarations
+  are checked too."""
+  names = [s.name for s in stages]
+  for s in stages:
+    if not s.name or "." in s.name or names.count(s.name) > 1:
+      raise ValueError(f"{kind} {s.name!r}: a stage of a chain needs a name of its own without "
+                       f"a dot (the chain's are {names}): its state slot and metrics go by it")
+    check_declares(f"{kind} {s.name!r}", getattr(s, "declares", ()))
+
+
 def check_metrics(name: str, metrics: Mapping[str, Any]) -> dict:
-  """The metrics a stage returned, refused in one line unless a dict of scalars
-  (RoundStats stacks one value per round)."""
+  """The metrics a stage returned, refused in one line unless a dict of numeric
+  scalars under names without a dot (RoundStats stacks one value per round)."""
   if not isinstance(metrics, Mapping):
     raise TypeError(f"stage {name!r}: update returned {type(metrics).__name__} as its metrics; "
                     "allowed is a dict {name: scalar}")
   for key, value in metrics.items():
-    if getattr(value, "shape", ()) != ():
-      raise TypeError(f"stage {name!r}: metric {key!r} has shape {value.shape}; a stage's "
-                      "metrics are scalars (one value per round)")
+    scalar = (isinstance(value, (bool, int, float)) or
+              (getattr(value, "shape", None) == () and getattr(value, "dtype", None) is not None
+               and value.dtype.kind in "biuf"))
+    if not (isinstance(key, str) and key and "." not in key and scalar):
+      what = getattr(value, "shape", type(value).__name__)
+      raise TypeError(f"stage {name!r}: metric {key!r} is {what}; a stage's metrics are "
+                      "numeric scalars (one value per round) under names without a dot")
   return dict(metrics)
 
 
@@ -72,13 +92,19 @@ def call(stage, x, state, ctx):
 def chain_update(stages, ctx_for: Callable | None = None) -> Callable:
   """update(x, states, ctx) -> (x, states, {stage name: metrics}) of `stages` in order,
   `states` a tuple aligned with them. ctx_for(i, ctx): stage i's context (default:
-  the chain's)."""
+  the chain's). A stage that reports metrics needs a name of its own in the chain."""
+  for stage in stages:
+    check_declares(f"stage {stage.name!r}", getattr(stage, "declares", ()))
+
   def update(x, states, ctx):
     new_states, metrics = [], {}
     for i, (stage, s) in enumerate(zip(stages, states)):
       x, s, m = call(stage, x, s, ctx if ctx_for is None else ctx_for(i, ctx))
       new_states.append(s)
       if m:
+        if not stage.name or "." in stage.name or stage.name in metrics:
+          raise ValueError(f"stage {stage.name!r} reports metrics: it needs a name of its own "
+                           "in its chain, without a dot (its metrics are kept under it)")
         metrics[stage.name] = m
     return x, tuple(new_states), metrics
   return update
@@ -87,9 +113,7 @@ def chain_update(stages, ctx_for: Callable | None = None) -> Callable:
 def named_chain_update(stages) -> Callable:
   """update(x, state, ctx) -> (x, state, {stage name: metrics}) of `stages` in order,
   each on state[its name]; other entries of the dict `state` pass through."""
-  names = [s.name for s in stages]
-  if len(set(names)) != len(names):
-    raise ValueError(f"stages {names}: a named chain's slots need distinct names")
+  check_named(stages, "stage")
 
   def update(x, state, ctx):
     state, metrics = dict(state), {}

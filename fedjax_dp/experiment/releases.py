@@ -26,26 +26,26 @@ from fedjax_dp.experiment.release_registry import (  # noqa: F401  (the registry
 
 def figure(key: str, cfg) -> Declared | None:
   """A metrics row figure's declaration (None: undeclared): a FIGURES entry, or a
-  stage's own metric '<stage>.<metric>' (stage_figure)."""
+  stage's own metric '<stage>.<metric>' (stage_figure; no built-in figure has a dot)."""
   for pattern, (status, says) in FIGURES.items():
     if fnmatch.fnmatchcase(key, pattern):
       return Declared(status(cfg) if callable(status) else status, says)
   return stage_figure(key, cfg) if "." in key else None
 
 
-def stage_figure(key: str, cfg) -> Declared | None:
-  """'<stage>.<metric>': a metric of one of the run's stages (RoundStats.metrics), as
-  the stage declares it (`declares`: ((metric, status, says), ...)); a metric its
-  stage does not declare is taken as not covered (computed from the clients' data
-  without noise, as far as the run can tell). None: no such stage in this run."""
+UNDECLARED_STAGE_METRIC = ("a stage's own figure that no stage of this run declares: taken as "
+                           "computed from the clients' data without noise")
+
+
+def stage_figure(key: str, cfg, undeclared: bool = True) -> Declared | None:
+  """'<stage>.<metric>' (the only row figures with a dot: the callbacks write a stage's
+  metrics so): as the run's stage declares it (`declares`: ((metric, status, says),
+  ...)), else not covered; `undeclared` False: None instead of that default."""
   stage, _, metric = key.partition(".")
-  declared = _stage_declarations(cfg)
-  if stage not in declared:
-    return None
-  if metric in declared[stage]:
-    return Declared(*declared[stage][metric])
-  return Declared(NOT_COVERED, f"stage {stage!r}'s own figure, which it does not declare: "
-                               "taken as computed from the clients' data without noise")
+  found = _stage_declarations(cfg).get(stage, {}).get(metric)
+  if found is not None:
+    return Declared(*found)
+  return Declared(NOT_COVERED, UNDECLARED_STAGE_METRIC) if undeclared else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -156,6 +156,9 @@ def _column(key: str, cfg) -> Declared | None:
     return Declared(PUBLIC, "a setting")
   if key in TABLE_COLUMNS:
     return _declared(TABLE_COLUMNS[key], cfg)
+  declared = stage_figure(key, cfg, undeclared=False) if "." in key else None
+  if declared is not None:   # a stage's metric named like a final table's column
+    return declared
   for suffix in ("_mean", "_sd", "_seeds"):
     if key.endswith(suffix):
       return figure(key[:-len(suffix)], cfg)
@@ -293,6 +296,9 @@ def markdown() -> str:
   rows = [("metrics rows (metrics.jsonl, metrics.csv, TensorBoard, summary.json `final`, "
            "a sweep's tables, compare)", None, None)]
   rows += [(f"`{k}`", s, says) for k, (s, says) in FIGURES.items()]
+  rows += [("`<stage>.<metric>`", "as the stage declares it; not covered where no stage of "
+            "the run declares it", "a stage's own figure (RoundStats.metrics), summed over the "
+            "row's rounds: what the stage's `declares` says")]
   rows += [("run folder", None, None)]
   rows += [(f"`{k}`", s, says) for k, (s, says) in RUN_FILES.items() if not k.endswith(".tmp")]
   rows += [(f"`{k}`", *_plot_row(k)) for k in ("<metric>.png", *PLOT_FIGURES)]
