@@ -560,3 +560,33 @@ def test_a_rules_declared_metrics_are_in_the_round_stats(plugins):
   np.testing.assert_array_equal(got["kept"], stats.participants - stats.flagged)
   assert set(got) == {"flagged", "clusters", "seen", "kept"}
   assert int(np.sum(stats.flagged)) > 0 and int(np.sum(got["kept"])) > 0   # both happen
+
+
+def test_fedjax_dp_config_lists_a_plugins_keys(plugins, capsys):
+  """`fedjax-dp config` lists the keys of the plugins --set or --config name, with their
+  default, range, the setting that reads them and their meaning."""
+  listed = f"plugins=[{plugins['term_rule_dataset']}]"
+  assert main(["config", "--set", listed]) == 0
+  out = capsys.readouterr().out
+  line = next(line for line in out.splitlines() if line.startswith("ext_decay_lam "))
+  assert "0.01" in line and ">= 0" in line and "ext_decay's weight" in line
+  assert "# Plugins" in out and out.index("# Plugins") > out.index("lr ")
+  assert main(["config", "--set", listed, "--show", "ext_bound_norm"]) == 0
+  shown = capsys.readouterr().out
+  assert "> 0" in shown and "with aggregator 'ext_bound'" in shown and "1e-06" in shown
+  yaml = plugins["term_rule_dataset"].replace(".py", ".yaml")
+  with open(yaml, "w") as f:
+    f.write(f"plugins: [{plugins['term_rule_dataset']}]\nlr: 0.1\n")
+  assert main(["config", "--config", yaml, "--json", "--show", "ext_decay_lam"]) == 0
+  assert json.loads(capsys.readouterr().out)[0]["section"] == "Plugins"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "lr=0.1"], "fedjax-dp config --set lr: only plugins is read here"),
+    (["--show", "ext_decay_lam"], "unknown config key 'ext_decay_lam'"),
+    (["--markdown", "--set", "plugins=[x.py]"], "it takes no --show, --config or --set"),
+])
+def test_fedjax_dp_config_refuses_what_it_would_ignore(capsys, args, message):
+  assert main(["config", *args]) == 2
+  err = capsys.readouterr().err
+  assert message in err and len(err.strip().splitlines()) == 1

@@ -282,18 +282,24 @@ def _datasets(args) -> int:
 
 
 def _config(args) -> int:
-  """Every config key with its default, allowed values and meaning; `--show KEY`
-  one key in full (and the setting that makes it read)."""
+  """Every config key with its default, allowed values and meaning, the keys of the
+  plugins --config or --set name included; `--show KEY` one key in full (and the
+  setting that makes it read)."""
   import json
   from fedjax_dp.experiment import config_reference as reference
   from fedjax_dp.config.loading import unknown_key_message
   from fedjax_dp.config.schema import _FIELDS
   from fedjax_dp.errors import ConfigError
-  if args.markdown and args.show:
-    raise ConfigError("fedjax-dp config --markdown prints every key (the README's tables); "
-                      "it takes no --show")
+  if args.markdown and (args.show or args.config or args.set):
+    raise ConfigError("fedjax-dp config --markdown prints the built-in keys (the README's "
+                      "tables); it takes no --show, --config or --set")
+  other = sorted({item.partition("=")[0] for item in args.set} - {"plugins"})
+  if other:
+    raise ConfigError(f"fedjax-dp config --set {other[0]}: only plugins is read here (their "
+                      "keys are listed with the built-in ones)")
+  _load_listed_plugins(args)
   for key in args.show:
-    if key not in _FIELDS:
+    if key not in _FIELDS and key not in reference.PLUGIN_KEYS:
       raise ConfigError(unknown_key_message(key))
   if args.json:
     refs = [reference.reference(k) for k in args.show] or reference.all_references()

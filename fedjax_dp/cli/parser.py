@@ -198,6 +198,10 @@ def _config_command(sub) -> None:
   c = sub.add_parser("config", help="list every config key: default, allowed values, meaning")
   c.add_argument("--show", nargs="+", default=[], metavar="KEY",
                  help="one or more keys in full, with the setting that makes each read")
+  c.add_argument("--config", help="a YAML config whose plugins' keys are listed too (only "
+                                   "its plugins are read)")
+  c.add_argument("--set", action="extend", nargs="+", default=[], metavar="plugins=[...]",
+                 help="plugins=[FILE or MODULE, ...]: their keys are listed too")
   form = c.add_mutually_exclusive_group()
   form.add_argument("--json", action="store_true", help="as JSON (all keys, or --show's)")
   form.add_argument("--markdown", action="store_true", help="as the README's tables")

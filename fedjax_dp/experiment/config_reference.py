@@ -1,8 +1,9 @@
 """The config keys' reference, generated from their rows (config/keys.py): each key's
 default, allowed values (its choices, range, nullability, the registries of
 algorithms and aggregation rules), what turns it on (config_checks.read_condition)
-and its one-line meaning. `fedjax-dp config` prints it, and the README's
-key table is this module's markdown, checked equal by a test so the two cannot
+and its one-line meaning. `fedjax-dp config` prints it (with the keys of the
+plugins a config lists: config/plugin_keys.py), and the README's key table is this
+module's markdown of the built-in keys, checked equal by a test so the two cannot
 drift (`python -m fedjax_dp.experiment.config_reference README.md` rewrites the table).
 """
 
@@ -12,7 +13,9 @@ import dataclasses
 import sys
 from typing import Any
 
+from fedjax_dp.config.key import Key
 from fedjax_dp.config.keys import KEYS
+from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
 from fedjax_dp.config.schema import _FIELDS, _OPTIONAL, CHOICES, PRESETS, RANGES, Config
 
 # the sections the reference lists keys under, and each key's meaning and limits: the
@@ -102,7 +105,11 @@ def allowed_values(key: str) -> str:
 
 
 def _range_text(key: str, is_int: bool) -> str:
-  lo, hi, lo_inc, hi_inc = RANGES[key]
+  return _bounds_text(RANGES[key], is_int)
+
+
+def _bounds_text(bounds, is_int: bool) -> str:
+  lo, hi, lo_inc, hi_inc = bounds
   if lo is not None and hi is not None:
     if is_int:   # whole numbers: both ends inclusive
       return f"{int(lo) if lo_inc else int(lo) + 1}..{int(hi) if hi_inc else int(hi) - 1}"
@@ -121,8 +128,14 @@ def section_of(key: str) -> str:
 
 
 def reference(key: str) -> KeyReference:
-  """The reference of one config key (KeyError for an unknown key)."""
+  """The reference of one config key, built-in or a registered plugin's (KeyError for
+  an unknown key)."""
   from fedjax_dp.recipes.config_checks import read_condition
+  if key in PLUGIN_KEYS:
+    row = PLUGIN_KEYS[key]
+    return KeyReference(key=key, section=row.section, default=show_value(row.default),
+                        allowed=_plugin_allowed(row), meaning=row.meaning,
+                        read_with=read_condition(key), presets=None)
   if key not in _FIELDS:
     raise KeyError(key)
   presets = [f"{name}: {show_value(p[key])}" for name, p in PRESETS.items() if key in p]
@@ -131,9 +144,27 @@ def reference(key: str) -> KeyReference:
                       read_with=read_condition(key), presets="; ".join(presets) or None)
 
 
+def _plugin_allowed(row: Key) -> str:
+  """A plugin key's allowed values, from its row (choices, range, type)."""
+  kind = type(row.default)
+  if row.choices:
+    return ", ".join(row.choices)
+  if row.bounds is not None and kind in (int, float):
+    return _bounds_text(row.bounds, kind is int)
+  return {bool: "true, false", str: "a string", int: "an integer", float: "a number"}[kind]
+
+
+def sections() -> dict[str, tuple[str, ...]]:
+  """SECTIONS, then the registered plugins' keys by their sections."""
+  out = dict(SECTIONS)
+  for row in PLUGIN_KEYS.values():
+    out[row.section] = out.get(row.section, ()) + (row.name,)
+  return out
+
+
 def all_references() -> list[KeyReference]:
-  """Every key, by section."""
-  return [reference(k) for keys in SECTIONS.values() for k in keys]
+  """Every key, by section (the registered plugins' keys last)."""
+  return [reference(k) for keys in sections().values() for k in keys]
 
 
 def listing() -> str:
@@ -144,7 +175,7 @@ def listing() -> str:
   width = max(len(r.key) for r in refs) + 2
   dwidth = max(len(d) for d in shown.values()) + 2
   lines = []
-  for title, keys in SECTIONS.items():
+  for title, keys in sections().items():
     lines.append(f"# {title}")
     for r in (reference(k) for k in keys):
       lines.append(f"{r.key:<{width}}{shown[r.key]:<{dwidth}}{r.allowed}  -- {r.meaning}")
