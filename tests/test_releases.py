@@ -261,3 +261,23 @@ def test_every_output_of_a_sweep_audit_attack_compare_and_profile_is_declared(tm
   fedjax_dp.profile(dict(base), out=str(tmp_path / "p"), rounds=1)
   names = [f"profile:{n}" for n in releases.run_outputs(str(tmp_path / "p"), [])]
   assert releases.undeclared(names, cfg) == [], names
+
+
+def test_a_rules_counts_are_covered_only_where_each_report_is_noised_before_it_leaves():
+  """flagged, clusters and norm_bounded are computed by the server from the uploads:
+  post-processing (covered) only where every client noises its report before it leaves;
+  a mechanism whose clients keep their own ledgers while the server noises the sum
+  privatizes no report (per-client accounting alone once made them covered)."""
+  import dataclasses
+  from fedjax_dp.config import Config
+  from fedjax_dp.experiment import releases
+  from fedjax_dp.privacy.mechanisms import get_mechanism, register_mechanism
+  from tests.helpers import registries_restored
+  with registries_restored():
+    register_mechanism(get_mechanism("central")._replace(name="ledgered_central",
+                                                         per_client_ledgers=True))
+    for dp, status in (("local", "covered"), ("central", "not covered"),
+                       ("ledgered_central", "not covered"), ("none", "not covered")):
+      cfg = dataclasses.replace(Config(), dp=dp)
+      for key in ("flagged", "clusters", "norm_bounded"):
+        assert releases.figure(key, cfg).status == status, (dp, key)

@@ -41,8 +41,13 @@ class Declared(NamedTuple):
 # ------------------------------------------------------------------ conditions
 
 
-def _local(cfg) -> bool:
-  return get_mechanism(cfg.dp).per_client_ledgers
+def _reports_privatized(cfg) -> bool:
+  """Every report is noised by its client before it leaves (local DP): what the
+  server computes from the reports is then post-processing. Read from the
+  mechanism's properties, not its accounting: per-client ledgers alone (a server
+  that noises the sum while each client keeps its own epsilon) privatize no report."""
+  m = get_mechanism(cfg.dp)
+  return m.boundary == "client" and m.noises_each_upload
 
 
 def _allocated(cfg) -> bool:
@@ -56,7 +61,7 @@ def _by_budgets(cfg) -> str:
 
 
 def _post_processing_under_local(cfg) -> str:
-  return COVERED if _local(cfg) else NOT_COVERED
+  return COVERED if _reports_privatized(cfg) else NOT_COVERED
 
 
 def _paper_noise(cfg) -> str:
@@ -290,7 +295,8 @@ INFLUENCES: dict[str, tuple[Callable, str]] = {
 # the conditional statuses, in words (the README's table)
 _CONDITIONS = {
     _by_budgets: "covered; not covered with client_budgets 'allocated'",
-    _post_processing_under_local: "covered under dp 'local'; else not covered",
+    _post_processing_under_local: "covered where each client noises its report before it "
+                                  "leaves (dp 'local'); else not covered",
     _paper_noise: "public; not covered under kept_noise 'paper'",
     _analyzer_tiers: "public; not covered with tier_source 'analyzer'",
     _seeded: "not covered under noise_seed 'config' (its seed); public under 'secret'",
