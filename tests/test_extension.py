@@ -520,9 +520,10 @@ def test_fedjax_dp_datasets_lists_a_plugins_dataset(plugins, capsys):
   assert any(line.startswith("ext_blobs") for line in capsys.readouterr().out.splitlines())
 
 
-def test_cluster_noise_needs_a_rule_that_labels_its_clusters(plugins):
-  """A plugin rule that counts clusters but does not say which upload fell in which
-  (labels_clusters) is refused with cluster noise in one line, not a KeyError mid-run."""
+def test_cluster_noise_needs_a_rule_that_sets_each_clients_noise(plugins):
+  """cluster_noise is the cluster rule's key: with a plugin rule that counts clusters
+  (but keeps no sizes to set each client's noise) it is refused in one line, not a
+  KeyError mid-run."""
   from fedjax_dp.robust import Aggregator, metrics, register_aggregator
 
   def counts(u, mask, weights, state, hp):
@@ -530,7 +531,7 @@ def test_cluster_noise_needs_a_rule_that_labels_its_clusters(plugins):
 
   register_aggregator(lambda: Aggregator(name="counts_clusters", aggregate=counts,
                                          reports=("clusters",)))
-  with pytest.raises(fedjax_dp.ConfigError, match="per-cluster noise needs aggregator"):
+  with pytest.raises(fedjax_dp.ConfigError, match="'cluster_noise'.*aggregator 'cluster'"):
     fedjax_dp.make_config({**SMALL, "aggregator": "counts_clusters", "dp": "local",
                            "noise_multiplier": 1.0, "cluster_noise": "equalize"})
 

@@ -187,7 +187,7 @@ def test_per_cluster_noise_ledgers_follow_each_clients_factor():
   want = np.zeros((6, len(accounting.DEFAULT_ORDERS)))
   seen_factor = []
   for _ in range(4):
-    cn = state.server_state["cluster_noise"]
+    cn = state.server_state["aggregator"]   # the cluster rule's state
     f = np.asarray(nc.cluster_noise_factors(cn["size"], cn["median"]), np.float64)
     seen_factor.append(f)
     np.testing.assert_allclose(sim.next_event_rdp(state),
@@ -201,5 +201,8 @@ def test_per_cluster_noise_ledgers_follow_each_clients_factor():
 
 
 def test_cluster_noise_needs_the_cluster_rule_and_local_dp():
-  with pytest.raises(ConfigError, match="cluster_noise"):
+  with pytest.raises(ConfigError, match="cluster_noise") as e:
     make_config(dict(cluster_noise="equalize", dp="local", noise_multiplier=1.0))
+  assert "aggregator 'cluster'" in str(e.value)
+  with pytest.raises(ConfigError, match="per-cluster noise needs dp 'local'"):
+    make_config(dict(cluster_noise="equalize", aggregator="cluster"))

@@ -46,7 +46,7 @@ def test_readme_server_stage_snippet_keeps_its_average():
   state = chain.init(params, 6)
   assert set(state) == {"released_average", "public_update"}
   delta = {"w": jnp.ones((2, 2)), "b": jnp.full((2,), 2.0)}
-  ctx = RoundContext(None, {}, None, None, None, None, True, ())
+  ctx = RoundContext(None, {}, None, None, None, None, True)
   for _ in range(2):
     out, state, metrics = chain.update(delta, state, ctx)
   assert set(metrics) == {"released_average"}

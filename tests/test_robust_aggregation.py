@@ -371,3 +371,40 @@ def test_the_kernel_references_agree_with_these_loops_and_the_kernels():
   np.testing.assert_allclose(ra.coordinate_median(u, mask), reference.coordinate_median(u),
                              rtol=1e-6)
 
+
+
+def test_the_equalizing_cluster_rule_keeps_each_clients_cluster_size():
+  """cluster(noise='equalize') is a stateful rule: each clustered client's cluster size
+  written at its id, the round's median kept, masked (padded) slots and non-finite
+  uploads writing nothing whatever their ids, the aggregate the plain rule's; its
+  client_noise is noise_control.cluster_noise_factors of that state (checked by hand)."""
+  from fedjax_dp.privacy import noise_control
+  from fedjax_dp.robust.cluster import cluster
+  plain, rule = cluster(0.5), cluster(0.5, noise="equalize")
+  assert rule.stateful and rule.takes_ids and plain.client_noise is None
+  rng = np.random.default_rng(3)
+  base = rng.normal(size=(2, 6)).astype(np.float32)
+  # slots 0-2 near direction a, 3-4 near b, 5 masked (garbage id 0), 6 not finite
+  u = np.stack([base[0] + 0.01 * rng.normal(size=6) for _ in range(3)] +
+               [base[1] + 0.01 * rng.normal(size=6) for _ in range(2)] +
+               [np.full(6, 1e3), np.full(6, np.nan)]).astype(np.float32)
+  mask = jnp.asarray([True] * 5 + [False, True])
+  ids = jnp.asarray([7, 2, 9, 4, 1, 0, 3], jnp.int32)
+  w = jnp.ones(7, jnp.float32)
+  hp = {"threshold": jnp.float32(0.5)}
+  state = rule.init(6, 10)
+  state = {"size": state["size"].at[3].set(5.0).at[0].set(4.0), "median": state["median"]}
+  agg, new, m = rule.aggregate(jnp.asarray(u), mask, w, state, hp, ids)
+  want_agg, _, want_m = plain.aggregate(jnp.asarray(u), mask, w, (), hp)
+  np.testing.assert_array_equal(agg, want_agg)
+  assert int(m["flagged"]) == int(want_m["flagged"]) == 1 and int(m["clusters"]) == 2
+  size = np.asarray(new["size"])
+  np.testing.assert_array_equal(size[[7, 2, 9]], 3.0)
+  np.testing.assert_array_equal(size[[4, 1]], 2.0)
+  assert size[0] == 4.0 and size[3] == 5.0        # masked and non-finite: kept
+  assert float(new["median"]) in (2.0, 2.5, 3.0)   # the median of cluster sizes {3, 2}
+  np.testing.assert_array_equal(rule.client_noise(new), noise_control.cluster_noise_factors(
+      new["size"], new["median"]))
+  _, again, _ = rule.aggregate(jnp.asarray(u), jnp.zeros(7, bool), w, new, hp, ids)
+  np.testing.assert_array_equal(again["size"], new["size"])   # nobody clustered
+  assert float(again["median"]) == float(new["median"])

@@ -282,7 +282,6 @@ SERVER_STAGES = {
     "downlink_topk": lambda: (ss.downlink_topk(0.5, sim_lib.DOWNLINK, "exact"), {}),
     "downlink_topk-bisect": lambda: (ss.downlink_topk(0.5, sim_lib.DOWNLINK, "bisect"), {}),
     "public_update": lambda: (ss.public_update(), {}),
-    "cluster_noise": lambda: (ss.cluster_noise(N), {}),
     "noise_controller-static": lambda: controller_case("static", "update_diff"),
     "noise_controller-convergence": lambda: controller_case("convergence", "update_diff"),
     "noise_controller-weighted-norm_diff": lambda: controller_case("weighted", "norm_diff"),
@@ -296,12 +295,10 @@ def a_delta(seed):
                       SERVER_PARAMS)
 
 
-def a_round_context(hp, seed=0, ids=IDS, mask=MASK, skipped=False, applied=True,
-                    sizes=(3.0, 2.0, 7.0, 9.0)):
+def a_round_context(hp, seed=0, ids=IDS, mask=MASK, skipped=False, applied=True):
   participants = jnp.sum(mask, dtype=jnp.int32)
-  cluster_info = (ids, mask, jnp.asarray(sizes, jnp.float32), jnp.float32(2.5))
   return ss.RoundContext(key(seed), hp, ids, mask, participants, jnp.bool_(skipped),
-                         jnp.bool_(applied), cluster_info)
+                         jnp.bool_(applied))
 
 
 def some_server_state(state0, seed):
@@ -332,10 +329,9 @@ def test_server_stage_contract(name):
   # fed back, the state keeps its structure (a fixed lax.scan carry)
   same_structure(update(new_delta, new_state, a_round_context(hp, 1))[1], state0)
 
-  # masked slots: other ids and cluster sizes there change nothing, and no client that
-  # did not take part has its row written (padded slots carry a real id, 0)
-  garbage = a_round_context(hp, ids=jnp.asarray([4, 1, 5, 2], jnp.int32),
-                            sizes=(3.0, 2.0, 1e6, np.nan))
+  # masked slots: other ids there change nothing, and no client that did not take
+  # part has its row written (padded slots carry a real id, 0)
+  garbage = a_round_context(hp, ids=jnp.asarray([4, 1, 5, 2], jnp.int32))
   assert_trees_close(update(delta, state, garbage)[:2], (new_delta, new_state))
   took_part = np.zeros(N, bool)
   took_part[np.asarray(IDS)[np.asarray(MASK)]] = True

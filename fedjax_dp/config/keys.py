@@ -160,7 +160,7 @@ AGGREGATION = section("aggregation and Byzantine clients", [
         feeds=("aggregator:cluster.threshold",)),
     Key("cluster_noise", "uniform",
         "cluster with local DP: equalize gives each cluster a median cluster's noise",
-        choices=("uniform", "equalize")),
+        choices=("uniform", "equalize"), feeds=("aggregator:cluster.noise",)),
     Key("geomed_iters", 4, "Weiszfeld steps after the weighted mean", at_least=0,
         feeds=("aggregator:geometric_median.iters",)),
     Key("geomed_eps", 1e-06, "smoothing of the distances", above=0,

@@ -63,7 +63,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
                                           task, plan.feature_tiers, plan.client_budgets)
   capacity, slots = _cohort_room(pop, n_dev)
   dp = dp_round.make_dp_round(privacy, pop.num_clients, pop.clients_per_round,
-                              recipe.cluster_noise, SERVER_NOISE, CLIP_COUNT_NOISE, LOCAL_NOISE)
+                              recipe.rule.client_noise, SERVER_NOISE, CLIP_COUNT_NOISE,
+                              LOCAL_NOISE)
   aggregator = recipe.rule
   full_participation = pop.sampling == "fixed" and pop.clients_per_round == pop.num_clients
   shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
@@ -239,8 +240,8 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
       objective=recipe.objective(task.loss, training.momentum), model=model,
       pipeline=client_pipeline, dp=dp, uploads=uploads, poisoned_rows=poisoned_rows,
       aggregator=None if aggregator.linear else aggregator.aggregate,
+      rule_takes_ids=aggregator.takes_ids,
       rule_figures=("flagged", "clusters", *(name for name, *_ in aggregator.declares)),
-      cluster_noise=recipe.cluster_noise,
       aggregate_noise=any(c.stage.owes_noise for c in recipe.upload),
       guard_nonfinite=client_pipeline is not None and (dp.client is not None
                                                       or any(c.stage.privatizes

@@ -54,9 +54,9 @@ class ClientStages(NamedTuple):
                                   # the mechanism's, the server's norm bound, shuffling
   poisoned_rows: Callable | None  # (rows, ids, round_key) -> rows: a data attack drawn each round
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
+  rule_takes_ids: bool            # the rule is also given the uploads' client ids
   rule_figures: tuple             # the rule's metrics kept in RoundStats.metrics["aggregator"]
                                   # (its others, the clusters' arrays, feed cluster noise)
-  cluster_noise: bool             # the cluster rule's clusters also set next round's noise
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
   executor: Executor
@@ -81,15 +81,13 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   client_hp: this round's client hyperparameters (hparams.py): lr, update_noise
   (local DP), momentum (where the client optimizer has momentum).
   Returns (aggregate, stats, client state, the psum of the objective's server
-  contributions, cluster info, server-state slots), all but a resident client
-  state identical on all devices.
+  contributions, server-state slots), all but a resident client state identical
+  on all devices.
   noise_scales [parts]: this round's local noise std per part, over
   noise_multiplier * clip_norm; client_noise_factor [num_clients]: each
-  client's own multiplier on top (per-cluster noise, else ones). With
-  stages.cluster_noise (per-cluster noise) a fifth output holds the cohort's
-  clusters (ids, mask and cluster size per upload, the median cluster size),
-  else (). The server-state slots are {"aggregator": its new state} for a
-  stateful robust aggregator (which reads server_state["aggregator"]), else {}.
+  client's own multiplier on top (the rule's client_noise: per-cluster noise, else
+  ones). The server-state slots are {"aggregator": its new state} for a stateful
+  robust aggregator (which reads server_state["aggregator"]), else {}.
     dp none: the example-weighted mean delta (FedAvg).
     dp central: the plain sum of the deltas, each clipped to `clip_norm` (the
       server noises the sum; weights by example count would give one client
@@ -119,11 +117,11 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
       lambda m: jnp.sum(jnp.where(cohort_mask, m, jnp.zeros_like(m)), axis=0), client_metrics),
       upload_metrics)
   mask_f = u.mask.astype(jnp.float32)
-  rule_metrics, cluster_info, server_slots = {}, (), {}
+  rule_metrics, server_slots = {}, {}
   if stages.aggregator is not None:
-    mean_delta, rule_metrics, cluster_info, server_slots = _robust_aggregate(
+    mean_delta, rule_metrics, server_slots = _robust_aggregate(
         u.deltas, cohort_ids, u.mask, u.weights * mask_f, server_state,
-        client_hp["aggregator"], stages.aggregator, stages.cluster_noise)
+        client_hp["aggregator"], stages.aggregator, stages.rule_takes_ids)
   else:
     mean_delta = _linear_aggregate(u.deltas, u.weights, mask_f, u.counts, sums, owed, round_key,
                                    divides_by=stages.dp.mechanism.divides_by,
@@ -132,7 +130,7 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   stats = _round_stats(res, u.mask, u.nonfinite, partial, stage_lib.check_metrics(
       "aggregator", {k: rule_metrics[k] for k in stages.rule_figures if k in rule_metrics}),
                        client_hp["lr"])
-  return mean_delta, stats, client_state, contrib_sum, cluster_info, server_slots
+  return mean_delta, stats, client_state, contrib_sum, server_slots
 
 
 def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts, client_hp,
@@ -267,23 +265,22 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
 
 
 def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp, rule,
-                      cluster_noise: bool):
+                      takes_ids: bool):
   """A robust rule over every upload: the cohort all-gathered over the devices,
-  aggregated replicated. Returns (aggregate, the rule's metrics, cluster info: the
-  cluster rule's clusters where the cluster-noise stage reads them, server-state
-  slots: the rule's new state where it keeps one)."""
+  aggregated replicated (given the uploads' client ids where it `takes_ids`).
+  Returns (aggregate, the rule's metrics, server-state slots: the rule's new state
+  where it keeps one)."""
   rows = jax.vmap(lambda t: ravel_pytree(t)[0])(deltas)
   all_rows, all_mask = gather_over_devices(rows), gather_over_devices(cohort_mask)
   all_weights = gather_over_devices(weights)
   unravel = ravel_pytree(jax.tree.map(lambda d: d[0], deltas))[1]
-  # (u, mask, weights, state, hp) -> (aggregate, state, metrics); the rule's state,
-  # replicated, lives in server_state["aggregator"] when it keeps one
+  # (u, mask, weights, state, hp[, ids]) -> (aggregate, state, metrics); the rule's
+  # state, replicated, lives in server_state["aggregator"] when it keeps one
+  ids = (gather_over_devices(cohort_ids),) if takes_ids else ()
   agg, agg_state, metrics = rule(all_rows, all_mask, all_weights,
-                                 server_state.get("aggregator", ()), hp)
+                                 server_state.get("aggregator", ()), hp, *ids)
   slots = {"aggregator": agg_state} if "aggregator" in server_state else {}
-  cluster_info = ((gather_over_devices(cohort_ids), metrics["cluster_mask"],
-                   metrics["cluster_size"], metrics["cluster_median"]) if cluster_noise else ())
-  return unravel(agg), metrics, cluster_info, slots
+  return unravel(agg), metrics, slots
 
 
 def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,

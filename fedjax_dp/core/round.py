@@ -34,7 +34,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
       partial(client_phase, stages), mesh=mesh,
       in_specs=(P(), P("clients"), P("clients"), P(), P(), P(), P(), P(), state_spec, P(),
                 P(), P(), P(), P()),
-      out_specs=(P(), P(), state_spec, P(), P(), P()))
+      out_specs=(P(), P(), state_spec, P(), P()))
   objective = stages.objective
   population, training = setup.population, setup.training
   server_stages = recipe.server_stages(population.num_clients, DOWNLINK)
@@ -64,7 +64,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
                                  store.client_count)
     adm = dp.admit(state, ids, mask, plan, hp)
     clip_norm = dp.clip_norm(state, hp)
-    delta, stats, client_state, contrib_sum, cluster_info, agg_slots = phase(
+    delta, stats, client_state, contrib_sum, agg_slots = phase(
         state.params, ids, adm.mask, round_client_hp(hp, state.round), round_key, clip_norm,
         plan.scales, adm.factor, state.client_state, state.server_state, store.x, store.y,
         store.client_index, store.client_count)
@@ -78,7 +78,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
     delta, server_state = objective.server_update(delta, server_state,
                                                   server_context(adm, stats), hp=hp["terms"])
     ctx = server_stages_lib.RoundContext(round_key, hp, ids, adm.mask, stats.participants,
-                                         adm.skip, ~keep_if(adm, stats), cluster_info)
+                                         adm.skip, ~keep_if(adm, stats))
     delta, server_state, server_metrics = server_stages.update(delta, server_state, ctx)
     stats = stats._replace(metrics=stage_lib.merge_metrics(stats.metrics, server_metrics))
     params, opt_state = _server_step(server_optimizer(hp["server_lr"], hp.get("server_momentum")),

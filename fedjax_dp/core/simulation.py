@@ -210,9 +210,9 @@ class Simulation:
                                                      self._convergence_beta()), np.float64)
       event = noise_control.local_event_rdp_np(p.update_noise_multiplier, p.layout.fractions,
                                                scales)
-    if self.recipe.cluster_noise:
-      cn = state.server_state["cluster_noise"]
-      f = np.asarray(noise_control.cluster_noise_factors(cn["size"], cn["median"]), np.float64)
+    if self.recipe.rule.client_noise is not None:   # per-cluster noise: the rule's state
+      f = np.asarray(self.recipe.rule.client_noise(state.server_state["aggregator"]),
+                     np.float64)
       event = event[None, :] / f[:, None] ** 2
     return event
 

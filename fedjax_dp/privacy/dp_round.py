@@ -47,10 +47,11 @@ class DPRound(NamedTuple):
   refuses_clients: bool = False  # admission may refuse a drawn client or skip the round
 
 
-def make_dp_round(privacy, num_clients: int, expected_cohort: int, cluster_noise: bool,
+def make_dp_round(privacy, num_clients: int, expected_cohort: int, client_noise,
                   noise_tag: int, count_tag: int, local_noise_tag: int) -> DPRound:
-  """The round's DP functions for `privacy` (privacy/setup.Privacy; mode none too)."""
-  setup = base.RoundSetup(privacy, num_clients, expected_cohort, cluster_noise, noise_tag,
+  """The round's DP functions for `privacy` (privacy/setup.Privacy; mode none too).
+  client_noise: the rule's (state) -> per-client noise factors, or None."""
+  setup = base.RoundSetup(privacy, num_clients, expected_cohort, client_noise, noise_tag,
                           count_tag, local_noise_tag)
   m = mechanisms.get_mechanism(privacy.mode)
   bind = lambda f: None if f is None else functools.partial(f, setup)

@@ -148,8 +148,8 @@ class Recipe:
 
   @property
   def cluster_noise(self) -> bool:
-    """Whether the noise is equalised across the rule's clusters (a server stage)."""
-    return any(c.config.get("cluster_noise") == "equalize" for c in self.server)
+    """Whether the rule sets each client's noise (per-cluster noise: its client_noise)."""
+    return self.rule.client_noise is not None
 
   def rule_hparams(self) -> dict:
     return dict(self.rule.hparams)

@@ -209,7 +209,7 @@ def read_condition(key: str) -> str | None:
 # switches: at its default no stage stands for such a key (unread_keys lists it), and
 # any other value adds the stage that reads it, so it is never refused as unread
 _SWITCHES = frozenset({"dp", "adaptive_clipping", "kept_noise", "s_local", "s_global", "shuffle",
-                       "coordinate_clip", "update_clip_l2", "client_budgets", "cluster_noise"})
+                       "coordinate_clip", "update_clip_l2", "client_budgets"})
 
 
 _DP_ON = "under dp 'central' or 'local'"

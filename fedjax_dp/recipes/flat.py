@@ -157,8 +157,6 @@ def server_choices(cfg) -> tuple[Choice, ...]:
                       _take(cfg, ("s_global", "topk_kernel"))))
   if cfg.index_selection == "public_topk":
     out.append(Choice(server_stages.public_update_spec(), {"index_selection": "public_topk"}))
-  if cfg.cluster_noise != "uniform":
-    out.append(Choice(server_stages.cluster_noise_spec(), {"cluster_noise": cfg.cluster_noise}))
   return tuple(out)
 
 

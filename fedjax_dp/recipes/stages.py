@@ -91,9 +91,10 @@ def public_update() -> Slot:
   return "server", Choice(server_stages.public_update_spec(), {"index_selection": "public_topk"})
 
 
-def cluster_noise() -> Slot:
-  """Each client's next local noise set by the size of the cluster it fell in."""
-  return "server", Choice(server_stages.cluster_noise_spec(), {"cluster_noise": "equalize"})
+def cluster_noise(threshold: float = 0.5) -> Slot:
+  """The cluster rule that sets each client's next local noise by the size of the
+  cluster it fell in (per-cluster noise): aggregator('cluster', cluster_noise=...)."""
+  return aggregator("cluster", cluster_threshold=threshold, cluster_noise="equalize")
 
 
 def _mechanism(dp: str, keys: dict[str, Any]) -> Slot:

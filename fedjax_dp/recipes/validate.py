@@ -82,15 +82,15 @@ def _budgets(r: Recipe, v: dict) -> str | None:
   return None
 
 
-def _server_stage_inputs(r: Recipe, v: dict) -> str | None:
+def _rule_sets_client_noise(r: Recipe, v: dict) -> str | None:
+  """A rule that sets each client's noise (per-cluster noise) needs a mechanism whose
+  clients noise their own uploads."""
   m = _mechanism(r)
-  for c in r.server:
-    s = c.stage
-    if (s.needs_clusters and not r.rule.labels_clusters) or \
-        (s.needs_client_noise and (m is None or not m.noises_each_upload)):
-      return (f"config key 'cluster_noise' = {v['cluster_noise']!r}: per-cluster noise needs "
-              f"aggregator 'cluster' and dp 'local' (aggregator is {v['aggregator']!r}, dp "
-              f"{v['dp']!r})")
+  if r.rule.client_noise is not None and (m is None or not m.noises_each_upload):
+    what = (f"config key 'cluster_noise' = {v['cluster_noise']!r}: per-cluster noise"
+            if v.get("cluster_noise", "uniform") != "uniform" else
+            f"aggregator {r.rule.name!r} sets each client's noise; it")
+    return f"{what} needs dp 'local' (dp is {v['dp']!r})"
   return None
 
 
@@ -197,7 +197,7 @@ def _other_stage_inputs(r: Recipe, v: dict) -> str | None:
 
 
 RULES: tuple[Callable[[Recipe, dict], str | None], ...] = (
-    _algorithm_names_the_terms, _mechanism_has_noise, _mechanism_own_check, _planner, _budgets, _server_stage_inputs,
+    _algorithm_names_the_terms, _mechanism_has_noise, _mechanism_own_check, _planner, _budgets, _rule_sets_client_noise,
     _adaptive_clip, _terms_covered, _noise_then_clip, _aggregate_is_a_sum,
     _mechanism_after_pipeline, _other_stage_inputs,
 )

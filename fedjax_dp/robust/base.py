@@ -4,12 +4,12 @@ An aggregator is a NamedTuple of pure functions and static properties, one
 module each in this package and one line in `registry.AGGREGATORS`:
 
   init(d, num_clients) -> state          its state (() when stateless)
-  aggregate(u, mask, weights, state, hp) -> (aggregate [d], state, metrics)
+  aggregate(u, mask, weights, state, hp[, ids]) -> (aggregate [d], state, metrics)
       u [m, d] the cohort's uploads, mask [m] bool (padded or refused slots are
       False and never influence anything), weights [m] the round's weights (example
-      counts, or ones), hp {name: number} its hyperparameters (its `hparams`);
-      metrics {"flagged": int32, "clusters": int32}, and what a later stage reads
-      of the rule (the cluster rule's clusters: robust/cluster.py)
+      counts, or ones), hp {name: number} its hyperparameters (its `hparams`), ids
+      [m] the uploads' client ids (only to a rule with `takes_ids`); metrics
+      {"flagged": int32, "clusters": int32} and those it `declares`
 
 Static properties the round, the executor and recipes/validate.py read:
   linear     a weighted mean: the round sums it in its fused psum path (never
@@ -20,9 +20,13 @@ Static properties the round, the executor and recipes/validate.py read:
              server_state["aggregator"] (only then, so stateless set-ups keep their
              state pytree) and passes it back in the next round
   reports    the metrics that mean something for it, for metrics.jsonl
-  labels_clusters  its metrics also say which cluster each upload fell in
-             (cluster_mask, cluster_size, cluster_median): the cluster-noise
-             server stage reads them (robust/cluster.py)
+  declares   its own metrics beyond those two, with their privacy status
+             (fedjax_dp/stage.py); they reach RoundStats.metrics["aggregator"]
+  takes_ids  aggregate is also given the uploads' client ids
+  client_noise  (state) -> [num_clients] float32: each client's factor on its next
+             local noise, set by the rule's state (per-cluster noise: the cluster
+             rule built with noise='equalize', robust/cluster.py); None: ones. The
+             local DP mechanism reads it, and charges each client for its noise
   hparams    its numbers {name: number}, from its constructor (centered_clip(tau=1.0))
   check      (hparams, clients_per_round) -> a one-line config error, or None (its
              numbers against the cohort: Krum's f and m)
@@ -60,9 +64,10 @@ class Aggregator(NamedTuple):
   stateful: bool = False
   reports: tuple[str, ...] = ()
   check: Callable[[Mapping, int], str | None] = _no_check
-  labels_clusters: bool = False
   declares: tuple = ()        # its own metrics beyond flagged and clusters, with their
                               # release declarations ((name, status, says), ...; stage.py)
+  takes_ids: bool = False     # aggregate(..., ids): the uploads' client ids [m]
+  client_noise: Callable | None = None   # (state) -> [num_clients] noise factors
 
 
 def metrics(flagged=None, clusters=None) -> dict:
@@ -76,8 +81,8 @@ def on_finite_uploads(rule: Callable) -> Callable:
   """Wraps `rule` (same signature as `aggregate`) so it sees only finite uploads:
   a participant whose upload holds a NaN or an inf is left out before the rule
   runs (ra.finite_participants) and counted in metrics["flagged"]."""
-  def aggregate(u, mask, weights, state, hp):
+  def aggregate(u, mask, weights, state, hp, *ids):
     u, usable, dropped = ra.finite_participants(u, mask)
-    agg, state, out = rule(u, usable, weights, state, hp)
+    agg, state, out = rule(u, usable, weights, state, hp, *ids)
     return agg, state, {**out, "flagged": out["flagged"] + dropped}
   return aggregate

@@ -18,8 +18,6 @@ the same whichever stages ran before).
                              added next round (error feedback)    slot downlink_residual
   public_update()            records the released update, for public_topk's
                              index selection next round            slot public_update
-  cluster_noise(N)           records each clustered client's cluster size and
-                             the round's median (per-cluster noise) slot cluster_noise
   noise_controller(...)      the dynamic-DP paper's controller: observes the
                              released update, keeps the paper's per-round
                              charge beside the accountant's          slot noise_control
@@ -48,7 +46,6 @@ class RoundContext(NamedTuple):
   skipped: jax.Array       # bool: the round was not run (central DP budget)
   applied: jax.Array       # bool: the server applies this round's update (someone took
                            # part, or central DP released its noise, and it was not skipped)
-  cluster_info: tuple      # (ids [M], mask [M], cluster size [M], median) or ()
 
 
 class ServerStage(NamedTuple):
@@ -85,19 +82,6 @@ def public_update() -> ServerStage:
   return ServerStage("public_update", lambda params, d: jnp.zeros((d,), jnp.float32), update)
 
 
-def cluster_noise(num_clients: int) -> ServerStage:
-  """The clusters this round's uploads formed set each member's next noise."""
-  def init(params, d):
-    return {"size": jnp.zeros((num_clients,), jnp.float32), "median": jnp.float32(0.0)}
-
-  def update(delta, state, ctx):
-    all_ids, all_mask, size, median = ctx.cluster_info
-    where = jnp.where(all_mask, all_ids, num_clients)
-    return delta, {"size": state["size"].at[where].set(size, mode="drop"),
-                   "median": jnp.where(jnp.any(all_mask), median, state["median"])}, {}
-  return ServerStage("cluster_noise", init, update)
-
-
 def noise_controller(schedule: str, measure: str, window: int, num_clients: int) -> ServerStage:
   """Observes the released update (a static schedule never reads the controller)
   and adds the paper's per-round charge for the round's participants."""
@@ -130,8 +114,6 @@ class ServerStageSpec(NamedTuple):
   name: str
   build: Callable[[int, int], ServerStage]   # (num_clients, key_tag) -> the stage
   needs_sparsifier: bool = False     # serves a client top-k stage (public_topk's indices)
-  needs_clusters: bool = False       # reads the clusters the aggregator formed
-  needs_client_noise: bool = False   # sets each client's own noise (local DP's)
 
 
 def downlink_topk_spec(sparsity: float, kernel: str) -> ServerStageSpec:
@@ -140,8 +122,3 @@ def downlink_topk_spec(sparsity: float, kernel: str) -> ServerStageSpec:
 
 def public_update_spec() -> ServerStageSpec:
   return ServerStageSpec("public_update", lambda n, tag: public_update(), needs_sparsifier=True)
-
-
-def cluster_noise_spec() -> ServerStageSpec:
-  return ServerStageSpec("cluster_noise", lambda n, tag: cluster_noise(n), needs_clusters=True,
-                         needs_client_noise=True)

@@ -74,17 +74,17 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
         "budgets": budgets.tolist()}
     report["clients"]["stopped_by_budget"] = ("clients stop taking part when their next "
                                               "participation would pass their own budget")
-  if cfg.cluster_noise == "equalize":
-    from fedjax_dp.privacy.noise_control import cluster_noise_factors
-    cn = state.server_state["cluster_noise"]
-    f = np.asarray(cluster_noise_factors(cn["size"], cn["median"]), np.float64)
+  if sim.recipe.rule.client_noise is not None:   # per-cluster noise: the rule's state
+    cn = state.server_state["aggregator"]
+    f = np.asarray(sim.recipe.rule.client_noise(cn), np.float64)
     report["cluster_noise"] = {
         "method": "per-cluster noise: a client last seen in a cluster of s members noises "
                   "with z sqrt(s / median cluster size), never below z; its own ledger "
                   "composes the noise it really used",
         "next_round_factor": {"min": float(f.min()), "median": float(np.median(f)),
                               "max": float(f.max())},
-        "last_median_cluster_size": float(cn["median"])}
+        **({"last_median_cluster_size": float(cn["median"])}
+           if isinstance(cn, dict) and "median" in cn else {})}
   if z > 0:
     paper = np.asarray(nc["paper_epsilon"], np.float64)
     report["paper_formula_epsilon"] = {

@@ -60,7 +60,8 @@ class RoundSetup(NamedTuple):
   privacy: Any             # privacy/setup.Privacy
   num_clients: int
   expected_cohort: int     # central DP's fixed denominator (clients_per_round)
-  cluster_noise: bool      # per-cluster noise factors (cluster_noise 'equalize')
+  client_noise: Any        # the rule's (its state) -> [num_clients] noise factors
+                           # (per-cluster noise: robust/cluster.py), or None
   noise_tag: int           # fold_in tags of the round key: the noise on the sum,
   count_tag: int           # adaptive clipping's count noise,
   local_noise_tag: int     # each client's own noise

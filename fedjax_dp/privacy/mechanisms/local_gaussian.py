@@ -7,8 +7,8 @@ One participation releases the client's whole report (no amplification by
 sampling): replace one client, sensitivity 2 C, so a Gaussian of multiplier z / 2
 per participation. Each client keeps its own ledger; with target_epsilon (or
 per-client budgets) a client whose ledger would pass its budget is refused.
-Per-cluster noise (cluster_noise 'equalize') sets each client's factor from the
-size of the cluster it fell in, charged per client.
+Per-cluster noise (a rule whose state sets each client's factor, `client_noise`:
+the cluster rule with cluster_noise 'equalize') is charged per client.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ def admit(setup, state, ids, mask, plan: Plan, hp) -> Admission:
   part only if its ledger stays within its budget after the participation."""
   factor = jnp.ones((setup.num_clients,), jnp.float32)
   client_event = plan.event
-  if setup.cluster_noise:
-    cn = state.server_state["cluster_noise"]
-    factor = noise_control.cluster_noise_factors(cn["size"], cn["median"])
+  if setup.client_noise is not None:   # the rule's state sets each client's factor
+    factor = setup.client_noise(state.server_state["aggregator"])
     # RDP of a Gaussian goes as 1 / z^2; nudged up past the float32 rounding
     client_event = (plan.event[None, :] / jnp.square(factor[ids])[:, None]) * (1.0 + 1e-6)
   spent = jnp.zeros((), jnp.int32)
