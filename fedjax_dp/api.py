@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from fedjax_dp import losses
 from fedjax_dp.config import Config
-from fedjax_dp.recipes.config_checks import make_config
+from fedjax_dp.recipes.config_checks import checked_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.models import Model
@@ -73,8 +73,8 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
     values["num_clients"] = clients
     if "clients_per_round" not in values and base is None:
       values["clients_per_round"] = min(DEFAULT_COHORT, clients)
-  cfg = make_config(values, base=base)
-  return recipes.base.check_expressed(recipe, cfg) if as_recipe else cfg
+  cfg, built = checked_config(values, base=base)   # (the recipe its checks built)
+  return recipes.base.check_expressed(recipe, cfg, built) if as_recipe else cfg
 
 
 def _own(values: dict, base: Config | None, key: str, name: str) -> None:

@@ -125,12 +125,12 @@ class Recipe:
     the recipe (else a one-line ConfigError)."""
     values = self.config_values()
     check_agrees(self, values, setup)
-    from fedjax_dp.recipes.config_checks import make_config
+    from fedjax_dp.recipes.config_checks import checked_config
     start = {k: v for k, v in (base or Config()).to_dict().items() if k in SETUP_KEYS}
     # a recipe read from a config that holds unread keys (a saved run's, accepted when
     # it was written) gives that config back; a recipe built from stages has none
-    return check_expressed(self, make_config({**start, **values, **setup},
-                                             refuse_unread=not self.unused))
+    cfg, built = checked_config({**start, **values, **setup}, refuse_unread=not self.unused)
+    return check_expressed(self, cfg, built)
 
   # ------------------------------------------------------------------ resolved stages
   def objective(self, data_loss: Callable | None = None, momentum: float = 0.0):
@@ -194,11 +194,12 @@ class Recipe:
     return dataclasses.replace(self, **changes)
 
 
-def check_expressed(recipe: Recipe, cfg: Config) -> Config:
-  """cfg, or a ConfigError where cfg's recipe (the one a run builds) has other stages
-  than `recipe`: a stage the config has no key for would be dropped without a word."""
+def check_expressed(recipe: Recipe, cfg: Config, rebuilt: Recipe | None = None) -> Config:
+  """cfg, or a ConfigError where cfg's recipe (the one a run builds; `rebuilt`, where
+  the config's checks already built it) has other stages than `recipe`: a stage the
+  config has no key for would be dropped without a word."""
   from fedjax_dp.recipes.flat import from_config
-  rebuilt = from_config(cfg)
+  rebuilt = from_config(cfg) if rebuilt is None else rebuilt
   built = outline(rebuilt)
   if built != outline(recipe):
     raise ConfigError(f"recipe {recipe.name!r}: its stages {outline(recipe)} are not what its "

@@ -30,10 +30,15 @@ def make_config(overrides: dict[str, Any] | None = None, base: Config | None = N
   run's stages checked (check_run). A key of `overrides` away from its default that
   nothing of the run reads is a ConfigError unless not `refuse_unread` (a saved
   config, checked when it was written)."""
+  return checked_config(overrides, base, refuse_unread)[0]
+
+
+def checked_config(overrides: dict[str, Any] | None = None, base: Config | None = None,
+                   refuse_unread: bool = True):
+  """make_config's (Config, and the recipe its checks built from it)."""
   _load_named_plugins(overrides, base)   # their keys are names parse_config then accepts
   cfg = parse_config(overrides, base)
-  check_run(cfg, dict(overrides or {}), refuse_unread)
-  return cfg
+  return cfg, check_run(cfg, dict(overrides or {}), refuse_unread)
 
 
 def _load_named_plugins(overrides: dict[str, Any] | None, base: Config | None) -> None:
@@ -51,10 +56,10 @@ def load_config(path: str | None = None, sets: list[str] | None = None) -> Confi
   return make_config({**(read_config_file(path) if path else {}), **parse_set(sets or [])})
 
 
-def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> None:
+def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True):
   """Raises ConfigError for the first problem of `cfg`'s stages, shown as the user
   wrote it (`raw`); then a key of `raw` set away from its default that nothing of
-  this run reads (unless not `refuse_unread`)."""
+  this run reads (unless not `refuse_unread`). Returns the recipe it checked."""
   load_plugins(cfg.plugins)   # before the names they register are checked
   _check_registered(cfg)
   _check_mechanism(cfg, raw)
@@ -64,6 +69,7 @@ def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True) -> N
   _check_data(cfg)
   if refuse_unread:
     _check_unread(cfg, raw, recipe)
+  return recipe
 
 
 def _private(cfg: Config) -> bool:
