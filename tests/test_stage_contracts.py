@@ -403,13 +403,15 @@ SPENT = 3   # local budgets: client 3 has spent its budget
 
 def dp_case(name):
   cfg, model, privacy, hp = dp_setup(**DP_CASES[name])
-  dp = dp_round_lib.make_dp_round(privacy, N, cfg.clients_per_round,
-                                  cfg.cluster_noise == "equalize", sim_lib.SERVER_NOISE,
-                                  sim_lib.CLIP_COUNT_NOISE, sim_lib.LOCAL_NOISE)
+  recipe = recipes.from_config(cfg)
+  dp = dp_round_lib.make_dp_round(privacy, N, cfg.clients_per_round, recipe.rule.client_noise,
+                                  sim_lib.SERVER_NOISE, sim_lib.CLIP_COUNT_NOISE,
+                                  sim_lib.LOCAL_NOISE)
   params = model.init(key(0))
   d = sum(a.size for a in jax.tree.leaves(params))
-  server_state = recipes.from_config(cfg).server_stages(cfg.num_clients, sim_lib.DOWNLINK).init(
-      params, d)
+  server_state = recipe.server_stages(cfg.num_clients, sim_lib.DOWNLINK).init(params, d)
+  if recipe.rule.stateful:   # the cluster rule's sizes under per-cluster noise
+    server_state["aggregator"] = recipe.rule.init(d, N)
   server_state = some_server_state(server_state, 2)
   if "noise_control" in server_state:
     server_state["noise_control"]["score"] = jnp.float32(0.4)
