@@ -76,3 +76,14 @@ def test_bytes_flipped_inside_a_data_file_are_caught(tmp_path):
   step, restored, _ = checkpoint.restore_latest(d, state(0), warn=warnings.append)
   assert step == 1 and len(warnings) == 1 and "round 2" in warnings[0]
   np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(state(1)["w"]))
+
+
+def test_a_checkpoint_of_another_layout_says_so(tmp_path):
+  """A state slot renamed between versions (issue 40 moved cluster noise's) makes every
+  checkpoint unreadable: the warning and the error say it is the layout, not damage."""
+  d = str(tmp_path / "ckpt")
+  checkpoint.save(d, 1, {"cluster_noise": _state(1)}, {"round": 1})
+  warnings = []
+  with pytest.raises(checkpoint.CheckpointError, match="layout differs from this version's"):
+    checkpoint.restore_latest(d, {"aggregator": _state(0)}, warn=warnings.append)
+  assert len(warnings) == 1 and "its state's layout is not this run's" in warnings[0]

@@ -592,3 +592,61 @@ def test_fedjax_dp_config_refuses_what_it_would_ignore(capsys, args, message):
   assert main(["config", *args]) == 2
   err = capsys.readouterr().err
   assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _noise_setting_rule(stateful=True):
+  """A plugin rule whose state sets each client's noise factor (2 once seen)."""
+  from fedjax_dp.robust import Aggregator, metrics
+  from fedjax_dp.kernels import robust_aggregation as ra
+
+  def aggregate(u, mask, weights, state, hp, ids):
+    where = jnp.where(mask, ids, state.shape[0])
+    return ra.weighted_mean(u, mask, weights), state.at[where].set(2.0, mode="drop"), metrics()
+  return Aggregator(name="ext_seen_noise", aggregate=aggregate, stateful=stateful,
+                    init=lambda d, n: jnp.ones((n,), jnp.float32), takes_ids=True,
+                    client_noise=lambda state: state)
+
+
+def test_a_rule_that_sets_client_noise_needs_a_mechanism_that_applies_and_charges_it(plugins):
+  """The Laplace mechanism's client half ignores per-client factors: a rule setting them
+  under it would have its clients charged for noise they never drew (an audit measured
+  epsilon 0.38 reported for 0.75 spent), so it is refused; local DP applies and charges
+  them; a rule whose client_noise has no state to read is refused at registration."""
+  from fedjax_dp.robust import register_aggregator
+  register_aggregator(_noise_setting_rule)
+  base = {**SMALL, "plugins": [plugins["laplace"]], "aggregator": "ext_seen_noise",
+          "noise_multiplier": 8.0}
+  with pytest.raises(fedjax_dp.ConfigError, match="sets each client's noise.*dp is "
+                                                  "'laplace_local'") as e:
+    fedjax_dp.make_config({**base, "dp": "laplace_local"})
+  assert "\n" not in str(e.value)
+  fedjax_dp.make_config({**base, "dp": "local"})
+  with pytest.raises(ValueError, match="client_noise reads the rule's state"):
+    register_aggregator(lambda: _noise_setting_rule(stateful=False)._replace(
+        name="ext_stateless_noise"))
+
+
+def test_fedjax_dp_config_shows_a_plugin_keys_integer_choices_and_own_text(tmp_path, capsys):
+  plugin = tmp_path / "widths.py"
+  plugin.write_text(
+      "from fedjax_dp.config import Key, register_key\n"
+      "from fedjax_dp.robust import Aggregator, register_aggregator\n"
+      "def widths(width: int = 2, steps: int = 3, tag: str = ''):\n"
+      "  return Aggregator(name='widths', aggregate=lambda *a: None,\n"
+      "                    hparams={'width': width, 'steps': steps})\n"
+      "register_aggregator(widths)\n"
+      "register_key(Key('widths_width', 2, 'its width', choices=(1, 2, 4),\n"
+      "                 feeds=('aggregator:widths.width',)))\n"
+      "register_key(Key('widths_steps', 3, 'its steps', allowed='1..10, odd preferred',\n"
+      "                 limit='<= clients_per_round', feeds=('aggregator:widths.steps',)))\n"
+      "register_key(Key('widths_tag', '', 'its tag', feeds=('aggregator:widths.tag',)))\n")
+  with registries_restored():
+    assert main(["config", "--set", f"plugins=[{plugin}]"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("widths_")}
+    assert "1, 2, 4" in rows["widths_width"]
+    assert "1..10, odd preferred; <= clients_per_round" in rows["widths_steps"]
+    assert rows["widths_tag"].split()[1] == "''"
+    assert main(["run", "--print-config", "--set", f"plugins=[{plugin}]", "aggregator=widths",
+                 "widths_width=3"]) == 2
+    assert "allowed values are 1, 2, 4" in capsys.readouterr().err

@@ -258,8 +258,8 @@ def test_stage_needs_are_read_from_properties():
     (recipes.compose("x", st.noise_schedule("convergence")),
      "'noise_schedule' = 'convergence' with dp 'none'"),
     (recipes.compose("x", st.cluster_noise()),
-     "config key 'cluster_noise' = 'equalize': per-cluster noise needs dp 'local' (dp is "
-     "'none')"),
+     "config key 'cluster_noise' = 'equalize': per-cluster noise needs dp 'local' (a "
+     "mechanism that scales each client's noise and charges it; dp is 'none')"),
     (recipes.compose("x", st.allocated_budgets(), st.central_dp(noise_multiplier=1.0)),
      "per-client budgets need dp 'local' and target_epsilon"),
     (recipes.compose("x", st.public_update()), "'index_selection' = 'public_topk': needs s_local"),

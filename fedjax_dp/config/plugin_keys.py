@@ -95,7 +95,7 @@ def plugin_value(name: str, value):
   value = kind(value)
   if key.choices and value not in key.choices:
     raise ConfigError(f"config key '{name}' = {value!r}: allowed values are "
-                      f"{', '.join(key.choices)}")
+                      f"{', '.join(map(str, key.choices))}")
   if key.bounds is not None:
     lo, hi, lo_inc, hi_inc = key.bounds
     if (lo is not None and not (value >= lo if lo_inc else value > lo)) or (

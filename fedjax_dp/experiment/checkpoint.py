@@ -114,6 +114,7 @@ def restore_latest(directory: str, template: Any, warn=None,
   if not available:
     raise CheckpointError(f"no checkpoint found in {directory}")
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+  layouts = False   # a checkpoint whose state has another pytree layout than `template`
   with _manager(directory) as mgr:
     for step in reversed(available):
       try:
@@ -130,6 +131,12 @@ def restore_latest(directory: str, template: Any, warn=None,
       except Exception as e:  # orbax raises many types for damaged files
         # the first line, without the storage layer's internals after a colon
         reason = str(e).splitlines()[0].split(": {")[0][:160] if str(e) else type(e).__name__
+        if "tree structures do not match" in str(e):
+          layouts = True
+          reason = ("its state's layout is not this run's: a checkpoint of another "
+                    "configuration, or written by another fedjax-dp version")
         warn(f"warning: checkpoint at round {step} in {directory} is unreadable ({reason}); "
              "trying the previous one")
-  raise CheckpointError(f"no readable checkpoint in {directory} (tried rounds {available})")
+  raise CheckpointError(f"no readable checkpoint in {directory} (tried rounds {available})"
+                        + ("; a checkpoint's layout differs from this version's: resume it "
+                           "with the fedjax-dp that wrote it" if layouts else ""))

@@ -53,7 +53,7 @@ def show_value(value: Any) -> str:
     return "[" + ", ".join(show_value(v) for v in value) + "]"
   if isinstance(value, float):
     return f"{value:g}"
-  return str(value)
+  return str(value) if value != "" else "''"
 
 
 def _show_bound(v: float, is_int: bool) -> str:
@@ -145,13 +145,18 @@ def reference(key: str) -> KeyReference:
 
 
 def _plugin_allowed(row: Key) -> str:
-  """A plugin key's allowed values, from its row (choices, range, type)."""
+  """A plugin key's allowed values, from its row (stated by hand, or its choices,
+  range, type; with a limit that involves another key)."""
   kind = type(row.default)
-  if row.choices:
-    return ", ".join(row.choices)
-  if row.bounds is not None and kind in (int, float):
-    return _bounds_text(row.bounds, kind is int)
-  return {bool: "true, false", str: "a string", int: "an integer", float: "a number"}[kind]
+  if row.allowed:
+    text = row.allowed
+  elif row.choices:
+    text = ", ".join(show_value(c) for c in row.choices)
+  elif row.bounds is not None and kind in (int, float):
+    text = _bounds_text(row.bounds, kind is int)
+  else:
+    text = {bool: "true, false", str: "a string", int: "an integer", float: "a number"}[kind]
+  return f"{text}; {row.limit}" if row.limit else text
 
 
 def sections() -> dict[str, tuple[str, ...]]:

@@ -84,13 +84,15 @@ def _budgets(r: Recipe, v: dict) -> str | None:
 
 def _rule_sets_client_noise(r: Recipe, v: dict) -> str | None:
   """A rule that sets each client's noise (per-cluster noise) needs a mechanism whose
-  clients noise their own uploads."""
+  client half applies each client's factor and whose admission charges it for it: a
+  mechanism that ignored the factor would be charged for noise it never drew."""
   m = _mechanism(r)
-  if r.rule.client_noise is not None and (m is None or not m.noises_each_upload):
+  if r.rule.client_noise is not None and (m is None or not m.scales_client_noise):
     what = (f"config key 'cluster_noise' = {v['cluster_noise']!r}: per-cluster noise"
             if v.get("cluster_noise", "uniform") != "uniform" else
             f"aggregator {r.rule.name!r} sets each client's noise; it")
-    return f"{what} needs dp 'local' (dp is {v['dp']!r})"
+    return (f"{what} needs dp 'local' (a mechanism that scales each client's noise and "
+            f"charges it; dp is {v['dp']!r})")
   return None
 
 

@@ -44,6 +44,9 @@ def register_aggregator(aggregator: Aggregator | Callable[..., Aggregator]) -> N
   if rule.name in AGGREGATORS:
     raise ValueError(f"an aggregator {rule.name!r} is already registered")
   stage.check_declares(f"aggregator {rule.name!r}", rule.declares)
+  if rule.client_noise is not None and not rule.stateful:
+    raise ValueError(f"aggregator {rule.name!r}: client_noise reads the rule's state "
+                     "(server_state['aggregator']); register it with stateful=True and an init")
   if {"flagged", "clusters"} & {name for name, *_ in rule.declares}:
     raise ValueError(f"aggregator {rule.name!r}: flagged and clusters are declared by the "
                      "run (as rows' figures); declare only the rule's own metrics")

@@ -77,10 +77,14 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
   if sim.recipe.rule.client_noise is not None:   # per-cluster noise: the rule's state
     cn = state.server_state["aggregator"]
     f = np.asarray(sim.recipe.rule.client_noise(cn), np.float64)
+    rule = sim.recipe.rule.name
     report["cluster_noise"] = {
-        "method": "per-cluster noise: a client last seen in a cluster of s members noises "
-                  "with z sqrt(s / median cluster size), never below z; its own ledger "
-                  "composes the noise it really used",
+        "method": ("per-cluster noise: a client last seen in a cluster of s members noises "
+                   "with z sqrt(s / median cluster size), never below z; its own ledger "
+                   "composes the noise it really used" if rule == "cluster" else
+                   f"per-client noise set by aggregator {rule!r}: each client noises with z "
+                   "times its factor from the rule's state; its own ledger composes the "
+                   "noise it really used"),
         "next_round_factor": {"min": float(f.min()), "median": float(np.median(f)),
                               "max": float(f.max())},
         **({"last_median_cluster_size": float(cn["median"])}

@@ -115,6 +115,9 @@ class Mechanism(NamedTuple):
   releases_every_round: bool = False  # a round nobody took part in is still released (its
                                       # noise) and applied
   client_hparams: tuple = ()        # the round's hyperparameters the client half reads
+  scales_client_noise: bool = False  # its client half multiplies each client's noise by the
+                                     # admission's factor and its admission charges each
+                                     # client for that noise (a rule's client_noise needs it)
   accountants: tuple = ("rdp",)     # the config's accountants that can compose its events
   check: Callable | None = None     # (settings: {config key: value}) -> why this mechanism
                                     # cannot run them, in one line, or None

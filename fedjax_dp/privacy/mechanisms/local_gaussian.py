@@ -97,6 +97,7 @@ def describe(cohort: CohortSampling | None = None) -> dict[str, str]:
 def local_gaussian() -> Mechanism:
   return Mechanism("local", plan=plan, admit=admit, release=release, client=client,
                    event_rdp=event_rdp, describe=describe, noises_each_upload=True, per_client_ledgers=True,
+                   scales_client_noise=True,
                    boundary="client", divides_by="participants",
                    client_hparams=("update_noise",), accountants=("rdp", "pld"),
                    recipe_prefix="ldp_")
