@@ -10,8 +10,9 @@ median seconds per round of each and the median of the per-cycle ratios.
       [--variant fedavg] [--variant topksdp_bisect] [--chunks 9] [--chunk-rounds 5] [--json OUT]
 
 Variants are benchmarks/fedavg_round.py's protocol (full Fashion-MNIST, 100 clients
-all per round, MLP 784-200-200-10, E = 1, B = 64) and topksdp_round.py's
-TopkSDP-FL with the bisecting top-k and the aggregate's kept noise.
+all per round, MLP 784-200-200-10, E = 1, B = 64), topksdp_round.py's
+TopkSDP-FL with the bisecting top-k and the aggregate's kept noise, and local DP
+with the cluster rule's per-cluster noise.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ PROTOCOL = dict(dataset="fmnist", num_clients=100, clients_per_round=100, partit
                 lr=0.01, momentum=0.5, sampling="fixed", seed=0)
 VARIANTS = {"fedavg": {},
             "topksdp_bisect": dict(algorithm="topksdp", coordinate_clip=0.05, kept_noise="paper",
-                                   ldp_epsilon=3.0, topk_kernel="bisect")}
+                                   ldp_epsilon=3.0, topk_kernel="bisect"),
+            # local DP with per-cluster noise (issue 40 moved it into the cluster rule's state)
+            "local_dp_cluster_noise": dict(dp="local", noise_multiplier=1.0, clip_norm=1.0,
+                                           aggregator="cluster", cluster_threshold=0.2,
+                                           cluster_noise="equalize")}
 
 
 def worker(variant: str, chunk_rounds: int) -> None:
