@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_dp import losses
 from fedjax_dp import recipes
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.core import one_step
 from fedjax_dp.core import upload_stages
 from fedjax_dp.core.client_phase import ClientStages
@@ -34,7 +33,7 @@ from fedjax_dp.recipes import release_identity
 from fedjax_dp.adversary import attacks
 from fedjax_dp.training import client as client_lib
 from fedjax_dp.core.round import make_round
-from fedjax_dp.core.simulation import Simulation, make_mesh
+from fedjax_dp.core.simulation import Simulation, make_mesh, release_of_numbers
 
 
 def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
@@ -102,7 +101,7 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,
                     evaluate=make_evaluate(model, task, ex.matmul_precision), hparams=hp,
-                    issued={(hparams_lib.digest(plan.hparams), setup.seed): plan.cfg},
+                    issued={release_of_numbers(plan.hparams, plan): plan.cfg},
                     paging=paging,
                     inputs_digest=inputs, **layouts)
 
@@ -232,7 +231,7 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
                    task: losses.Task, dp: dp_round.DPRound, aggregator, executor: Executor, *,
                    uploads: tuple, poisoned_rows) -> ClientStages:
   """The client phase's stages: the recipe's, with the run's upload chain
-  (core/upload_stages.py), data attack and cluster noise."""
+  (core/upload_stages.py) and data attack."""
   client_pipeline = recipe.client_pipeline()
   return ClientStages(
       train_one=partial(client_lib.local_train, apply_fn=model.apply, epochs=training.epochs,

@@ -56,7 +56,7 @@ class ClientStages(NamedTuple):
   aggregator: Callable | None     # a robust rule's aggregate (None: the weighted mean)
   rule_takes_ids: bool            # the rule is also given the uploads' client ids
   rule_figures: tuple             # the rule's metrics kept in RoundStats.metrics["aggregator"]
-                                  # (its others, the clusters' arrays, feed cluster noise)
+                                  # (flagged, clusters and those it declares)
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
   executor: Executor

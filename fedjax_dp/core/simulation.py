@@ -38,6 +38,12 @@ from fedjax_dp.recipes import release_identity
 from fedjax_dp.privacy.setup import Privacy
 
 
+def release_of_numbers(hparams: dict, plan: plan_lib.RunPlan) -> tuple:
+  """The key of Simulation.issued: the numbers' digest and the seed of the plan they
+  are run at (with_seed keeps the numbers: the seed tells their releases apart)."""
+  return hparams_lib.digest(hparams), plan.setup.seed
+
+
 def make_mesh(num_devices: int = 0) -> Mesh:
   """A 1-D mesh named `clients` over the first `num_devices` devices (0 = all)."""
   devices = jax.devices()
@@ -150,7 +156,7 @@ class Simulation:
     initialisation, cohorts, local training, noise) on the same data: `data_seed`
     is pinned to the data this simulation was built from. The same compiled round."""
     plan = plan_lib.reseeded(self.plan, seed)
-    self.issued[(hparams_lib.digest(plan.hparams), seed)] = plan.cfg
+    self.issued[release_of_numbers(plan.hparams, plan)] = plan.cfg
     return dataclasses.replace(self, plan=plan)
 
   def run_replicas(self, states: SimState, hparams: dict, num_rounds: int):
@@ -181,12 +187,12 @@ class Simulation:
     """The plan with `overrides`; its hyperparameters' digest is recorded, so that
     run_rounds accepts them."""
     plan = plan_lib.replan(self.plan, overrides, self.model, self._privacy_cache)
-    self.issued[(hparams_lib.digest(plan.hparams), plan.setup.seed)] = plan.cfg
+    self.issued[release_of_numbers(plan.hparams, plan)] = plan.cfg
     return plan
 
   def _release_of(self, hparams: dict):
     """The settings `hparams` stand for at this simulation's seed (None: not issued)."""
-    return self.issued.get((hparams_lib.digest(hparams), self.setup.seed))
+    return self.issued.get(release_of_numbers(hparams, self.plan))
 
   def privacy_for(self, **overrides) -> Privacy:
     """The privacy set-up with `overrides` (see with_hparams)."""

@@ -48,11 +48,11 @@ def stage_figure(key: str, cfg, undeclared: bool = True) -> Declared | None:
   return Declared(NOT_COVERED, UNDECLARED_STAGE_METRIC) if undeclared else None
 
 
-@functools.lru_cache(maxsize=64)
 def _stage_declarations(cfg) -> dict[str, dict[str, tuple[str, str]]]:
   """{stage name: {metric: (status, says)}} of the stages of cfg's recipe that can
   report metrics: the upload pipeline's, the aggregation rule's (as 'aggregator')
-  and the server's (built, as the round names their slots)."""
+  and the server's (built, as the round names their slots). Read afresh each time
+  (only dotted names ask): a cache keyed on the config would outlive a registry."""
   from fedjax_dp.recipes.flat import from_config
   recipe = from_config(cfg)
   stages = [(c.stage.name, c.stage.declares) for c in recipe.upload]

@@ -146,11 +146,6 @@ class Recipe:
     from fedjax_dp import robust
     return self.aggregator.stage if self.aggregator is not None else robust.get_aggregator("mean")
 
-  @property
-  def cluster_noise(self) -> bool:
-    """Whether the rule sets each client's noise (per-cluster noise: its client_noise)."""
-    return self.rule.client_noise is not None
-
   def rule_hparams(self) -> dict:
     return dict(self.rule.hparams)
 

@@ -47,9 +47,7 @@ def plan_run(cfg: Config, model, feature_tiers=None, client_budgets=None,
   """The plan of `cfg` for `model` (models.Model: the privacy set-up's layout reads
   its parameters). `client_budgets` [num_clients]: per-client target epsilons
   (local DP); `calibrated`: see make_privacy."""
-  privacy = make_privacy(cfg, model, feature_tiers, calibrated)
-  if client_budgets is not None:
-    privacy = dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
+  privacy = _privacy(cfg, model, feature_tiers, calibrated, client_budgets)
   recipe = from_config(cfg)
   return RunPlan(cfg, recipe, run_setup(cfg), privacy,
                  hparams_lib.round_hparams(cfg, privacy, recipe), feature_tiers,
@@ -117,8 +115,14 @@ def _privacy_of(plan: RunPlan, cfg: Config, overrides: dict, model, cache) -> Pr
   cache = {} if cache is None else cache
   calibrated = None if hparams_lib.RECALIBRATING & set(overrides) else plan.calibrated
   if (cfg, calibrated) not in cache:
-    privacy = make_privacy(cfg, model, plan.feature_tiers, calibrated)
-    if plan.privacy.client_budgets is not None:
-      privacy = dataclasses.replace(privacy, client_budgets=plan.privacy.client_budgets)
-    cache[(cfg, calibrated)] = privacy
+    cache[(cfg, calibrated)] = _privacy(cfg, model, plan.feature_tiers, calibrated,
+                                        plan.client_budgets)
   return cache[(cfg, calibrated)]
+
+
+def _privacy(cfg: Config, model, feature_tiers, calibrated, client_budgets) -> Privacy:
+  """make_privacy of `cfg` with the per-client budgets (float64) attached."""
+  privacy = make_privacy(cfg, model, feature_tiers, calibrated)
+  if client_budgets is None:
+    return privacy
+  return dataclasses.replace(privacy, client_budgets=np.asarray(client_budgets, np.float64))
