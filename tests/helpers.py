@@ -181,7 +181,8 @@ def registries_restored():
   from fedjax_dp.privacy import mechanisms
   from fedjax_dp.robust import registry as rule_registry
   registries = (term_registry.TERMS, term_registry.ALGORITHMS, rule_registry.AGGREGATORS,
-                mechanisms.MECHANISMS, data_registry.DATASETS, plugin_keys.PLUGIN_KEYS)
+                mechanisms.MECHANISMS, mechanisms.KEPT_NOISE, data_registry.DATASETS,
+                plugin_keys.PLUGIN_KEYS)
   saved = [dict(r) for r in registries]
   modules = set(sys.modules)
   try:

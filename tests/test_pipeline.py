@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from fedjax_dp.compression import pipeline as pl
+from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp import make_config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.experiment.runner import communication
@@ -72,7 +73,7 @@ def test_sparsity_zero_without_noise_is_the_identity():
 
 def test_noise_only_on_kept_coordinates_with_the_papers_std():
   k = 100
-  std_fn = pl.paper_std(epsilon=3.0, delta=1e-5, clip=0.05, k=k)
+  std_fn = kept_noise.paper_std(epsilon=3.0, delta=1e-5, clip=0.05, k=k)
   want = (2 * 0.01 * 0.05 / 50) * np.sqrt(2 * np.log(1.25 / 1e-5)) / (3.0 / k)
   assert float(std_fn(ctx())) == pytest.approx(want, rel=1e-6)
   stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0))

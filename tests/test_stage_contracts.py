@@ -30,6 +30,7 @@ from fedjax_dp.adversary import attacks
 from fedjax_dp.privacy import dp_round as dp_round_lib
 from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.compression import pipeline as pl
+from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.training import server_stages as ss
 from fedjax_dp.core import state as sim_lib   # the round's key tags
 from fedjax_dp.privacy.mechanisms.base import PrivacyState
@@ -132,7 +133,7 @@ CLIENT_STAGES = {
                           Z, True),
     "kept_noise-aggregate": (lambda z: pl.gaussian_on_kept(
         lambda ctx: jnp.asarray(z, jnp.float32), "aggregate"), Z, False),
-    "kept_noise-paper": (lambda _: pl.gaussian_on_kept(pl.paper_std(8.0, 1e-5, 1.0, 10)), None,
+    "kept_noise-paper": (lambda _: pl.gaussian_on_kept(kept_noise.paper_std(8.0, 1e-5, 1.0, 10)), None,
                          True),
     "pipeline-topksdp": (lambda _: recipes.from_config(TOPKSDP).client_pipeline(), None, True),
     "pipeline-paper": (lambda _: recipes.from_config(PAPER).client_pipeline(), None, True),

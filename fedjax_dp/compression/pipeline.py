@@ -19,8 +19,8 @@ Stages (SparseRandom, TopkSDP-FL Algorithm 1, and its variants):
                            selection: 'topk' (largest |v|), 'random_k' (from the
                            key), 'public_topk' (largest |previous global update|)
   gaussian_on_kept(std_fn) adds N(0, std^2) to the sent coordinates only; std_fn
-                           maps the context to a std: `paper_std` (TopkSDP-FL's
-                           calibration) or z * C
+                           maps the context to a std (TopkSDP-FL's calibrations:
+                           privacy/mechanisms/kept_noise.py)
 
 The server side has the layer-wise shuffler (a permutation of the cohort per
 layer) and downlink top-k with a server residual (`downlink_topk`).
@@ -28,7 +28,6 @@ layer) and downlink top-k with a server residual (`downlink_topk`).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -216,41 +215,11 @@ def gaussian_on_kept(std_fn: Callable[[StageContext], jax.Array],
                      hparams=own)
 
 
-def noise_on_kept(std: float, draw: str = "client") -> ClientStage:
-  """gaussian_on_kept with a fixed std (kept_noise 'multiplier': z C), as data."""
-  return gaussian_on_kept(lambda ctx: ctx.hp["std"], draw, {"std": std})
-
-
-def paper_noise_on_kept(epsilon: float, delta: float, clip: float, sparsity: float,
-                        draw: str = "client") -> ClientStage:
-  """gaussian_on_kept with `paper_std` for k = keep_count(d, sparsity), k taken from
-  the upload's size when the stage runs (so the stage is built without d)."""
-  own = {"clip": clip}
-
-  def update(u, s, ctx):
-    k = keep_count(u.values.shape[0], sparsity)
-    std = paper_std(epsilon, delta, numbers(ctx, own)["clip"], k)
-    return gaussian_on_kept(std, draw).update(u, s, ctx._replace(hp=()))
-  return gaussian_on_kept(lambda ctx: 0.0, draw, own)._replace(update=update)
-
-
 def aggregate_noise_var(weights: jax.Array, noise_std: jax.Array, sent: jax.Array) -> jax.Array:
   """Per-coordinate variance [d] of sum_i w_i n_i, n_ic ~ N(0, noise_std_i^2) where
   sent_ic: sum_i w_i^2 noise_std_i^2 sent_ic. weights, noise_std [m]; sent [m, d] bool."""
   return jnp.tensordot(jnp.square(weights * noise_std), sent.astype(jnp.float32), 1,
                        precision=jax.lax.Precision.HIGHEST)
-
-
-def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
-  """TopkSDP-FL's calibration (after Wei et al. 2020), per client:
-    sigma = Delta_s sqrt(2 ln(1.25 / delta)) / (epsilon / k),  Delta_s = 2 lr C / n_i.
-  Labelled as the paper's: it covers one example in one SGD step, not a client's
-  update after E epochs, and the classical Gaussian bound needs epsilon / k < 1."""
-  factor = math.sqrt(2 * math.log(1.25 / delta)) * k / epsilon
-
-  def std(ctx):
-    return 2.0 * ctx.lr * clip / jnp.maximum(ctx.num_examples, 1).astype(jnp.float32) * factor
-  return std
 
 
 # ------------------------------------------------------------------ server side

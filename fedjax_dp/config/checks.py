@@ -66,18 +66,10 @@ def _check_keys(cfg: Config, raw: dict[str, Any]) -> None:
 
 def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
   """Keys against the population and its sampling (num_clients, clients_per_round)."""
-  def shown(key):
-    return raw.get(key, getattr(cfg, key))
-
   if cfg.clients_per_round > cfg.num_clients:
     raise ConfigError(
         f"config key 'clients_per_round' = {cfg.clients_per_round}: must be <= num_clients "
         f"({cfg.num_clients})")
-  if cfg.kept_noise != "none" and cfg.ldp_delta >= 1 / cfg.num_clients:
-    raise ConfigError(f"config key 'ldp_delta' = {shown('ldp_delta')!r} with kept_noise "
-                      f"{cfg.kept_noise!r}: must be < 1 / num_clients = "
-                      f"{1 / cfg.num_clients:.4g} (a delta that large allows publishing a "
-                      "client's data outright)")
   if cfg.max_cohort is not None and cfg.max_cohort < cfg.clients_per_round:
     raise ConfigError(
         f"config key 'max_cohort' = {cfg.max_cohort}: must be >= clients_per_round "
@@ -95,11 +87,6 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key 'byzantine_fraction' = {cfg.byzantine_fraction:g}: of "
                       f"{cfg.num_clients} clients that is no malicious client (floor of "
                       f"fraction x num_clients); at least {1 / cfg.num_clients:g}")
-  if cfg.server_clip_l2 is not None and cfg.kept_noise != "none" and \
-      cfg.kept_noise_draw == "aggregate":
-    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with server_clip_l2 "
-                      f"{cfg.server_clip_l2:g}: the server clips each upload, so the noise "
-                      "must be drawn per client (use 'client' or 'auto')")
   if cfg.algorithm == "solo" and (cfg.server_clip_l2 is not None or cfg.audit_canaries or (
       cfg.byzantine_fraction > 0 and cfg.byzantine_attack in ("label_flip", "targeted",
                                                               "backdoor"))):
@@ -108,12 +95,6 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(f"config key {key!r} = {getattr(cfg, key)!r} with algorithm 'solo': "
                       "SOLO trains no global model, so nothing aggregates, audits or "
                       "measures it")
-  if cfg.byzantine_fraction > 0 and cfg.kept_noise != "none" and \
-      cfg.kept_noise_draw == "aggregate":
-    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
-                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
-                      "honest uploads under the weighted mean have the aggregate's noise in "
-                      "closed form (use 'client' or 'auto')")
 
 
 def _check_stage_numbers(cfg: Config) -> None:
@@ -122,10 +103,3 @@ def _check_stage_numbers(cfg: Config) -> None:
     raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g}: must be 0 (no "
                       f"noise) or >= {MIN_NOISE_MULTIPLIER:g} (below it the accountant's "
                       "arithmetic overflows; any such run has no meaningful epsilon)")
-  if cfg.kept_noise_draw != "auto" and cfg.kept_noise == "none":
-    # it would be ignored: no stage draws kept noise
-    raise ConfigError(f"config key 'kept_noise_draw' = {cfg.kept_noise_draw!r} with kept_noise "
-                      "'none': there is no kept noise to draw; leave it 'auto'")
-  if cfg.kept_noise == "paper" and cfg.ldp_epsilon is None:
-    raise ConfigError("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round "
-                      "client budget of the paper's calibration)")

@@ -122,9 +122,11 @@ UPDATE_PIPELINE = section("update pipeline (top-k, kept noise, shuffling)", [
         above=0, nullable=float),
     Key("final_clip_l2", None, "clip the sent (sparse) upload to this L2 norm; null: no clip",
         above=0, nullable=float),
+    # choices=(): 'none' or a calibration's name (privacy.mechanisms.KEPT_NOISE), checked at
+    # the edge
     Key("kept_noise", "none",
         "Gaussian noise on the kept coordinates: the paper's calibration, or a multiplier",
-        choices=("none", "paper", "multiplier")),
+        choices=()),
     Key("kept_noise_multiplier", 0.0, "kept_noise multiplier: the noise std over the clip",
         at_least=0),
     Key("kept_noise_draw", "auto",

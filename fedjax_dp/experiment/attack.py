@@ -15,6 +15,7 @@ import os
 
 from fedjax_dp.errors import RunError
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 
 
 SHADOW_EPOCHS_MAX = 100
@@ -93,7 +94,8 @@ def membership_privacy(cfg, privacy: dict, smallest_client: int) -> dict:
          "epsilon_accountant": privacy.get("epsilon_accountant"), "why_none": None}
   if eps is None:
     return {**own, "why_none": privacy.get("epsilon_why_none") or "the run reports no epsilon"}
-  if get_mechanism(cfg.dp).private or cfg.kept_noise == "none":
+  kept = kept_noise_of(cfg)
+  if get_mechanism(cfg.dp).private or kept is None:
     return own
 
   def none(why: str) -> dict:
@@ -103,9 +105,9 @@ def membership_privacy(cfg, privacy: dict, smallest_client: int) -> dict:
     return none(f"the kept noise's epsilon {eps:.3g} covers each client's uploads, but without "
                 "a shuffle the server weights them by the client's example count n_i (FedAvg), "
                 "which adding or removing an example changes outside the noise")
-  if cfg.kept_noise == "multiplier":
+  if not kept.reveals_size:
     return own
-  paper = (f"kept_noise 'paper': its epsilon {eps:.3g} holds only for clients of the same "
+  paper = (f"kept_noise {kept.name!r}: its epsilon {eps:.3g} holds only for clients of the same "
            "size n_i, which adding or removing an example changes, and ")
   leak = privacy.get("kept_noise", {}).get("size_leak")
   if leak is None or not leak.get("mean_shift") or not math.isfinite(leak["epsilon"]):

@@ -74,6 +74,9 @@ def allowed_values(key: str) -> str:
   elif key == "dp":
     from fedjax_dp.privacy.mechanisms import MECHANISMS
     text = ", ".join(MECHANISMS) + "; or a registered mechanism's name"
+  elif key == "kept_noise":
+    from fedjax_dp.privacy.mechanisms import KEPT_NOISE
+    text = ", ".join(("none", *KEPT_NOISE)) + "; or a registered calibration's name"
   elif key == "algorithm":
     from fedjax_dp.algorithms.registry import ALGORITHMS
     text = ", ".join(ALGORITHMS) + "; or local terms joined by +"

@@ -14,6 +14,7 @@ from fedjax_dp.experiment.reports.local_dp_report import clients_spent
 from fedjax_dp.experiment.reports.privacy_report import (headline, mark_test_mode,
                                                          privacy_report, rounds_skipped)
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 
 
 def expected_cohorts_only(cfg: Config) -> bool:
@@ -61,7 +62,7 @@ def spent_epsilon(sim: Simulation, state, plog: dict | None,
   to_working): the per-client table is not read. `test_mode` (RunContext.test_mode):
   no epsilon, and why (privacy_report.mark_test_mode)."""
   cfg = sim.cfg
-  if not get_mechanism(cfg.dp).private and cfg.kept_noise == "none":
+  if not get_mechanism(cfg.dp).private and kept_noise_of(cfg) is None:
     return {"epsilon": None, "delta": None}
   row = headline(mark_test_mode(privacy_report(cfg, sim, state, plog, assume=False), test_mode))
   if test_mode is not None:

@@ -16,6 +16,7 @@ import re
 from typing import Iterable
 
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 from fedjax_dp.experiment.release_registry import (  # noqa: F401  (the registry's names, here too)
     _CONDITIONS, COVERED, FIGURES, INFLUENCES, NOT_COVERED, OTHER_FILES, PLOT_FIGURES, PUBLIC,
     RUN_FILES, SUMMARY, TABLE_COLUMNS, Declared, Status)
@@ -268,7 +269,7 @@ def sweep_privacy(cfgs: list, written: Iterable[str]) -> dict:
   release_identity.py), so publishing several composes their epsilons; and the
   sweep's own outputs that no cell's guarantee covers (a name counts as not covered
   if it is under any cell's config)."""
-  guaranteed = [c for c in cfgs if get_mechanism(c.dp).private or c.kept_noise != "none"]
+  guaranteed = [c for c in cfgs if get_mechanism(c.dp).private or kept_noise_of(c) is not None]
   section = {"releases": len(cfgs), "composition": (
       "each cell is a release of its own: its settings and seed give it its own cohorts and "
       "noise, and its summary.json gives its own epsilon; publishing several cells of one "

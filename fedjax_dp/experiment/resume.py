@@ -26,6 +26,7 @@ from fedjax_dp.placement import paged_state
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 
 SEGMENTS = "segments.jsonl"      # one row per start or resume: {from_round, rounds}
 FRESH_META = {"wall_s": 0.0, "loss_sum": 0.0, "examples": 0.0}   # a run's meta at round 0
@@ -131,7 +132,7 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
   would no longer hide their difference. With the same `rounds` a re-run
   repeats the first release bit for bit."""
   if (cfg.lr_schedule == "constant" and not calibrating) or (not get_mechanism(cfg.dp).private
-                                                            and cfg.kept_noise == "none"):
+                                                            and kept_noise_of(cfg) is None):
     return   # nothing changes, or no noise to reuse
   released = _released_round(out)
   if released <= restored:

@@ -31,6 +31,7 @@ from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -129,7 +130,7 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
   if ds.test_source != "client_rows":
     return
   guarantee = (f"dp {cfg.dp!r}" if get_mechanism(cfg.dp).private else
-               f"kept_noise {cfg.kept_noise!r}" if cfg.kept_noise != "none" else None)
+               f"kept_noise {cfg.kept_noise!r}" if kept_noise_of(cfg) is not None else None)
   if guarantee is None:   # dp none: no guarantee for the holdout to break
     return
   raise DataError(

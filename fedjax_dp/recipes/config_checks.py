@@ -1,6 +1,6 @@
 """The checks of a Config that need the package's stages and registries, run at the
 edge (fedjax_dp.make_config, load_config) after config/'s own (config.parse_config:
-each key, the population, a stage's numbers): the aggregator's name, an attack
+each key, the population, a stage's numbers): the registered names, the kept noise, an attack
 against the mechanism's trust boundary, the algorithm, which stages combine (the
 recipe's validate), the client-state store, the data, and a key set away from its
 default that nothing of the run reads. Each raises ConfigError with one line.
@@ -18,6 +18,7 @@ from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, _coerce, parse_c
 from fedjax_dp.data import DATASETS, TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
+from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.plugins import load_plugins
 from fedjax_dp.adversary import attacks
@@ -62,6 +63,7 @@ def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True):
   this run reads (unless not `refuse_unread`). Returns the recipe it checked."""
   load_plugins(cfg.plugins)   # before the names they register are checked
   _check_registered(cfg)
+  _check_kept_noise(cfg, raw)
   _check_mechanism(cfg, raw)
   _check_attack_placement(cfg)
   recipe = _check_stages(cfg)
@@ -84,9 +86,40 @@ def _check_registered(cfg: Config) -> None:
   if cfg.dp not in mechanisms.MECHANISMS:
     raise ConfigError(f"config key 'dp' = {cfg.dp!r}: allowed values are "
                       f"{', '.join(mechanisms.MECHANISMS)}")
+  if cfg.kept_noise != "none" and cfg.kept_noise not in mechanisms.KEPT_NOISE:
+    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: allowed values are "
+                      f"{', '.join(('none', *mechanisms.KEPT_NOISE))}")
   if cfg.aggregator not in robust.AGGREGATORS:
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r}: allowed values are "
                       f"{', '.join(robust.AGGREGATORS)}")
+
+
+def _check_kept_noise(cfg: Config, raw: dict[str, Any]) -> None:
+  """The noise on the kept coordinates (TopkSDP-FL): its delta, who may draw it, and
+  what its calibration itself refuses (KeptNoise.check)."""
+  kept = flat.kept_noise_of(cfg)
+  if kept is None:
+    if cfg.kept_noise_draw != "auto":   # it would be ignored: no stage draws kept noise
+      raise ConfigError(f"config key 'kept_noise_draw' = {cfg.kept_noise_draw!r} with "
+                        "kept_noise 'none': there is no kept noise to draw; leave it 'auto'")
+    return
+  if cfg.ldp_delta >= 1 / cfg.num_clients:
+    raise ConfigError(f"config key 'ldp_delta' = {raw.get('ldp_delta', cfg.ldp_delta)!r} with "
+                      f"kept_noise {kept.name!r}: must be < 1 / num_clients = "
+                      f"{1 / cfg.num_clients:.4g} (a delta that large allows publishing a "
+                      "client's data outright)")
+  if cfg.kept_noise_draw == "aggregate" and cfg.server_clip_l2 is not None:
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with server_clip_l2 "
+                      f"{cfg.server_clip_l2:g}: the server clips each upload, so the noise "
+                      "must be drawn per client (use 'client' or 'auto')")
+  if cfg.kept_noise_draw == "aggregate" and cfg.byzantine_fraction > 0:
+    raise ConfigError(f"config key 'kept_noise_draw' = 'aggregate' with aggregator "
+                      f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
+                      "honest uploads under the weighted mean have the aggregate's noise in "
+                      "closed form (use 'client' or 'auto')")
+  problem = kept.check(flat._take(cfg, kept_noise.KEYS)) if kept.check is not None else None
+  if problem:
+    raise ConfigError(problem)
 
 
 def _check_mechanism(cfg: Config, raw: dict[str, Any]) -> None:
@@ -206,7 +239,7 @@ def read_condition(key: str) -> str | None:
   if key in flat.ADAPTIVE_KEYS:
     return "adaptive_clipping true"
   if key in flat.UPLOAD_KEYS["gaussian_on_kept"]:
-    return "kept_noise 'paper' or 'multiplier'"
+    return "kept_noise " + " or ".join(repr(n) for n in mechanisms.KEPT_NOISE)
   if key in flat.UPLOAD_KEYS["topk"]:
     return "s_local > 0 (top-k uploads)"
   return None

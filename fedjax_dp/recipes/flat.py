@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 from fedjax_dp.privacy import budgets, dp_round, mechanisms, noise_control
+from fedjax_dp.privacy.mechanisms import kept_noise
 
 from fedjax_dp.compression import pipeline
 
@@ -138,13 +139,9 @@ def _upload_stages(cfg, draw: str) -> list:
                                                     cfg.final_clip_l2))
   elif cfg.final_clip_l2 is not None:
     stages.append(pipeline.clip_sent(cfg.final_clip_l2))
-  if cfg.kept_noise != "none":
-    clip = noise_clip(cfg)
-    if cfg.kept_noise == "paper":
-      stages.append(pipeline.paper_noise_on_kept(cfg.ldp_epsilon, cfg.ldp_delta, clip,
-                                                 cfg.s_local, draw))
-    else:
-      stages.append(pipeline.noise_on_kept(cfg.kept_noise_multiplier * (clip or 0.0), draw))
+  kept = kept_noise_of(cfg)
+  if kept is not None:
+    stages.append(kept.stage(_take(cfg, kept_noise.KEYS), noise_clip(cfg), cfg.s_local, draw))
   return stages
 
 
@@ -211,6 +208,13 @@ def unread_keys_of(recipe: Recipe) -> frozenset[str]:
   stands for: whatever their values, the round does not read them."""
   owned = {k for c in recipe.choices() for k in c.config} | {"algorithm"}
   return frozenset(k for k in (*RECIPE_KEYS, *PLUGIN_KEYS) if k not in owned)
+
+
+def kept_noise_of(cfg) -> mechanisms.KeptNoise | None:
+  """The calibration of the noise on the kept coordinates the config names
+  (privacy/mechanisms/kept_noise.py), None for 'none': the one reader of the
+  config's kept_noise value (a name make_config checked against KEPT_NOISE)."""
+  return mechanisms.KEPT_NOISE.get(cfg.kept_noise)
 
 
 def noise_clip(cfg) -> float | None:

@@ -51,6 +51,7 @@ from fedjax_dp.config.keys import KEYS
 from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import accounting, mechanisms
+from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.flat import from_config, server_optimizer_name
 
 
@@ -238,8 +239,9 @@ def check_overridable(cfg, overrides: dict, calibrated, client_budgets: bool) ->
                     "and delta")
   if calibrated is not None and keys & RECALIBRATING:
     problems.append("this simulation resumes a run calibrated to what was left of its target")
-  if cfg.kept_noise == "paper" and keys & {"lr", "lr_min"}:
-    problems.append("kept_noise 'paper' calibrates its noise to the learning rate")
+  kept = flat.kept_noise_of(cfg)
+  if kept is not None and kept.follows_lr and keys & {"lr", "lr_min"}:
+    problems.append(f"kept_noise {kept.name!r} calibrates its noise to the learning rate")
   if problems:
     raise StructureChange(f"with_hparams: {', '.join(sorted(keys))} cannot change here: "
                       f"{problems[0]}; build a new simulation")

@@ -32,6 +32,7 @@ from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.recipes.privacy import cohort_sampling, event_rdp, sampling_rate
 from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.recipes.flat import kept_noise_of
 
 
 def resolved_feature_scaling(cfg: Config) -> str:
@@ -47,7 +48,7 @@ def resolved_feature_scaling(cfg: Config) -> str:
 
 def has_guarantee(cfg: Config) -> bool:
   """Whether the run claims a guarantee: a DP mechanism, or kept noise (TopkSDP-FL)."""
-  return get_mechanism(cfg.dp).private or cfg.kept_noise != "none"
+  return get_mechanism(cfg.dp).private or kept_noise_of(cfg) is not None
 
 
 def report_facts(cfg: Config, state) -> dict:
@@ -102,7 +103,7 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
     report["noise_events_source"] = ("assumed: no per-round record was given, so every round "
                                      "is taken to have run with this simulation's noise (it "
                                      "composes to the state's ledger)")
-  if cfg.kept_noise != "none":
+  if kept_noise_of(cfg) is not None:
     from fedjax_dp.experiment.reports.topksdp_privacy import topksdp_report
     d = num_params(jax.tree.leaves(state.params))
     sizes = [int(n) for n in np.asarray(sim.store.client_count)]
@@ -131,7 +132,7 @@ def _set_headline(cfg: Config, report: dict) -> None:
     report.setdefault("epsilon_accountant", "rdp")
   why = None
   if report.get("epsilon") is None:
-    if not get_mechanism(cfg.dp).private and cfg.kept_noise == "none":
+    if not get_mechanism(cfg.dp).private and kept_noise_of(cfg) is None:
       why = "dp none: no noise is added, so the run has no differential-privacy guarantee"
     elif not get_mechanism(cfg.dp).private:
       reasons = "; ".join(report["kept_noise"]["not_accounted"]) or "no round ran"

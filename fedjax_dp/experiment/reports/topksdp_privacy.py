@@ -24,7 +24,6 @@ Two figures, never mixed up:
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -32,7 +31,8 @@ import numpy as np
 from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.privacy import accounting, amplification
 from fedjax_dp.compression.pipeline import keep_count
-from fedjax_dp.recipes.flat import kept_noise_draw, noise_clip
+from fedjax_dp.privacy.mechanisms import kept_noise
+from fedjax_dp.recipes.flat import kept_noise_draw, kept_noise_of, noise_clip
 
 
 def _checked(b: amplification.Bound) -> dict:
@@ -178,10 +178,11 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
   if round_lrs is not None and len(round_lrs) != rounds:
     raise ValueError(f"round_lrs has {len(round_lrs)} entries: expected one per round run "
                      f"({rounds})")
+  kept = kept_noise_of(cfg)
   k = keep_count(d, cfg.s_local)
   report: dict = {"mechanism": (
       f"top-k with error feedback (k = {k} of {d}, selection {cfg.index_selection}), Gaussian "
-      f"noise on the kept coordinates ({cfg.kept_noise}), shuffle {cfg.shuffle}"),
+      f"noise on the kept coordinates ({kept.name}), shuffle {cfg.shuffle}"),
       "k": k, "not_accounted": []}
   report["noise_draw"] = (
       "per client, from the client's own key" if kept_noise_draw(cfg) == "client" else
@@ -190,28 +191,28 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
   clip = noise_clip(cfg)
   # the std each round, relative to round 0's: the paper's calibration scales with
   # that round's learning rate (a cosine schedule shrinks the noise round by round)
-  scale = np.ones(max(rounds, 1))
-  if cfg.kept_noise == "multiplier":
-    std_min = std_max = cfg.kept_noise_multiplier * clip
-  else:
-    factor = math.sqrt(2 * math.log(1.25 / cfg.ldp_delta)) * k / cfg.ldp_epsilon
-    std_min = 2 * cfg.lr * clip / max(client_sizes) * factor
-    std_max = 2 * cfg.lr * clip / min(client_sizes) * factor
+  settings = {key: getattr(cfg, key) for key in kept_noise.KEYS}
+  std_min = kept.std(settings, clip, k, cfg.lr, max(client_sizes))
+  std_max = kept.std(settings, clip, k, cfg.lr, min(client_sizes))
+  if kept.papers_chain:
     report["papers_chain"] = papers_chain(cfg, k, rounds)
-    scale = _learning_rate_scale(cfg, rounds, round_lrs)
+  scale = (_learning_rate_scale(cfg, rounds, round_lrs) if kept.follows_lr else
+           np.ones(max(rounds, 1)))
   report["noise_std"] = {"min_over_clients": std_min * float(scale.min()),
                          "max_over_clients": std_max * float(scale.max()),
                          "over_rounds": ("constant" if scale.min() == scale.max() else
                                          "with the learning rate (" + (
                                              "as recorded by the rounds" if round_lrs is not None
                                              else cfg.lr_schedule) + ")")}
-  report["accountant"], unaccounted = _accountants_figure(cfg, std_min, scale, rounds)
+  report["accountant"], unaccounted = _accountants_figure(cfg, kept, std_min, scale, rounds)
   report["not_accounted"] += unaccounted
-  if cfg.kept_noise == "paper":
-    leak, unaccounted = _paper_calibration_caveats(cfg, std_min, k, client_sizes, scale, rounds)
-    if leak is not None:
-      report["size_leak"] = leak
-    report["not_accounted"] += unaccounted
+  if kept.papers_chain:
+    report["not_accounted"].append(
+        "the paper's sensitivity 2 lr C / n_i covers one example in one SGD step, not a "
+        f"client's update after {cfg.local_epochs} local epoch(s)")
+  if kept.reveals_size and rounds > 0:
+    report["size_leak"] = _size_leak(cfg, std_min, k, client_sizes, scale, rounds)
+    report["not_accounted"].append(_size_leak_caveat(cfg, kept, report["size_leak"], rounds))
   return report
 
 
@@ -224,7 +225,7 @@ def _learning_rate_scale(cfg, rounds: int, round_lrs: Sequence[float] | None) ->
   return np.asarray([float(lr_at(t)) for t in range(max(rounds, 1))], np.float64) / cfg.lr
 
 
-def _accountants_figure(cfg, std_min: float, scale: np.ndarray,
+def _accountants_figure(cfg, kept, std_min: float, scale: np.ndarray,
                         rounds: int) -> tuple[dict, list[str]]:
   """The accountant's section, and why it has no figure when it has none (the
   not-accounted entries for data-dependent indices and an unclipped sent vector)."""
@@ -254,7 +255,7 @@ def _accountants_figure(cfg, std_min: float, scale: np.ndarray,
                     "data (RDP; no shuffling or sampling amplification claimed)"
                     + ("; only for neighbours with the same number of examples n_i: the "
                        "paper's noise std depends on n_i (see size_leak)"
-                       if cfg.kept_noise == "paper" else "")),
+                       if kept.reveals_size else "")),
       "noise_multiplier": z,
       "why_complete": (f"indices from {'the key' if cfg.index_selection == 'random_k' else 'the previous global update'}"
                        f" (independent of the client's data) and the sent vector clipped to "
@@ -263,28 +264,25 @@ def _accountants_figure(cfg, std_min: float, scale: np.ndarray,
   }, []
 
 
-def _paper_calibration_caveats(cfg, std_min: float, k: int, client_sizes, scale: np.ndarray,
-                               rounds: int) -> tuple[dict | None, list[str]]:
-  """What the paper's calibration (kept_noise 'paper') leaves unaccounted: its
-  one-step sensitivity, and the client's size its std reveals (size_leak; None
-  when no round ran)."""
-  unaccounted = [
-      "the paper's sensitivity 2 lr C / n_i covers one example in one SGD step, not a client's "
-      f"update after {cfg.local_epochs} local epoch(s)"]
-  if rounds <= 0:
-    return None, unaccounted
-  # the std 2 lr C factor / n_i is a function of n_i: neighbours that add or remove an
-  # example change the noise level itself, which no fixed-sigma accountant sees
+def _size_leak(cfg, std_min: float, k: int, client_sizes, scale: np.ndarray,
+               rounds: int) -> dict:
+  """size_leak for a std that follows the client's size n_i (std_min: the largest
+  client's at round 0)."""
+  # the std is a function of n_i: neighbours that add or remove an example change the
+  # noise level itself, which no fixed-sigma accountant sees
   shift = 2 * cfg.final_clip_l2 if cfg.final_clip_l2 is not None else 0.0
-  leak = size_leak(std_min * max(client_sizes), shift, k, client_sizes, scale[:rounds],
+  return size_leak(std_min * max(client_sizes), shift, k, client_sizes, scale[:rounds],
                    cfg.ldp_delta)
+
+
+def _size_leak_caveat(cfg, kept, leak: dict, rounds: int) -> str:
+  """The not-accounted line of size_leak: what the std reveals of n_i."""
   relink = (", and re-links a client's layers after the per-layer shuffler"
             if cfg.shuffle != "none" else "")
-  fixed = (f" (against {leak['epsilon_std_fixed']:.3g} with the std held fixed)" if shift else
+  fixed = (f" (against {leak['epsilon_std_fixed']:.3g} with the std held fixed)"
+           if leak["mean_shift"] else
            " from the noise level alone (the sent vector is not clipped: set final_clip_l2)")
-  unaccounted.append(
-      f"the client's size: the noise std 2 lr C factor / n_i reveals n_i{relink}; for "
-      f"neighbours with n = {leak['n']} and {leak['vs']} examples it is "
-      f"({leak['epsilon']:.3g}, {cfg.ldp_delta:g})-DP over {rounds} rounds{fixed} (Renyi "
-      "divergence of Gaussians with different variances)")
-  return leak, unaccounted
+  return (f"the client's size: the noise std {kept.std_says} reveals n_i{relink}; for "
+          f"neighbours with n = {leak['n']} and {leak['vs']} examples it is "
+          f"({leak['epsilon']:.3g}, {cfg.ldp_delta:g})-DP over {rounds} rounds{fixed} (Renyi "
+          "divergence of Gaussians with different variances)")
