@@ -188,7 +188,7 @@ def test_a_mechanism_key_its_variant_does_not_read_is_refused(key, value, varian
      "adaptive_clipping true"),
     ("kept_noise_multiplier", 1.0, {"kept_noise": "multiplier", "s_local": 0.5,
                                     "final_clip_l2": 1.0},
-     "kept_noise 'paper' or 'multiplier'"),
+     "kept_noise 'multiplier'"),
     ("topk_kernel", "bisect", {"s_local": 0.5}, "s_local > 0"),
     ("lr_min", 0.001, {"lr_schedule": "cosine"}, "lr_schedule 'cosine'"),
     ("alpha", 0.1, {"partition": "dirichlet_client"}, "partition 'dirichlet' or"),

@@ -3,9 +3,9 @@ mode strings (`dp`, `kept_noise`) are read only where the config becomes a
 recipe, and a calibration registered from a plugin runs through the CLI with its
 own noise and its own report, checked against dp-accounting."""
 
+import ast
 import json
 import os
-import re
 
 import dp_accounting
 import jax
@@ -15,65 +15,103 @@ import pytest
 from scipy import stats
 
 import fedjax_dp
+import fedjax_dp.errors
 from fedjax_dp.cli import main
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.recipes import flat
 from tests.helpers import registries_restored
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# a comparison of a mechanism's mode string: cfg.dp == ..., c.kept_noise != ...,
-# v["kept_noise"] == ..., privacy.get("dp") != ...
-MODE_COMPARISON = re.compile(
-    r"""(\.(dp|kept_noise)|\[["'](dp|kept_noise)["']\]|\.get\(["'](dp|kept_noise)["']\))"""
-    r"""\s*(==|!=|not\s+in\b|in\b)""")
-# where the config is read as a recipe (recipes/flat.kept_noise_of, the names' check),
-# and the CLI's last line, which reads a written summary
-EDGE = ("fedjax_dp/recipes/flat.py", "fedjax_dp/recipes/config_checks.py",
-        "fedjax_dp/cli/commands.py")
+MODES = ("dp", "kept_noise")
+REGISTRIES = ("MECHANISMS", "KEPT_NOISE")   # a lookup by name is not a branch on it
+STR_METHODS = frozenset(m for m in dir(str) if not m.startswith("_"))
+# where the config is read as a recipe (recipes/flat.kept_noise_of, the names' check)
+EDGE = ("fedjax_dp/recipes/flat.py", "fedjax_dp/recipes/config_checks.py")
 
 
-def _mode_comparisons() -> list[str]:
+def _is_mode(node) -> bool:
+  """cfg.dp, v["kept_noise"], privacy.get("dp"), getattr(cfg, "kept_noise")."""
+  if isinstance(node, ast.Attribute):
+    return node.attr in MODES
+  if isinstance(node, ast.Subscript):
+    return isinstance(node.slice, ast.Constant) and node.slice.value in MODES
+  if isinstance(node, ast.Call) and node.args and isinstance(node.args[-1], ast.Constant):
+    named = (isinstance(node.func, ast.Attribute) and node.func.attr == "get") or (
+        isinstance(node.func, ast.Name) and node.func.id == "getattr")
+    return named and node.args[-1 if node.func.__class__ is ast.Name else 0].value in MODES
+  return False
+
+
+def _registry(node) -> bool:
+  return (isinstance(node, ast.Name) and node.id in REGISTRIES) or (
+      isinstance(node, ast.Attribute) and node.attr in REGISTRIES)
+
+
+def mode_branches(source: str) -> list[int]:
+  """Lines that branch on a mode string: compare it (either side, `is`, `in`), match
+  on it, key a table other than the registries by it, or call its str methods."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Compare) and any(map(_is_mode, (node.left, *node.comparators))):
+      found.append(node.lineno)
+    elif isinstance(node, ast.Match) and _is_mode(node.subject):
+      found.append(node.lineno)
+    elif isinstance(node, ast.Subscript) and _is_mode(node.slice) and not _registry(node.value):
+      found.append(node.lineno)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr in STR_METHODS and _is_mode(node.func.value):
+      found.append(node.lineno)
+  return found
+
+
+def _mode_branches_in_package() -> list[str]:
   found = []
   for folder, _, files in os.walk(os.path.join(ROOT, "fedjax_dp")):
     for name in files:
       path = os.path.join(folder, name)
       rel = os.path.relpath(path, ROOT)
-      if not name.endswith(".py") or rel in EDGE:
-        continue
-      for i, line in enumerate(open(path), 1):
-        if MODE_COMPARISON.search(line.split("#")[0]):
-          found.append(f"{rel}:{i}: {line.strip()}")
+      if name.endswith(".py") and rel not in EDGE:
+        found += [f"{rel}:{line}" for line in mode_branches(open(path).read())]
   return found
 
 
 def test_mode_strings_are_compared_only_at_the_edge():
-  assert _mode_comparisons() == []
+  assert _mode_branches_in_package() == []
 
 
-@pytest.mark.parametrize("line", [
-    'if cfg.kept_noise == "paper":', "x = c.dp != 'none'", 'if v["kept_noise"] != "none":',
-    'privacy.get("dp") != "none"', "if cfg.dp in ('central', 'local'):"])
-def test_the_mode_scan_finds_a_comparison(line):
-  """Not vacuous: each spelling of a comparison is found."""
-  assert MODE_COMPARISON.search(line)
+@pytest.mark.parametrize("source", [
+    'if cfg.kept_noise == "paper": pass', "x = c.dp != 'none'",
+    'if v["kept_noise"] != "none": pass', 'privacy.get("dp") != "none"',
+    "if cfg.dp in ('central', 'local'): pass", '"paper" == cfg.kept_noise',
+    'getattr(cfg, "kept_noise") == "paper"', 'x = cfg.kept_noise is None',
+    "match cfg.dp:\n  case 'central': pass", "std = {'paper': 1}[cfg.kept_noise]",
+    "cfg.dp.startswith('c')", "ok = (cfg.kept_noise\n      == 'paper')"])
+def test_the_mode_scan_finds_a_branch(source):
+  """Not vacuous: each spelling of a branch on the mode is found."""
+  assert mode_branches(source)
+
+
+@pytest.mark.parametrize("source", [
+    "m = get_mechanism(cfg.dp)", "k = mechanisms.KEPT_NOISE.get(cfg.kept_noise)",
+    "m = MECHANISMS[cfg.dp]", 'text = f"dp {cfg.dp!r}"'])
+def test_the_mode_scan_lets_lookups_by_name_pass(source):
+  assert not mode_branches(source)
 
 
 TWICE = '''
 from fedjax_dp.privacy.mechanisms import register_kept_noise
-from fedjax_dp.privacy.mechanisms.kept_noise import KeptNoise, noise_on_kept
+from fedjax_dp.privacy.mechanisms.kept_noise import KeptNoise
 
 
-def _stage(s, clip, sparsity, draw):
-  return noise_on_kept(2 * s["kept_noise_multiplier"] * clip, draw)
+def _numbers(s, clip):   # passed to the round as data
+  return {"std": 2 * s["kept_noise_multiplier"] * clip}
 
 
-def _std(s, clip, k, lr, n):
-  return 2 * s["kept_noise_multiplier"] * clip
-
-
-register_kept_noise(KeptNoise("twice", _stage, _std, "2 z C"))
+register_kept_noise(KeptNoise("twice", _numbers, lambda hp, s, k, lr, n: hp["std"], "2 z C",
+                              reads=("kept_noise_multiplier", "ldp_delta")))
 '''
 
 RUN = {"dataset": "digits", "num_clients": 10, "clients_per_round": 5, "sampling": "fixed",
@@ -140,3 +178,66 @@ def test_register_kept_noise_refuses_none_and_a_taken_name():
     with pytest.raises(ValueError, match="already registered"):
       mechanisms.register_kept_noise(taken._replace(name="none"))
     mechanisms.register_kept_noise(mechanisms.KEPT_NOISE["paper"])   # the same bundle again
+
+
+OWN = {k: v for k, v in RUN.items() if k != "kept_noise_multiplier"}   # read by none of these
+
+
+def _calibration(name, std, **properties):
+  """A calibration of std(n, lr)."""
+  return mechanisms.KeptNoise(name, lambda s, clip: {}, lambda hp, s, k, lr, n: std(n, lr),
+                              "its std", **properties)
+
+
+@pytest.mark.parametrize("calibration,message", [
+    (_calibration("quiet", lambda n, lr: 2.0 / n), "depends on the client's size n_i"),
+    (_calibration("grow", lambda n, lr: 0.1 * n ** 0.5, reveals_size=True),
+     "other than as 1 / n_i"),
+    (_calibration("lrquiet", lambda n, lr: 10 * lr), "declare follows_lr=True"),
+    (_calibration("lrsquare", lambda n, lr: 10 * lr * lr, follows_lr=True),
+     "other than in proportion"),
+])
+def test_a_calibration_the_report_could_not_account_is_refused(calibration, message):
+  """Found by an audit of 8d64037: the report takes a size-dependent std as 1 / n_i
+  and an lr-dependent one as proportional to lr; a registered calibration that broke
+  this would be reported with a smaller epsilon than it spends. (The round and the
+  report evaluate the same std function, so they cannot disagree.)"""
+  with registries_restored():
+    mechanisms.register_kept_noise(calibration)
+    with pytest.raises(fedjax_dp.errors.ConfigError, match=message):
+      fedjax_dp.make_config({**OWN, "kept_noise": calibration.name, "lr_schedule": "cosine",
+                             "lr_min": 0.005})
+    # declared as what it is, a size- and lr-proportional std is accounted
+  with registries_restored():
+    fair = _calibration("fair", lambda n, lr: 10 * lr / n, reveals_size=True, follows_lr=True)
+    assert kept_noise.problem(fair, {}, 1.0) is None
+    mechanisms.register_kept_noise(fair)
+    fedjax_dp.make_config({**OWN, "kept_noise": "fair"})
+
+
+def test_a_misspelt_calibration_in_a_python_recipe_is_refused():
+  """Found by an audit of 8d64037: an unregistered name built no stage, so the recipe
+  ran without kept noise."""
+  with pytest.raises(fedjax_dp.errors.ConfigError, match="'kept_noise' = 'paperr'"):
+    fedjax_dp.recipes.topksdp(final_clip_l2=0.5, kept_noise="paperr", ldp_epsilon=1.0,
+                              index_selection="random_k")
+
+
+@pytest.mark.parametrize("sets,key", [
+    ({"kept_noise": "multiplier", "kept_noise_multiplier": 1.0, "ldp_epsilon": 3.0}, "ldp_epsilon"),
+    ({"kept_noise": "paper", "ldp_epsilon": 3.0, "kept_noise_multiplier": 2.0},
+     "kept_noise_multiplier")])
+def test_a_key_the_calibration_does_not_read_is_refused(sets, key):
+  base = {"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5}
+  with pytest.raises(fedjax_dp.errors.ConfigError,
+                     match=f"'{key}' = .* is read by nothing in this run: it is read with "
+                           f"kept_noise '(paper|multiplier)'$"):
+    fedjax_dp.make_config({**base, **sets})
+
+
+def test_the_papers_chain_before_the_first_round():
+  from fedjax_dp.experiment.reports.topksdp_privacy import topksdp_report
+  cfg = fedjax_dp.make_config({"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5,
+                               "kept_noise": "paper", "ldp_epsilon": 3.0})
+  chain = topksdp_report(cfg, 1000, 0, [60] * 20)["papers_chain"]
+  assert chain["epsilon"] == 0.0 and "no round ran" in chain["label"]

@@ -13,19 +13,65 @@ from fedjax_dp.config.keys import KEYS
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.recipes import stages as st
 from fedjax_dp.recipes.flat import FEEDS
+from fedjax_dp.compression import pipeline as pl
+from fedjax_dp.training import server_stages
 from fedjax_dp.robust import AGGREGATORS
 
 REGISTRY = {"term": TERMS, "aggregator": AGGREGATORS}
+# the upload pipeline's and the server's stages, built where their switch key is set
+BUILT = {"upload": {"clip_per_coordinate": pl.clip_per_coordinate, "clip_l2": pl.clip_l2,
+                    "topk": pl.topk_with_error_feedback, "clip_sent": pl.clip_sent},
+         "server": {"downlink_topk": server_stages.downlink_topk_spec}}
+# slots whose stage reads its keys as settings by name (SLOT:* or SLOT:STAGE)
+SETTINGS = {"upload:gaussian_on_kept", "server:public_update", "term:*", "aggregator:*",
+            "shuffle:*", "server_optimizer:*", "privacy:*", "planner:*", "adaptive_clip:*",
+            "budgets:*"}
 
 
-@pytest.mark.parametrize("key", [k for k in KEYS if k.feeds], ids=lambda k: k.name)
-def test_a_key_feeds_an_argument_whose_default_is_the_keys(key):
-  for feed in key.feeds:
-    slot, _, target = feed.partition(":")
-    stage, _, arg = target.partition(".")
-    params = inspect.signature(REGISTRY[slot][stage]).parameters
-    assert arg in params, feed
+def _feeds(keys):
+  return [(k, f) for k in keys for f in k.feeds if f not in SETTINGS]
+
+
+@pytest.mark.parametrize("key,feed", _feeds(KEYS), ids=lambda x: getattr(x, "name", x))
+def test_a_key_feeds_an_argument_whose_default_is_the_keys(key, feed):
+  """A term's or rule's argument has the key's default (the stage exists whatever
+  the key); a pipeline or server stage's argument exists (the stage is built only
+  where its switch key is set)."""
+  slot, _, target = feed.partition(":")
+  stage, _, arg = target.partition(".")
+  make = REGISTRY[slot][stage] if slot in REGISTRY else BUILT[slot][stage]
+  params = inspect.signature(make).parameters
+  assert arg in params, feed
+  if slot in REGISTRY:
     assert params[arg].default == key.default, (feed, params[arg].default, key.default)
+
+
+def test_every_feed_names_a_slot_and_every_recipe_key_feeds_one():
+  """The keys that feed nothing are the set-up's (recipes.SETUP_KEYS); the others
+  each feed a stage of a recipe slot."""
+  slots = {"term", "aggregator", "upload", "server", "shuffle", "server_optimizer", "privacy",
+           "planner", "adaptive_clip", "budgets"}
+  assert {f.partition(":")[0] for k in KEYS for f in k.feeds} == slots
+  assert {k.name for k in KEYS if k.feeds} == set(recipes.RECIPE_KEYS)
+  assert recipes.SETUP_KEYS == {k.name for k in KEYS} - set(recipes.RECIPE_KEYS)
+
+
+@pytest.mark.parametrize("values,stage,hparams", [
+    ({"s_local": 0.75, "index_selection": "random_k", "error_feedback": False,
+      "topk_kernel": "bisect", "final_clip_l2": 0.5}, "topk", {"final_clip": 0.5}),
+    ({"coordinate_clip": 0.25}, "clip_per_coordinate", {"clip": 0.25}),
+    ({"update_clip_l2": 2.0}, "clip_l2", {"clip": 2.0})])
+def test_from_config_builds_the_pipelines_stages_from_their_rows(values, stage, hparams):
+  """A pipeline stage built from the keys' rows is the one its constructor builds
+  with the same numbers (the same properties and numbers)."""
+  built = {c.stage.name: c for c in recipes.from_config(make_config(values)).upload}[stage]
+  assert dict(built.stage.hparams) == hparams
+  assert set(built.config) == {k.name for k in KEYS if any(
+      f.startswith(f"upload:{stage}") for f in k.feeds)}
+  if stage == "topk":
+    want = pl.topk_with_error_feedback(0.75, "random_k", False, "bisect", 0.5)
+    assert (built.stage.sparsifies, built.stage.private_positions, built.stage.bound) == (
+        want.sparsifies, want.private_positions, want.bound)
 
 
 @pytest.mark.parametrize("slot,name", [(s, n) for s in REGISTRY for n in REGISTRY[s]])

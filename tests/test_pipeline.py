@@ -73,9 +73,14 @@ def test_sparsity_zero_without_noise_is_the_identity():
 
 def test_noise_only_on_kept_coordinates_with_the_papers_std():
   k = 100
-  std_fn = kept_noise.paper_std(epsilon=3.0, delta=1e-5, clip=0.05, k=k)
+  settings = {"ldp_epsilon": 3.0, "ldp_delta": 1e-5}
   want = (2 * 0.01 * 0.05 / 50) * np.sqrt(2 * np.log(1.25 / 1e-5)) / (3.0 / k)
-  assert float(std_fn(ctx())) == pytest.approx(want, rel=1e-6)
+  assert kept_noise.report_std(kept_noise.paper(), settings, 0.05, k, 0.01, 50) == \
+      pytest.approx(want, rel=1e-12)
+  # the round draws the std the report quotes (k = 100 of D = 1000 kept)
+  stage = kept_noise.client_stage(kept_noise.paper(), settings, 0.05, 1 - k / D, "aggregate")
+  drawn = stage.update(upload(np.zeros(D)), stage.init(D), ctx())[0].noise_std
+  assert float(drawn) == pytest.approx(want, rel=1e-6)
   stage = pl.chain(pl.topk_with_error_feedback(0.9), pl.gaussian_on_kept(lambda c: 2.0))
   u = np.zeros(D)
   u[:k] = 100.0

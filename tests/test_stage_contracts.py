@@ -133,8 +133,8 @@ CLIENT_STAGES = {
                           Z, True),
     "kept_noise-aggregate": (lambda z: pl.gaussian_on_kept(
         lambda ctx: jnp.asarray(z, jnp.float32), "aggregate"), Z, False),
-    "kept_noise-paper": (lambda _: pl.gaussian_on_kept(kept_noise.paper_std(8.0, 1e-5, 1.0, 10)), None,
-                         True),
+    "kept_noise-paper": (lambda _: kept_noise.client_stage(
+        kept_noise.paper(), {"ldp_epsilon": 8.0, "ldp_delta": 1e-5}, 1.0, 0.75), None, True),
     "pipeline-topksdp": (lambda _: recipes.from_config(TOPKSDP).client_pipeline(), None, True),
     "pipeline-paper": (lambda _: recipes.from_config(PAPER).client_pipeline(), None, True),
 }

@@ -86,7 +86,7 @@ def final_line(final: dict, privacy: dict) -> str:
   if privacy.get("epsilon") is not None:
     shown += (f", epsilon {privacy['epsilon']:.4g} ({privacy['epsilon_accountant']}, delta "
               f"{privacy['delta']:g})")
-  elif privacy.get("dp") != "none" or "kept_noise" in privacy:
+  elif "assumes" in privacy:   # the run claims a guarantee (privacy_report.has_guarantee)
     shown += f", no epsilon: {privacy['epsilon_why_none']}"
   return f"round {final['round']}: {shown}"
 

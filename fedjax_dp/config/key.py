@@ -16,9 +16,15 @@ class Key:
     exclusive ends). nullable: it may be null; the type of its value when set.
   limit: a limit that involves another key (config/checks.py), shown beside the
     range; allowed: the allowed values stated by hand where the range would mislead.
-  feeds: the stage arguments it is, "SLOT:STAGE.ARGUMENT" ("term:fedprox.mu",
-    "aggregator:krum.f"): recipes.from_config builds the registered stage STAGE with
-    this key's value as ARGUMENT (the constructor's default equals the key's).
+  feeds: the recipe's stages it is read by, "SLOT:STAGE.ARGUMENT": for a local term
+    or an aggregation rule ("term:fedprox.mu", "aggregator:krum.f") recipes.from_config
+    builds the registered stage STAGE with this key's value as ARGUMENT (the
+    constructor's default equals the key's); for the upload pipeline
+    ("upload:topk.sparsity") the argument of compression/pipeline's constructor
+    ("upload:gaussian_on_kept": a setting of the kept noise); "SLOT:*" a setting of
+    whichever stage fills the slot (the mechanism, its planner, adaptive clipping,
+    budgets, the server optimizer, the shuffler). A key that feeds nothing is the
+    set-up's (data, population, local training, execution; recipes.SETUP_KEYS).
   section: the reference's section (set by `section`).
   """
   name: str

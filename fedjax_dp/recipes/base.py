@@ -31,32 +31,16 @@ import types
 from typing import Any, Callable, Mapping, NamedTuple
 
 from fedjax_dp.config import Config
+from fedjax_dp.config.keys import KEYS
 from fedjax_dp.config.plugin_keys import PLUGIN_FIELD
 from fedjax_dp.config.schema import config_of
 from fedjax_dp.errors import ConfigError
 
-# Config keys of the set-up, not of the algorithm: recipes leave them to the caller
-SETUP_KEYS = frozenset({
-    # data
-    "dataset", "data_dir", "csv_path", "tier_map_path", "label_column", "synthetic_examples",
-    "synthetic_features", "synthetic_classes", "healthcare_examples", "healthcare_generator",
-    "feature_scaling",
-    # population and sampling
-    "num_clients", "clients_per_round", "sampling", "max_cohort", "partition", "alpha",
-    "classes_per_client", "quantity_alpha",
-    # model and local training
-    "model", "hidden", "local_epochs", "batch_size", "lr", "lr_schedule", "lr_min", "momentum",
-    # Byzantine clients: which clients of the population are malicious, and how
-    "byzantine_fraction", "byzantine_attack", "byzantine_scale", "byzantine_draw",
-    "attack_source_class", "attack_target_class", "backdoor_fraction", "server_clip_l2",
-    "audit_canaries", "audit_canary_scale",
-    # the run and its execution
-    "rounds", "eval_every", "seed", "data_seed", "noise_seed", "checkpoint_every", "keep_checkpoints",
-    "devices", "client_parallelism", "client_batch", "eval_batch_size",
-    "client_state_store", "client_state_dtype", "client_state_dir", "matmul_precision",
-    # the user's modules that register stages (recipes/plugins.py)
-    "plugins",
-})
+# Config keys of the set-up, not of the algorithm: recipes leave them to the caller.
+# They are the keys that feed no stage of a recipe (config/keys.py `feeds`): the data,
+# the population and its sampling, the model and local training, Byzantine clients
+# and an audit's canaries, the run and its execution, the plugins.
+SETUP_KEYS = frozenset(k.name for k in KEYS if not k.feeds)
 RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(Config)
                     if f.name not in SETUP_KEYS and f.name != PLUGIN_FIELD)
 _DEFAULTS = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}

@@ -86,9 +86,7 @@ def _check_registered(cfg: Config) -> None:
   if cfg.dp not in mechanisms.MECHANISMS:
     raise ConfigError(f"config key 'dp' = {cfg.dp!r}: allowed values are "
                       f"{', '.join(mechanisms.MECHANISMS)}")
-  if cfg.kept_noise != "none" and cfg.kept_noise not in mechanisms.KEPT_NOISE:
-    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: allowed values are "
-                      f"{', '.join(('none', *mechanisms.KEPT_NOISE))}")
+  flat.kept_noise_of(cfg)   # its ConfigError names the registered calibrations
   if cfg.aggregator not in robust.AGGREGATORS:
     raise ConfigError(f"config key 'aggregator' = {cfg.aggregator!r}: allowed values are "
                       f"{', '.join(robust.AGGREGATORS)}")
@@ -117,7 +115,13 @@ def _check_kept_noise(cfg: Config, raw: dict[str, Any]) -> None:
                       f"{cfg.aggregator!r}, byzantine_fraction {cfg.byzantine_fraction:g}: only "
                       "honest uploads under the weighted mean have the aggregate's noise in "
                       "closed form (use 'client' or 'auto')")
-  problem = kept.check(flat._take(cfg, kept_noise.KEYS)) if kept.check is not None else None
+  if kept.papers_chain and cfg.ldp_epsilon is None:
+    raise ConfigError(f"config key 'kept_noise' = {kept.name!r}: needs ldp_epsilon (the "
+                      "per-round client budget of the paper's calibration)")
+  settings = flat._take(cfg, kept.reads)
+  problem = kept.check(settings) if kept.check is not None else None
+  clip = flat.noise_clip(cfg)   # (no clip: validate refuses it, naming the clips)
+  problem = problem or (kept_noise.problem(kept, settings, clip) if clip is not None else None)
   if problem:
     raise ConfigError(problem)
 
@@ -238,9 +242,11 @@ def read_condition(key: str) -> str | None:
     return "dp 'central' or 'local'"
   if key in flat.ADAPTIVE_KEYS:
     return "adaptive_clipping true"
-  if key in flat.UPLOAD_KEYS["gaussian_on_kept"]:
-    return "kept_noise " + " or ".join(repr(n) for n in mechanisms.KEPT_NOISE)
-  if key in flat.UPLOAD_KEYS["topk"]:
+  if key in flat.KEPT_NOISE_KEYS:
+    names = [n for n, k in mechanisms.KEPT_NOISE.items()
+             if key in k.reads or key in ("kept_noise", "kept_noise_draw")]
+    return "kept_noise " + " or ".join(repr(n) for n in names)
+  if key in flat.stage_keys("upload", "topk"):
     return "s_local > 0 (top-k uploads)"
   return None
 

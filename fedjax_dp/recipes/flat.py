@@ -2,8 +2,10 @@
 
 Each stage is built by its own module (registry lookups, the pipeline's stages,
 the server stage specs) from the config's keys, and keeps the keys it stands
-for, so that `from_config(cfg).to_config(**setup of cfg)` is `cfg` again. The
-tables below are the config's vocabulary: which keys belong to which stage.
+for, so that `from_config(cfg).to_config(**setup of cfg)` is `cfg` again. Which
+keys belong to which stage, and which constructor argument each is, is declared
+once, in each key's row (config/keys.py `feeds`); the tables here are read from
+those rows.
 """
 
 from __future__ import annotations
@@ -25,42 +27,42 @@ from fedjax_dp.config.keys import KEYS
 from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
 from fedjax_dp.recipes.base import RECIPE_KEYS, Choice, Recipe
 
-# pipeline.ClientStage name -> the config keys it stands for
-UPLOAD_KEYS = {
-    "clip_per_coordinate": ("coordinate_clip",),
-    "clip_l2": ("update_clip_l2",),
-    "topk": ("s_local", "index_selection", "error_feedback", "topk_kernel", "final_clip_l2"),
-    "clip_sent": ("final_clip_l2",),
-    "gaussian_on_kept": ("kept_noise", "kept_noise_multiplier", "kept_noise_draw", "ldp_epsilon",
-                         "ldp_delta"),
-}
-SERVER_OPTIMIZER_KEYS = ("server_optimizer", "server_lr", "server_momentum", "server_beta1",
-                         "server_beta2", "server_eps")
-MECHANISM_KEYS = ("dp", "clip_norm", "noise_multiplier", "target_epsilon", "delta", "accountant",
-                  "clip_parts", "rest_tier", "tier_noise_multipliers", "tier_source",
-                  "analyzer_rule", "analyzer_steps")
-PLANNER_KEYS = ("noise_schedule", "convergence_measure", "convergence_lambda",
-                "convergence_window", "convergence_beta", "noise_ema")
-ADAPTIVE_KEYS = ("adaptive_clipping", "target_quantile", "clip_lr", "clip_count_stddev")
-
-
 def _take(cfg, keys) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in keys}
 
 
 def feeds(keys=None) -> dict[tuple[str, str], tuple[tuple[str, str], ...]]:
   """(slot, stage name) -> ((config key, constructor argument), ...): the `feeds` of
-  `keys` (default: the built-in rows and those plugins registered)."""
+  `keys` (default: the built-in rows and those plugins registered); stage '*' is
+  whichever fills the slot, and a feed without an argument is the key's own name."""
   out: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
   for key in (keys if keys is not None else (*KEYS, *PLUGIN_KEYS.values())):
     for feed in key.feeds:
       slot, _, target = feed.partition(":")
       stage, _, arg = target.partition(".")
-      out[slot, stage] = out.get((slot, stage), ()) + ((key.name, arg),)
+      out[slot, stage] = out.get((slot, stage), ()) + ((key.name, arg or key.name),)
   return out
 
 
 FEEDS = feeds(KEYS)   # the built-in rows' (a plugin's are added by feeds())
+
+
+def _fed(slot: str, stage: str = "*") -> tuple[str, ...]:
+  """The built-in keys that feed `stage` of `slot` (config/keys.py)."""
+  return tuple(key for key, _ in FEEDS.get((slot, stage), ()))
+
+
+def _arguments(cfg, slot: str, stage: str) -> dict[str, Any]:
+  """{constructor argument: cfg's value} of the keys that feed `stage` of `slot`."""
+  return {arg: getattr(cfg, key) for key, arg in FEEDS.get((slot, stage), ())}
+
+
+# the keys each slot's stage stands for, as config/keys.py's rows declare them
+SERVER_OPTIMIZER_KEYS = _fed("server_optimizer")
+MECHANISM_KEYS = _fed("privacy")
+PLANNER_KEYS = _fed("planner")
+ADAPTIVE_KEYS = _fed("adaptive_clip")
+KEPT_NOISE_KEYS = _fed("upload", "gaussian_on_kept")
 
 
 def stage_keys(slot: str, name: str) -> tuple[str, ...]:
@@ -119,7 +121,16 @@ def upload_choices(cfg) -> tuple[Choice, ...]:
   'auto' resolves as kept_noise_draw (below) does (the set-up's Byzantine clients
   included: the recipe of a run is read from its whole config)."""
   stages = _upload_stages(cfg, kept_noise_draw(cfg))
-  return tuple(Choice(s, _take(cfg, UPLOAD_KEYS[s.name])) for s in stages)
+  kept = kept_noise_of(cfg)
+  return tuple(Choice(s, _take(cfg, _kept_noise_keys(kept) if s.name == "gaussian_on_kept" else
+                               _fed("upload", s.name))) for s in stages)
+
+
+def _kept_noise_keys(kept) -> tuple[str, ...]:
+  """The keys the kept-noise stage stands for: the switch, who draws, and those its
+  calibration reads (another is read by nothing, and refused so)."""
+  return tuple(k for k in KEPT_NOISE_KEYS
+               if k in ("kept_noise", "kept_noise_draw") or k in kept.reads)
 
 
 def _upload_stages(cfg, draw: str) -> list:
@@ -130,18 +141,17 @@ def _upload_stages(cfg, draw: str) -> list:
   read their properties and refuse them with a one-line message."""
   stages = []
   if cfg.coordinate_clip is not None:
-    stages.append(pipeline.clip_per_coordinate(cfg.coordinate_clip))
+    stages.append(pipeline.clip_per_coordinate(**_arguments(cfg, "upload", "clip_per_coordinate")))
   if cfg.update_clip_l2 is not None:
-    stages.append(pipeline.clip_l2(cfg.update_clip_l2))
+    stages.append(pipeline.clip_l2(**_arguments(cfg, "upload", "clip_l2")))
   if cfg.s_local > 0:
-    stages.append(pipeline.topk_with_error_feedback(cfg.s_local, cfg.index_selection,
-                                                    cfg.error_feedback, cfg.topk_kernel,
-                                                    cfg.final_clip_l2))
+    stages.append(pipeline.topk_with_error_feedback(**_arguments(cfg, "upload", "topk")))
   elif cfg.final_clip_l2 is not None:
-    stages.append(pipeline.clip_sent(cfg.final_clip_l2))
+    stages.append(pipeline.clip_sent(**_arguments(cfg, "upload", "clip_sent")))
   kept = kept_noise_of(cfg)
   if kept is not None:
-    stages.append(kept.stage(_take(cfg, kept_noise.KEYS), noise_clip(cfg), cfg.s_local, draw))
+    stages.append(kept_noise.client_stage(kept, _take(cfg, kept.reads), noise_clip(cfg),
+                                          cfg.s_local, draw))
   return stages
 
 
@@ -150,10 +160,12 @@ def server_choices(cfg) -> tuple[Choice, ...]:
   mechanism's noise controller comes with the mechanism: Recipe.server_stages)."""
   out = []
   if cfg.s_global > 0:
-    out.append(Choice(server_stages.downlink_topk_spec(cfg.s_global, cfg.topk_kernel),
-                      _take(cfg, ("s_global", "topk_kernel"))))
+    out.append(Choice(server_stages.downlink_topk_spec(**_arguments(cfg, "server",
+                                                                    "downlink_topk")),
+                      _take(cfg, _fed("server", "downlink_topk"))))
   if cfg.index_selection == "public_topk":
-    out.append(Choice(server_stages.public_update_spec(), {"index_selection": "public_topk"}))
+    out.append(Choice(server_stages.public_update_spec(),
+                      _take(cfg, _fed("server", "public_update"))))
   return tuple(out)
 
 
@@ -169,7 +181,7 @@ def privacy_choices(cfg) -> dict[str, Choice | None]:
                   if on or cfg.noise_schedule != "static" else None),
       "adaptive_clip": (Choice(dp_round.ADAPTIVE_CLIPPING, _take(cfg, ADAPTIVE_KEYS))
                         if cfg.adaptive_clipping else None),
-      "budgets": (Choice(budgets.ALLOCATED, {"client_budgets": cfg.client_budgets})
+      "budgets": (Choice(budgets.ALLOCATED, _take(cfg, _fed("budgets")))
                   if cfg.client_budgets == "allocated" else None),
   }
 
@@ -191,7 +203,7 @@ def from_config(cfg: Config) -> Recipe:
       algorithm=cfg.algorithm,
       terms=term_choices(cfg),
       upload=upload_choices(cfg),
-      shuffle=(Choice(pipeline.SHUFFLERS[cfg.shuffle], {"shuffle": cfg.shuffle})
+      shuffle=(Choice(pipeline.SHUFFLERS[cfg.shuffle], _take(cfg, _fed("shuffle")))
                if cfg.shuffle != "none" else None),
       aggregator=aggregator_choice(cfg),
       server=server_choices(cfg),
@@ -213,8 +225,14 @@ def unread_keys_of(recipe: Recipe) -> frozenset[str]:
 def kept_noise_of(cfg) -> mechanisms.KeptNoise | None:
   """The calibration of the noise on the kept coordinates the config names
   (privacy/mechanisms/kept_noise.py), None for 'none': the one reader of the
-  config's kept_noise value (a name make_config checked against KEPT_NOISE)."""
-  return mechanisms.KEPT_NOISE.get(cfg.kept_noise)
+  config's kept_noise value. A name not registered is a ConfigError (a recipe
+  built in Python with a misspelt name would otherwise run without the noise)."""
+  if cfg.kept_noise == "none":
+    return None
+  if cfg.kept_noise not in mechanisms.KEPT_NOISE:
+    raise ConfigError(f"config key 'kept_noise' = {cfg.kept_noise!r}: allowed values are "
+                      f"{', '.join(('none', *mechanisms.KEPT_NOISE))}")
+  return mechanisms.KEPT_NOISE[cfg.kept_noise]
 
 
 def noise_clip(cfg) -> float | None:

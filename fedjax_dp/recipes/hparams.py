@@ -73,7 +73,8 @@ NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "cli
     # the local terms' and the aggregation rules' numbers: each key that feeds a
     # constructor argument with a number (its row in config/keys.py); a string fed
     # (contrastive's form, FedADMM's upload) is structure
-    k.name for k in KEYS if k.feeds and type(k.default) in (int, float))
+    k.name for k in KEYS if type(k.default) in (int, float)
+    and any(f.startswith(("term:", "aggregator:")) for f in k.feeds))
 
 
 def numeric_keys() -> tuple[str, ...]:

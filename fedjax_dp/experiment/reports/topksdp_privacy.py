@@ -93,6 +93,11 @@ def papers_chain(cfg, k: int, rounds: int) -> dict:
   steps.append({"step": what, **_checked(shuffled)})
   sub = amplification.subsample(shuffled.epsilon, shuffled.delta, q)
   steps.append({"step": f"client sampling, q = {q:g}", **_checked(sub)})
+  label = ("the paper's chain (its own analysis, each step's delta as it follows; not a "
+           "guarantee of this mechanism, see not_accounted)")
+  if rounds <= 0:   # nothing released yet (a run stopped before its first round)
+    return {"label": label + ": no round ran", "vacuous": False, "epsilon": 0.0, "delta": 0.0,
+            "steps": steps}
   composed = [amplification.compose_basic(sub.epsilon, sub.delta, rounds),
               amplification.compose_advanced(sub.epsilon, sub.delta, rounds, delta),
               amplification.compose_optimal(sub.epsilon, sub.delta, rounds, delta)]
@@ -100,8 +105,6 @@ def papers_chain(cfg, k: int, rounds: int) -> dict:
   best = min(usable or composed, key=lambda b: b.epsilon)
   steps.append({"step": f"{rounds} rounds", **_checked(best),
                 "alternatives": [_checked(b) for b in composed]})
-  label = ("the paper's chain (its own analysis, each step's delta as it follows; not a "
-           "guarantee of this mechanism, see not_accounted)")
   if not usable:
     return {"label": label + f": vacuous, delta >= 1 after {rounds} rounds", "vacuous": True,
             "epsilon": None, "delta": best.delta, "steps": steps}
@@ -191,9 +194,12 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
   clip = noise_clip(cfg)
   # the std each round, relative to round 0's: the paper's calibration scales with
   # that round's learning rate (a cosine schedule shrinks the noise round by round)
-  settings = {key: getattr(cfg, key) for key in kept_noise.KEYS}
-  std_min = kept.std(settings, clip, k, cfg.lr, max(client_sizes))
-  std_max = kept.std(settings, clip, k, cfg.lr, min(client_sizes))
+  settings = {key: getattr(cfg, key) for key in kept.reads}
+  # every client size's std at round 0's lr (kept_noise.problem holds a calibration to
+  # a std constant in n or proportional to 1 / n)
+  stds = [kept_noise.report_std(kept, settings, clip, k, cfg.lr, n)
+          for n in sorted(set(client_sizes))]
+  std_min, std_max = min(stds), max(stds)
   if kept.papers_chain:
     report["papers_chain"] = papers_chain(cfg, k, rounds)
   scale = (_learning_rate_scale(cfg, rounds, round_lrs) if kept.follows_lr else

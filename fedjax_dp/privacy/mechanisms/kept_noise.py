@@ -27,18 +27,18 @@ import jax.numpy as jnp
 
 from fedjax_dp.compression import pipeline
 
-# the config keys a kept-noise bundle reads (its settings)
-KEYS = ("kept_noise_multiplier", "ldp_epsilon", "ldp_delta")
-
-
 class KeptNoise(NamedTuple):
-  """A calibration of the noise on the kept coordinates: the client half and the
-  properties its report, releases and checks read. `settings` are {config key:
-  value} of KEYS."""
+  """A calibration of the noise on the kept coordinates: its std, one function the
+  round (traced) and the report (numpy floats) both evaluate, so the report quotes
+  the noise the rounds draw; and the properties its report, releases and checks
+  read. `settings` are {config key: value} of the keys it `reads`; `numbers` are
+  the std's numbers the round passes as data (a sweep changes them without
+  recompiling)."""
   name: str
-  stage: Callable              # (settings, clip, sparsity, draw) -> pipeline.ClientStage
-  std: Callable                # (settings, clip, k, lr, n) -> float: the std of a client of
-                               # n examples at learning rate lr (the report's figures)
+  numbers: Callable            # (settings, clip) -> {name: float}
+  std: Callable                # (numbers, settings, k, lr, n) -> the std of a client of n
+                               # examples at learning rate lr, k of the upload's coordinates
+                               # kept (plain arithmetic: numpy floats or traced arrays)
   std_says: str = ""           # the std as the report writes it ('z C')
   follows_lr: bool = False     # its std scales with the round's learning rate
   reveals_size: bool = False   # its std depends on the client's example count n_i: the
@@ -46,72 +46,104 @@ class KeptNoise(NamedTuple):
                                # neighbours of the same size (the report's size_leak)
   papers_chain: bool = False   # reported with the paper's own (epsilon, delta) chain and
                                # the paper's one-step sensitivity, labelled as the paper's
+                               # (it reads ldp_epsilon, the chain's per-round budget)
   check: Callable | None = None  # (settings) -> why it cannot run them, one line, or None
+  reads: tuple = ("ldp_delta",)  # the config keys of its settings (ldp_delta: the delta of
+                                 # its guarantee); another set away from its default is
+                                 # refused as read by nothing
 
 
-# ------------------------------------------------------------------ the client halves
-
-
-def noise_on_kept(std: float, draw: str = "client") -> pipeline.ClientStage:
-  """gaussian_on_kept with a fixed std (z C), as data."""
-  return pipeline.gaussian_on_kept(lambda ctx: ctx.hp["std"], draw, {"std": std})
-
-
-def paper_std(epsilon: float, delta: float, clip: float, k: int) -> Callable:
-  """TopkSDP-FL's calibration (after Wei et al. 2020), per client:
-    sigma = Delta_s sqrt(2 ln(1.25 / delta)) / (epsilon / k),  Delta_s = 2 lr C / n_i.
-  Labelled as the paper's: it covers one example in one SGD step, not a client's
-  update after E epochs, and the classical Gaussian bound needs epsilon / k < 1."""
-  factor = _paper_factor(epsilon, delta, k)
-
-  def std(ctx):
-    return 2.0 * ctx.lr * clip / jnp.maximum(ctx.num_examples, 1).astype(jnp.float32) * factor
-  return std
-
-
-def paper_noise_on_kept(epsilon: float, delta: float, clip: float, sparsity: float,
-                        draw: str = "client") -> pipeline.ClientStage:
-  """gaussian_on_kept with `paper_std` for k = keep_count(d, sparsity), k taken from
-  the upload's size when the stage runs (so the stage is built without d)."""
-  own = {"clip": clip}
+def client_stage(kept: KeptNoise, settings: dict[str, Any], clip: float | None,
+                 sparsity: float, draw: str = "client") -> pipeline.ClientStage:
+  """The client half: pipeline.gaussian_on_kept at `kept.std` for this client's
+  n_i and the round's lr, k = keep_count(d, sparsity) taken from the upload's size
+  when the stage runs (so the stage is built without d)."""
+  own = kept.numbers(settings, clip or 0.0)
 
   def update(u, s, ctx):
     k = pipeline.keep_count(u.values.shape[0], sparsity)
-    std = paper_std(epsilon, delta, pipeline.numbers(ctx, own)["clip"], k)
-    return pipeline.gaussian_on_kept(std, draw).update(u, s, ctx._replace(hp=()))
+    n = jnp.maximum(ctx.num_examples, 1).astype(jnp.float32)
+    std = kept.std(pipeline.numbers(ctx, own), settings, k, ctx.lr, n)
+    return pipeline.gaussian_on_kept(lambda c: std, draw).update(u, s, ctx._replace(hp=()))
   return pipeline.gaussian_on_kept(lambda ctx: 0.0, draw, own)._replace(update=update)
+
+
+def report_std(kept: KeptNoise, settings: dict[str, Any], clip: float, k: int, lr: float,
+               n: int) -> float:
+  """The std of a client of n examples at learning rate lr, as the report quotes it."""
+  return kept.std(kept.numbers(settings, clip), settings, k, lr, n)
+
+
+# ------------------------------------------------------------------ the bundles
 
 
 def _paper_factor(epsilon: float, delta: float, k: int) -> float:
   return math.sqrt(2 * math.log(1.25 / delta)) * k / epsilon
 
 
-# ------------------------------------------------------------------ the bundles
-
-
-def _paper_check(settings: dict[str, Any]) -> str | None:
-  if settings["ldp_epsilon"] is None:
-    return ("config key 'kept_noise' = 'paper': needs ldp_epsilon (the per-round client "
-            "budget of the paper's calibration)")
-  return None
+def _paper_std(hp, s, k, lr, n):
+  """TopkSDP-FL's calibration (after Wei et al. 2020), per client:
+    sigma = Delta_s sqrt(2 ln(1.25 / delta)) / (epsilon / k),  Delta_s = 2 lr C / n_i.
+  Labelled as the paper's: it covers one example in one SGD step, not a client's
+  update after E epochs, and the classical Gaussian bound needs epsilon / k < 1."""
+  return 2 * lr * hp["clip"] / n * _paper_factor(s["ldp_epsilon"], s["ldp_delta"], k)
 
 
 def paper() -> KeptNoise:
   """TopkSDP-FL's calibration to (ldp_epsilon, ldp_delta) per round."""
-  def stage(s, clip, sparsity, draw):
-    return paper_noise_on_kept(s["ldp_epsilon"], s["ldp_delta"], clip, sparsity, draw)
-
-  def std(s, clip, k, lr, n):
-    return 2 * lr * clip / n * _paper_factor(s["ldp_epsilon"], s["ldp_delta"], k)
-  return KeptNoise("paper", stage, std, "2 lr C factor / n_i", follows_lr=True,
-                   reveals_size=True, papers_chain=True, check=_paper_check)
+  return KeptNoise("paper", lambda s, clip: {"clip": clip}, _paper_std, "2 lr C factor / n_i",
+                   follows_lr=True, reveals_size=True, papers_chain=True,
+                   reads=("ldp_epsilon", "ldp_delta"))
 
 
 def multiplier() -> KeptNoise:
   """std = kept_noise_multiplier x the clip the noise is calibrated to."""
-  def stage(s, clip, sparsity, draw):
-    return noise_on_kept(s["kept_noise_multiplier"] * (clip or 0.0), draw)
+  return KeptNoise("multiplier", lambda s, clip: {"std": s["kept_noise_multiplier"] * clip},
+                   lambda hp, s, k, lr, n: hp["std"], "z C",
+                   reads=("kept_noise_multiplier", "ldp_delta"))
 
-  def std(s, clip, k, lr, n):
-    return s["kept_noise_multiplier"] * clip
-  return KeptNoise("multiplier", stage, std, "z C")
+
+# ------------------------------------------------------------------ what the report assumes
+
+_PROBE_SIZES = (1, 2, 7)      # client sizes n and
+_PROBE_LRS = (0.01, 0.1)      # learning rates a calibration is probed at
+
+
+def problem(kept: KeptNoise, settings: dict[str, Any], clip: float) -> str | None:
+  """Why the report could not account `kept` with these settings, in one line, or
+  None. The report takes a std that depends on the client's size n as proportional
+  to 1 / n (size_leak; reveals_size), one that depends on the learning rate as
+  proportional to it (follows_lr), and quotes the least-noised client's epsilon: a
+  calibration is probed at a few n and lr (numpy floats: no device is touched)."""
+  k = 32
+  std = {(n, lr): float(report_std(kept, settings, clip, k, lr, float(n)))
+         for n in _PROBE_SIZES for lr in _PROBE_LRS}
+  return _shape_problem(kept, std)
+
+
+def _shape_problem(kept: KeptNoise, std: dict) -> str | None:
+  """A std's dependence on n and lr that its properties do not declare, or that the
+  report cannot account (std {(n, lr): value})."""
+  def scales(values, like):   # values proportional to `like`
+    ratio = [v / w for v, w in zip(values, like)]
+    return all(math.isclose(r, ratio[0], rel_tol=1e-6) for r in ratio)
+
+  for lr in _PROBE_LRS:
+    by_n = [std[n, lr] for n in _PROBE_SIZES]
+    if not scales(by_n, [1.0] * len(by_n)):
+      if not kept.reveals_size:
+        return (f"kept_noise {kept.name!r}: its std depends on the client's size n_i, which "
+                "it then reveals; declare reveals_size=True")
+      if not scales(by_n, [1.0 / n for n in _PROBE_SIZES]):
+        return (f"kept_noise {kept.name!r}: its std depends on n_i other than as 1 / n_i, "
+                "which the report's size_leak assumes")
+  for n in _PROBE_SIZES:
+    by_lr = [std[n, lr] for lr in _PROBE_LRS]
+    if not scales(by_lr, [1.0] * len(by_lr)):
+      if not kept.follows_lr:
+        return (f"kept_noise {kept.name!r}: its std depends on the learning rate; declare "
+                "follows_lr=True")
+      if not scales(by_lr, list(_PROBE_LRS)):
+        return (f"kept_noise {kept.name!r}: its std depends on the learning rate other than "
+                "in proportion to it, which the report's scaling assumes")
+  return None
