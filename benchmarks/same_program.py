@@ -39,6 +39,11 @@ CONFIGS = {
     "cluster_noise": {"dp": "local", "noise_multiplier": 0.5, "aggregator": "cluster",
                       "cluster_noise": "equalize"},
     "server_clip": {"byzantine_fraction": 0.2, "server_clip_l2": 1.0},
+    "kept_noise_paper": {"algorithm": "topksdp", "s_local": 0.9, "coordinate_clip": 0.05,
+                         "kept_noise": "paper", "ldp_epsilon": 3.0, "kept_noise_draw": "client"},
+    "kept_noise_multiplier": {"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5,
+                              "index_selection": "random_k", "kept_noise": "multiplier",
+                              "kept_noise_multiplier": 2.0},
 }
 BASE = {"dataset": "digits", "num_clients": 20, "clients_per_round": 10, "hidden": [32],
         "rounds": 4, "devices": 1}

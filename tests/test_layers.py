@@ -14,6 +14,8 @@ import ast
 import os
 import re
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # lowest first; "kernels" is the top-level kernels/ (installed as fedjax_dp.kernels)
@@ -206,3 +208,52 @@ def test_the_config_check_sees_a_reader(tmp_path):
   path = tmp_path / "reader.py"
   path.write_text("def build(cfg):\n  return cfg.rounds\n\ndef fine(plan, x: int):\n  pass\n")
   assert config_readers({"fedjax_dp.core.reader": str(path)}) == {"fedjax_dp.core.reader.build"}
+
+
+def _builds_during(run) -> int:
+  """How many recipes recipes.flat builds while `run()` runs."""
+  from fedjax_dp.recipes import flat
+  built = []
+  read = flat._read
+
+  def counting(cfg):
+    built.append(cfg)
+    return read(cfg)
+  flat._read = counting
+  flat._LAST_BUILT.clear()
+  try:
+    run()
+  finally:
+    flat._read = read
+  return len(built)
+
+
+@pytest.mark.parametrize("how", ["cli", "api"])
+def test_the_recipe_is_built_once_per_start(tmp_path, how):
+  """Issue 40, item 2: the config's check and the run's plan share one recipe (the
+  review counted 7 builds per start)."""
+  import fedjax_dp
+  from fedjax_dp.cli import main
+  values = {"num_clients": 10, "clients_per_round": 5, "hidden": [8], "rounds": 1,
+            "eval_every": 1, "algorithm": "fedprox", "dp": "central", "noise_multiplier": 1.0}
+  if how == "cli":
+    sets = [f"{k}={v}".replace(" ", "") for k, v in values.items()]
+    run = lambda: main(["run", "--no-progress", "--out", str(tmp_path / "r"), "--set", *sets])
+  else:
+    rest = {k: v for k, v in values.items() if k != "algorithm"}
+    run = lambda: fedjax_dp.run("fedprox", out=str(tmp_path / "r"), progress=False, **rest)
+  assert _builds_during(run) == 1
+
+
+def test_a_changed_registry_builds_the_recipe_afresh():
+  """The shared recipe is keyed on the registries' entries: a rule registered again
+  under its name gives a new recipe, not the old one."""
+  from fedjax_dp import make_config, recipes, robust
+  from tests.helpers import registries_restored
+  cfg = make_config({"aggregator": "median"})
+  first = recipes.from_config(cfg)
+  assert recipes.from_config(cfg) is first
+  with registries_restored():
+    robust.AGGREGATORS["median"] = lambda: robust.AGGREGATORS["mean"]()
+    assert recipes.from_config(cfg).rule.name == "mean"
+  assert recipes.from_config(cfg).rule.name == first.rule.name

@@ -197,7 +197,37 @@ def server_optimizer_name(cfg: Config) -> str:
 def from_config(cfg: Config) -> Recipe:
   """The recipe of `cfg` (any Config: a combination validate refuses is still
   read, so that validate can name it). Raises ValueError for an algorithm or
-  aggregator that is not registered (fedjax_dp.make_config names those first)."""
+  aggregator that is not registered (fedjax_dp.make_config names those first).
+
+  Built once per start: the config's check and the run's plan get the same
+  recipe, kept for the last (config, registries) pair it was built from (a
+  registry that changed since, a plugin's stage registered or replaced, builds
+  it afresh; a Recipe and its stages are immutable)."""
+  key = (cfg, _registries())
+  try:
+    hash(key)
+  except TypeError:   # a registered object that cannot be hashed: no reuse
+    return _read(cfg)
+  if key not in _LAST_BUILT:
+    recipe = _read(cfg)
+    _LAST_BUILT.clear()
+    _LAST_BUILT[key] = recipe
+  return _LAST_BUILT[key]
+
+
+_LAST_BUILT: dict = {}   # {(cfg, _registries()): its recipe}, one entry
+
+
+def _registries() -> tuple:
+  """What a recipe is built from besides the config: every registry's entries (the
+  objects themselves, so an entry replaced under its name is a new key)."""
+  return tuple(tuple(r.items()) for r in (
+      registry.TERMS, registry.ALGORITHMS, robust.AGGREGATORS, mechanisms.MECHANISMS,
+      mechanisms.KEPT_NOISE, PLUGIN_KEYS, pipeline.SHUFFLERS, noise_control.PLANNERS))
+
+
+def _read(cfg: Config) -> Recipe:
+  """from_config's recipe, built."""
   recipe = Recipe(
       name=mechanisms.get_mechanism(cfg.dp).recipe_prefix + cfg.algorithm,
       algorithm=cfg.algorithm,
