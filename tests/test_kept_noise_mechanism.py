@@ -20,6 +20,7 @@ from fedjax_dp.cli import main
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.mechanisms import kept_noise
+from fedjax_dp.experiment.setup import check_kept_noise
 from fedjax_dp.recipes import flat
 from tests.helpers import registries_restored
 
@@ -191,28 +192,69 @@ def _calibration(name, std, **properties):
 
 @pytest.mark.parametrize("calibration,message", [
     (_calibration("quiet", lambda n, lr: 2.0 / n), "depends on the client's size n_i"),
+    # found by the audit of 010ae43: a dependence beyond a small probe grid
+    (_calibration("floored", lambda n, lr: 10.0 / max(n, 10)), "depends on the client's size"),
     (_calibration("grow", lambda n, lr: 0.1 * n ** 0.5, reveals_size=True),
      "other than as 1 / n_i"),
     (_calibration("lrquiet", lambda n, lr: 10 * lr), "declare follows_lr=True"),
+    (_calibration("lrfloor", lambda n, lr: min(1.0, lr / 0.005)), "declare follows_lr=True"),
     (_calibration("lrsquare", lambda n, lr: 10 * lr * lr, follows_lr=True),
      "other than in proportion"),
+    (mechanisms.KeptNoise("peek", lambda s, clip: {}, lambda hp, s, k, lr, n:
+                          s["kept_noise_multiplier"], reads=("kept_noise_multiplier",)),
+     "its std reads setting 'kept_noise_multiplier'"),
 ])
-def test_a_calibration_the_report_could_not_account_is_refused(calibration, message):
-  """Found by an audit of 8d64037: the report takes a size-dependent std as 1 / n_i
-  and an lr-dependent one as proportional to lr; a registered calibration that broke
-  this would be reported with a smaller epsilon than it spends. (The round and the
-  report evaluate the same std function, so they cannot disagree.)"""
+def test_a_calibration_the_report_could_not_account_is_refused(calibration, message, tmp_path):
+  """Found by audits of 8d64037 and 010ae43: the report takes a size-dependent std
+  as 1 / n_i and an lr-dependent one as proportional to lr; a registered calibration
+  that broke this would be reported with a smaller epsilon than it spends. Refused
+  once the run's client sizes are known, before any round (exit 2, nothing run).
+  (The round and the report evaluate the same std function, and std never sees a
+  number a sweep changes as data, so they cannot disagree.)"""
+  values = {**OWN, "kept_noise": calibration.name, "lr_schedule": "cosine", "lr_min": 0.0}
   with registries_restored():
     mechanisms.register_kept_noise(calibration)
+    cfg = fedjax_dp.make_config(values)
     with pytest.raises(fedjax_dp.errors.ConfigError, match=message):
-      fedjax_dp.make_config({**OWN, "kept_noise": calibration.name, "lr_schedule": "cosine",
-                             "lr_min": 0.005})
-    # declared as what it is, a size- and lr-proportional std is accounted
+      check_kept_noise(cfg, [60] * 10)
+    out = str(tmp_path / "run")
+    sets = [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in values.items()]
+    assert main(["run", "--no-progress", "--out", out, "--set", *sets]) == 2
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))
+
+
+def test_a_calibration_declared_as_it_is_is_accounted():
   with registries_restored():
     fair = _calibration("fair", lambda n, lr: 10 * lr / n, reveals_size=True, follows_lr=True)
-    assert kept_noise.problem(fair, {}, 1.0) is None
     mechanisms.register_kept_noise(fair)
-    fedjax_dp.make_config({**OWN, "kept_noise": "fair"})
+    assert kept_noise.problem(fair, {}, 1.0, [3, 60, 600], [0.05, 0.01]) is None
+    check_kept_noise(fedjax_dp.make_config({**OWN, "kept_noise": "fair"}), [60] * 10)
+    for built in ("paper", "multiplier"):
+      kept = mechanisms.KEPT_NOISE[built]
+      settings = {"ldp_epsilon": 3.0, "ldp_delta": 1e-5, "kept_noise_multiplier": 2.0}
+      assert kept_noise.problem(kept, {k: settings[k] for k in kept.reads}, 0.5, [1, 60],
+                                [0.1, 0.001]) is None
+
+
+@pytest.mark.parametrize("reads,papers_chain,message", [
+    (("ldp_eps",), False, "reads 'ldp_eps'"),
+    (("ldp_delta",), True, "papers_chain")])
+def test_register_kept_noise_checks_what_it_reads(reads, papers_chain, message):
+  """Found by the audit of 010ae43: a misspelt read failed at the first config, and a
+  papers_chain calibration that did not read ldp_epsilon could never be configured."""
+  bad = mechanisms.KeptNoise("bad", lambda s, clip: {}, lambda hp, s, k, lr, n: 1.0,
+                             papers_chain=papers_chain, reads=reads)
+  with registries_restored():
+    with pytest.raises(ValueError, match=message):
+      mechanisms.register_kept_noise(bad)
+    assert "bad" not in mechanisms.KEPT_NOISE
+
+
+def test_the_data_settings_are_the_numeric_keys():
+  """kept_noise.DATA_SETTINGS (std never sees them) are the kept-noise settings that
+  recipes/hparams treats as data."""
+  from fedjax_dp.recipes.hparams import NUMERIC_KEYS
+  assert set(kept_noise.DATA_SETTINGS) == set(kept_noise.SETTINGS) & set(NUMERIC_KEYS)
 
 
 def test_a_misspelt_calibration_in_a_python_recipe_is_refused():
@@ -241,3 +283,32 @@ def test_the_papers_chain_before_the_first_round():
                                "kept_noise": "paper", "ldp_epsilon": 3.0})
   chain = topksdp_report(cfg, 1000, 0, [60] * 20)["papers_chain"]
   assert chain["epsilon"] == 0.0 and "no round ran" in chain["label"]
+
+
+def test_recipe_data_saved_before_a_calibration_said_what_it_reads_loads(tmp_path):
+  """Found by the audit of 010ae43: recipes.to_dict of a kept-noise recipe written
+  before 010ae43 kept every kept-noise key (at its default where the calibration does
+  not read it); it loads, and one that set such a key away from its default is
+  refused naming it."""
+  built = fedjax_dp.recipes.to_dict(fedjax_dp.recipes.from_config(fedjax_dp.make_config(
+      {"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5, "kept_noise": "multiplier",
+       "kept_noise_multiplier": 2.0, "index_selection": "random_k"})))
+  original = json.loads(json.dumps(built))
+  kept = next(s for s in built["stages"] if s["stage"] == "gaussian_on_kept")
+  assert "ldp_epsilon" not in kept["args"]
+  kept["args"]["ldp_epsilon"] = None   # as 8d64037 wrote it
+  assert json.loads(json.dumps(fedjax_dp.recipes.to_dict(
+      fedjax_dp.recipes.from_dict(built)))) == original
+  kept["args"]["ldp_epsilon"] = 3.0
+  with pytest.raises(ValueError, match="'ldp_epsilon' = 3.0 is read by no stage of it"):
+    fedjax_dp.recipes.from_dict(built)
+
+
+def test_a_recipe_builder_refuses_a_key_no_stage_reads():
+  """Found by the audit of 010ae43: recipes.topksdp(..., ldp_epsilon=2.0) under the
+  multiplier dropped ldp_epsilon, which make_config refuses."""
+  with pytest.raises(fedjax_dp.errors.ConfigError, match="'ldp_epsilon' = 2.0 is read by no"):
+    fedjax_dp.recipes.topksdp(final_clip_l2=0.5, kept_noise="multiplier",
+                              kept_noise_multiplier=1.0, ldp_epsilon=2.0)
+  with pytest.raises(fedjax_dp.errors.ConfigError, match="'index_selection' = 'random_k'"):
+    fedjax_dp.recipes.stages.upload(index_selection="random_k")

@@ -18,6 +18,7 @@ from fedjax_dp.compression import pipeline
 
 from fedjax_dp.training import server_stages
 from fedjax_dp.config import Config
+from fedjax_dp.errors import ConfigError
 from fedjax_dp.config.schema import config_of
 from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.base import Choice
@@ -71,7 +72,15 @@ def upload(**keys) -> list[Slot]:
   `compose` against the recipe's mechanism and rule (on the aggregate only under
   the plain weighted mean without DP; a run's Byzantine clients, a set-up key,
   make its config resolve it per client)."""
-  return [("upload", c) for c in flat.upload_choices(_cfg(**keys))]
+  choices = flat.upload_choices(_cfg(**keys))
+  taken = {k for c in choices for k in c.config}
+  for key, value in keys.items():   # a number no stage took would be dropped silently
+    if key not in taken and value != getattr(Config(), key, value):
+      from fedjax_dp.recipes.config_checks import read_condition
+      raise ConfigError(f"recipes upload: config key {key!r} = {value!r} is read by no upload "
+                        f"stage these keys build; it is read with "
+                        f"{read_condition(key) or 'another stage'}")
+  return [("upload", c) for c in choices]
 
 
 def shuffle(name: str = "layerwise") -> Slot:

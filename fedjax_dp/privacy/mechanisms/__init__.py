@@ -68,4 +68,7 @@ def register_kept_noise(calibration: KeptNoise) -> None:
   old = KEPT_NOISE.get(calibration.name)
   if calibration.name == "none" or (old is not None and old != calibration):
     raise ValueError(f"register_kept_noise: {calibration.name!r} is already registered")
+  problem = kept_noise.check_bundle(calibration)
+  if problem:
+    raise ValueError(problem)
   KEPT_NOISE[calibration.name] = calibration

@@ -48,9 +48,33 @@ class KeptNoise(NamedTuple):
                                # the paper's one-step sensitivity, labelled as the paper's
                                # (it reads ldp_epsilon, the chain's per-round budget)
   check: Callable | None = None  # (settings) -> why it cannot run them, one line, or None
-  reads: tuple = ("ldp_delta",)  # the config keys of its settings (ldp_delta: the delta of
-                                 # its guarantee); another set away from its default is
-                                 # refused as read by nothing
+  reads: tuple = ("ldp_delta",)  # the config keys of its settings, of SETTINGS (ldp_delta:
+                                 # the delta of its guarantee); another set away from its
+                                 # default is refused as read by nothing
+
+
+# the config keys a calibration may read, and those of them a sweep changes as data
+# (recipes/hparams.NUMERIC_KEYS): `numbers` reads those; `std` never sees them, so that
+# the round (which receives the numbers as data) and the report cannot disagree
+SETTINGS = ("kept_noise_multiplier", "ldp_epsilon", "ldp_delta")
+DATA_SETTINGS = ("kept_noise_multiplier",)
+
+
+def _fixed(settings: dict[str, Any]) -> dict[str, Any]:
+  """The settings std sees: those a sweep cannot change under a compiled round."""
+  return {k: v for k, v in settings.items() if k not in DATA_SETTINGS}
+
+
+def check_bundle(kept: KeptNoise) -> str | None:
+  """Why `kept` cannot be registered (its reads), or None."""
+  unknown = [k for k in kept.reads if k not in SETTINGS]
+  if unknown:
+    return (f"register_kept_noise: {kept.name!r} reads {', '.join(map(repr, unknown))}; a "
+            f"calibration reads of {', '.join(SETTINGS)}")
+  if kept.papers_chain and not {"ldp_epsilon", "ldp_delta"} <= set(kept.reads):
+    return (f"register_kept_noise: {kept.name!r} has papers_chain, whose chain reads "
+            "ldp_epsilon and ldp_delta: add them to reads")
+  return None
 
 
 def client_stage(kept: KeptNoise, settings: dict[str, Any], clip: float | None,
@@ -63,7 +87,7 @@ def client_stage(kept: KeptNoise, settings: dict[str, Any], clip: float | None,
   def update(u, s, ctx):
     k = pipeline.keep_count(u.values.shape[0], sparsity)
     n = jnp.maximum(ctx.num_examples, 1).astype(jnp.float32)
-    std = kept.std(pipeline.numbers(ctx, own), settings, k, ctx.lr, n)
+    std = kept.std(pipeline.numbers(ctx, own), _fixed(settings), k, ctx.lr, n)
     return pipeline.gaussian_on_kept(lambda c: std, draw).update(u, s, ctx._replace(hp=()))
   return pipeline.gaussian_on_kept(lambda ctx: 0.0, draw, own)._replace(update=update)
 
@@ -71,7 +95,7 @@ def client_stage(kept: KeptNoise, settings: dict[str, Any], clip: float | None,
 def report_std(kept: KeptNoise, settings: dict[str, Any], clip: float, k: int, lr: float,
                n: int) -> float:
   """The std of a client of n examples at learning rate lr, as the report quotes it."""
-  return kept.std(kept.numbers(settings, clip), settings, k, lr, n)
+  return kept.std(kept.numbers(settings, clip), _fixed(settings), k, lr, n)
 
 
 # ------------------------------------------------------------------ the bundles
@@ -105,45 +129,54 @@ def multiplier() -> KeptNoise:
 
 # ------------------------------------------------------------------ what the report assumes
 
-_PROBE_SIZES = (1, 2, 7)      # client sizes n and
-_PROBE_LRS = (0.01, 0.1)      # learning rates a calibration is probed at
+_GRID_SIZES = tuple(int(round(10 ** (e / 4))) for e in range(25))   # 1 .. 10^6
+_GRID_LRS = tuple(10.0 ** (e / 2) for e in range(-12, 3))          # 1e-6 .. 10
 
 
-def problem(kept: KeptNoise, settings: dict[str, Any], clip: float) -> str | None:
-  """Why the report could not account `kept` with these settings, in one line, or
-  None. The report takes a std that depends on the client's size n as proportional
-  to 1 / n (size_leak; reveals_size), one that depends on the learning rate as
-  proportional to it (follows_lr), and quotes the least-noised client's epsilon: a
-  calibration is probed at a few n and lr (numpy floats: no device is touched)."""
-  k = 32
-  std = {(n, lr): float(report_std(kept, settings, clip, k, lr, float(n)))
-         for n in _PROBE_SIZES for lr in _PROBE_LRS}
-  return _shape_problem(kept, std)
+def problem(kept: KeptNoise, settings: dict[str, Any], clip: float, sizes, lrs) -> str | None:
+  """Why the report could not account `kept` in this run, in one line, or None.
+
+  The report takes a std that depends on the client's size n as proportional to
+  1 / n (size_leak; reveals_size), one that depends on the learning rate as
+  proportional to it (follows_lr), and quotes the least-noised client's epsilon.
+  Probed where it matters: the run's client sizes `sizes` with each one's
+  neighbours n - 1 and n + 1 (a neighbouring dataset's), and the learning rates
+  `lrs` its rounds run at, each against a log grid (n up to 10^6, lr 1e-6 to 10)."""
+  sizes = sorted({int(m) for n in sizes for m in (n - 1, n, n + 1) if m >= 1} | set(_GRID_SIZES))
+  lrs = sorted({float(x) for x in lrs if x > 0} | set(_GRID_LRS))
+  probe_sizes = sorted({sizes[0], sizes[-1], *_GRID_SIZES[::4]})
+
+  def std(n, lr):
+    return float(report_std(kept, settings, clip, 32, lr, float(n)))
+  base = lrs[len(lrs) // 2]
+  try:
+    std(1, base)
+  except KeyError as e:   # a setting std may not see (DATA_SETTINGS), or one not in reads
+    return (f"kept_noise {kept.name!r}: its std reads setting {e}, which it is not given "
+            f"(it sees those of reads {kept.reads} but {', '.join(DATA_SETTINGS)}; a number a "
+            "sweep changes reaches std through numbers())")
+  return (_dependence(kept, "n", [std(n, base) for n in sizes], sizes)
+          or next((p for n in probe_sizes
+                   if (p := _dependence(kept, "lr", [std(n, lr) for lr in lrs], lrs))), None)
+          or next((p for lr in lrs
+                   if (p := _dependence(kept, "n", [std(n, lr) for n in probe_sizes],
+                                        probe_sizes))), None))
 
 
-def _shape_problem(kept: KeptNoise, std: dict) -> str | None:
-  """A std's dependence on n and lr that its properties do not declare, or that the
-  report cannot account (std {(n, lr): value})."""
-  def scales(values, like):   # values proportional to `like`
-    ratio = [v / w for v, w in zip(values, like)]
-    return all(math.isclose(r, ratio[0], rel_tol=1e-6) for r in ratio)
-
-  for lr in _PROBE_LRS:
-    by_n = [std[n, lr] for n in _PROBE_SIZES]
-    if not scales(by_n, [1.0] * len(by_n)):
-      if not kept.reveals_size:
-        return (f"kept_noise {kept.name!r}: its std depends on the client's size n_i, which "
-                "it then reveals; declare reveals_size=True")
-      if not scales(by_n, [1.0 / n for n in _PROBE_SIZES]):
-        return (f"kept_noise {kept.name!r}: its std depends on n_i other than as 1 / n_i, "
-                "which the report's size_leak assumes")
-  for n in _PROBE_SIZES:
-    by_lr = [std[n, lr] for lr in _PROBE_LRS]
-    if not scales(by_lr, [1.0] * len(by_lr)):
-      if not kept.follows_lr:
-        return (f"kept_noise {kept.name!r}: its std depends on the learning rate; declare "
-                "follows_lr=True")
-      if not scales(by_lr, list(_PROBE_LRS)):
-        return (f"kept_noise {kept.name!r}: its std depends on the learning rate other than "
-                "in proportion to it, which the report's scaling assumes")
+def _dependence(kept: KeptNoise, on: str, values: list[float], at: list[float]) -> str | None:
+  """A dependence of the std `values` on n or lr (at `at`) that the report cannot
+  account: undeclared, or not the declared proportion (1 / n, lr)."""
+  if all(math.isclose(v, values[0], rel_tol=1e-6, abs_tol=1e-300) for v in values):
+    return None
+  declared, like = ((kept.reveals_size, [1.0 / x for x in at]) if on == "n" else
+                    (kept.follows_lr, list(at)))
+  what = "the client's size n_i" if on == "n" else "the learning rate"
+  if not declared:
+    return (f"kept_noise {kept.name!r}: its std depends on {what}; declare "
+            f"{'reveals_size' if on == 'n' else 'follows_lr'}=True")
+  ratio = [v / w for v, w in zip(values, like)]
+  if not all(math.isclose(r, ratio[0], rel_tol=1e-6) for r in ratio):
+    return (f"kept_noise {kept.name!r}: its std depends on {what} other than "
+            f"{'as 1 / n_i' if on == 'n' else 'in proportion to it'}, which the report "
+            "cannot account")
   return None
