@@ -20,7 +20,7 @@ from fedjax_dp.cli import main
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.mechanisms import kept_noise
-from fedjax_dp.experiment.setup import check_kept_noise
+from fedjax_dp.recipes.kept_noise_check import check_kept_noise
 from fedjax_dp.recipes import flat
 from tests.helpers import registries_restored
 
@@ -312,3 +312,106 @@ def test_a_recipe_builder_refuses_a_key_no_stage_reads():
                               kept_noise_multiplier=1.0, ldp_epsilon=2.0)
   with pytest.raises(fedjax_dp.errors.ConfigError, match="'index_selection' = 'random_k'"):
     fedjax_dp.recipes.stages.upload(index_selection="random_k")
+
+
+def test_a_mechanism_and_a_calibration_declare_what_their_report_publishes():
+  """Issue 40, item 4: a bundle declares the summary.json paths its report lines
+  publish (Mechanism.releases, KeptNoise.releases), looked up before the registry's
+  catch-all privacy.** (covered); the kept-noise section's statuses follow the
+  calibration's properties."""
+  from fedjax_dp.experiment import releases
+  from fedjax_dp.stage import COVERED, NOT_COVERED, PUBLIC
+  with registries_restored():
+    local = mechanisms.MECHANISMS["local"]
+    mechanisms.register_mechanism(local._replace(
+        name="local_noted", releases=(("privacy.noted.*", NOT_COVERED, "a note quoting sizes"),)))
+    cfg = fedjax_dp.make_config({"dp": "local_noted", "noise_multiplier": 1.0})
+    assert releases.declaration("summary.json:privacy.noted.n", cfg).status == NOT_COVERED
+    plain = fedjax_dp.make_config({"dp": "local", "noise_multiplier": 1.0})
+    assert releases.declaration("summary.json:privacy.noted.n", plain).status == COVERED
+    mechanisms.register_kept_noise(mechanisms.KEPT_NOISE["multiplier"]._replace(
+        name="noted", releases=(("privacy.kept_noise.k", NOT_COVERED, "k, say"),)))
+    noted = fedjax_dp.make_config({**RUN, "kept_noise": "noted"})
+    assert releases.declaration("summary.json:privacy.kept_noise.k", noted).status == NOT_COVERED
+  path = "summary.json:privacy.kept_noise.noise_std.min_over_clients"
+  base = {"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5}
+  paper = fedjax_dp.make_config({**base, "kept_noise": "paper", "ldp_epsilon": 3.0})
+  multiplier = fedjax_dp.make_config({**base, "kept_noise": "multiplier",
+                                      "kept_noise_multiplier": 1.0})
+  assert releases.declaration(path, paper).status == NOT_COVERED
+  assert releases.declaration(path, multiplier).status == PUBLIC
+  assert releases.declaration("summary.json:privacy.kept_noise.k", multiplier).status == PUBLIC
+
+
+def _floored(name, follows_lr=False):
+  """std = max(z C, 0.05 C lr) (written to trace: max(a, b) = (a + b + |a - b|) / 2):
+  constant in lr while z C is the larger."""
+  def numbers(s, clip):
+    return {"zc": s["kept_noise_multiplier"] * clip, "c": clip}
+
+  def std(hp, s, k, lr, n):
+    a, b = hp["zc"], 0.05 * hp["c"] * lr
+    return (a + b + abs(a - b)) / 2
+  return mechanisms.KeptNoise(name, numbers, std, "max(z C, 0.05 C lr)", follows_lr=follows_lr,
+                              reads=("kept_noise_multiplier", "ldp_delta"))
+
+
+def test_the_probe_uses_the_runs_kept_count():
+  """Found by the audit of 392aef3: probed at k = 32 only, a std whose dependence on
+  lr shows at the run's k (about 2x the epsilon reported) passed."""
+  with registries_restored():
+    mechanisms.register_kept_noise(mechanisms.KeptNoise(
+        "bigk", lambda s, clip: {}, lambda hp, s, k, lr, n: max(1.0, k * lr / 500)))
+    cfg = fedjax_dp.make_config({**OWN, "kept_noise": "bigk", "s_local": 0.5})
+    check_kept_noise(cfg, [60] * 10)   # at k = 32 it looks constant
+    with pytest.raises(fedjax_dp.errors.ConfigError, match="depends on the learning rate"):
+      check_kept_noise(cfg, [60] * 10, num_params=40_000)
+
+
+def test_with_hparams_checks_the_new_numbers_against_the_report():
+  """Found by the audit of 392aef3: a sweep's replica (with_hparams) changed the std's
+  numbers without the check: max(z C, 0.05 C lr) is constant in lr at z 1.5, not at
+  z 0.001."""
+  with registries_restored():
+    mechanisms.register_kept_noise(_floored("floor"))
+    values = {**OWN, "kept_noise": "floor", "kept_noise_multiplier": 1.5}
+    sim = fedjax_dp.simulate("topksdp", **{k: v for k, v in values.items() if k != "algorithm"})
+    sim.with_hparams(kept_noise_multiplier=2.0)
+    with pytest.raises(fedjax_dp.errors.ConfigError, match="depends on the learning rate"):
+      sim.with_hparams(kept_noise_multiplier=0.001)
+
+
+def test_a_sweep_refuses_a_cell_before_any_runs():
+  """Found by the audit of 392aef3: with the check at each program's set-up, a sweep
+  ran its first cells before refusing a later one; the grid part needs no data."""
+  from fedjax_dp.sweeps.spec import SweepSpec
+  with registries_restored():
+    mechanisms.register_kept_noise(_calibration("floored", lambda n, lr: 10.0 / max(n, 10)))
+    spec = SweepSpec(base={k: v for k, v in OWN.items() if k != "kept_noise"},
+                     variants=({"kept_noise": "multiplier", "kept_noise_multiplier": 1.0},
+                               {"kept_noise": "floored"}))
+    with pytest.raises(fedjax_dp.errors.ConfigError,
+                       match="sweep cell 'kept_noise=floored.*depends on the client's size"):
+      spec.cells()
+
+
+def test_a_report_std_written_with_jnp_is_a_float():
+  """Found by the audit of 392aef3: a std of jnp arithmetic reached summary.json as an
+  array, and writing it failed after the last round."""
+  kept = mechanisms.KeptNoise("jnp", lambda s, clip: {"c": clip},
+                              lambda hp, s, k, lr, n: jnp.maximum(hp["c"], 0.0))
+  assert type(kept_noise.report_std(kept, {}, 0.5, 10, 0.1, 60)) is float
+
+
+@pytest.mark.parametrize("build", [
+    lambda: fedjax_dp.recipes.topksdp(s_local=0.0, s_global=0.9, topk_kernel="approx"),
+    lambda: fedjax_dp.recipes.topksdp(index_selection="public_topk", final_clip_l2=0.5,
+                                      kept_noise="multiplier", kept_noise_multiplier=1.0)])
+def test_topksdp_recipes_the_audit_found_refused_run(build):
+  """Found by the audit of 392aef3: downlink top-k's kernel was refused as unread by the
+  upload stages, and public_topk's recorder came before downlink top-k, the other
+  way round from the config's recipe."""
+  recipe = build()
+  cfg = recipe.to_config(dataset="digits")
+  assert fedjax_dp.recipes.from_dict(fedjax_dp.recipes.to_dict(recipe)) == \
+      fedjax_dp.recipes.from_config(cfg).replace(name=recipe.name)

@@ -25,7 +25,7 @@ published (pooled standardisation, analyzer-chosen tiers, allocated budgets).
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
-from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.privacy.mechanisms import get_mechanism, kept_noise
 
 from fedjax_dp.stage import COVERED, NOT_COVERED, PUBLIC  # (a stage declares its metrics)
 from fedjax_dp.recipes.flat import kept_noise_of
@@ -63,13 +63,6 @@ def _by_budgets(cfg) -> str:
 
 def _post_processing_under_local(cfg) -> str:
   return COVERED if _reports_privatized(cfg) else NOT_COVERED
-
-
-def _std_of_size(cfg) -> str:
-  """A kept-noise std that depends on the client's size (kept_noise 'paper') quotes
-  the clients' example counts."""
-  kept = kept_noise_of(cfg)
-  return NOT_COVERED if kept is not None and kept.reveals_size else PUBLIC
 
 
 def _analyzer_tiers(cfg) -> str:
@@ -182,17 +175,6 @@ SUMMARY: dict[str, tuple[Status, str]] = {
                                           "given)"),
     "privacy.effective_noise_multiplier": (_analyzer_tiers, "the tiers' composed multiplier, "
                                                            "as privacy.tiers"),
-    "privacy.kept_noise.noise_std.*_over_clients": (
-        _std_of_size, "the kept noise's std: under kept_noise 'paper' 2 lr C / n_i, which gives "
-                      "the largest and smallest client's example count"),
-    "privacy.kept_noise.size_leak.**": (NOT_COVERED, "what the paper's noise reveals of a "
-                                                     "client's size, quoting sizes in the data"),
-    "privacy.kept_noise.not_accounted": (_std_of_size, "the kept noise's caveats (under "
-                                                       "'paper' quoting sizes in the data)"),
-    "privacy.kept_noise.accountant.noise_multiplier": (
-        _std_of_size, "the least-noised round's multiplier (under 'paper' from the largest "
-                      "client's size)"),
-    "privacy.kept_noise.**": (PUBLIC, "the kept noise's set-up and accountant"),
     "privacy.**": (COVERED, "the accountant's figures: the configuration and what the rounds "
                             "released"),
 }
@@ -296,13 +278,22 @@ INFLUENCES: dict[str, tuple[Callable, str]] = {
 }
 
 
+def bundle_rows(cfg) -> dict[str, tuple[str, str]]:
+  """The summary.json paths the run's privacy bundles declare (the mechanism's
+  `releases`; the kept noise's section, kept_noise.releases), looked up before SUMMARY:
+  {path pattern: (status, says)}."""
+  out: dict[str, tuple[str, str]] = {}
+  for pattern, status, says in (*get_mechanism(cfg.dp).releases,
+                                *kept_noise.releases(kept_noise_of(cfg))):
+    out.setdefault(pattern, (status, says))   # the first declaration of a path holds
+  return out
+
+
 # the conditional statuses, in words (the README's table)
 _CONDITIONS = {
     _by_budgets: "covered; not covered with client_budgets 'allocated'",
     _post_processing_under_local: "covered where each client noises its report before it "
                                   "leaves (dp 'local'); else not covered",
-    _std_of_size: "public; not covered where the kept noise's std follows the client's size "
-                  "(kept_noise 'paper')",
     _analyzer_tiers: "public; not covered with tier_source 'analyzer'",
     _seeded: "not covered under noise_seed 'config' (its seed); public under 'secret'",
 }

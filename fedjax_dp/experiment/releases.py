@@ -15,11 +15,11 @@ import os
 import re
 from typing import Iterable
 
-from fedjax_dp.privacy.mechanisms import get_mechanism
+from fedjax_dp.privacy.mechanisms import KEPT_NOISE, MECHANISMS, get_mechanism, kept_noise
 from fedjax_dp.recipes.flat import kept_noise_of
 from fedjax_dp.experiment.release_registry import (  # noqa: F401  (the registry's names, here too)
     _CONDITIONS, COVERED, FIGURES, INFLUENCES, NOT_COVERED, OTHER_FILES, PLOT_FIGURES, PUBLIC,
-    RUN_FILES, SUMMARY, TABLE_COLUMNS, Declared, Status)
+    RUN_FILES, SUMMARY, TABLE_COLUMNS, Declared, Status, bundle_rows)
 
 
 # ------------------------------------------------------------------ lookup
@@ -103,7 +103,7 @@ def declaration(name: str, cfg) -> Declared | None:
   if file == "summary.json":
     if key.startswith("final."):
       return figure(key[len("final."):], cfg)
-    value = _match(key, SUMMARY)
+    value = _match(key, bundle_rows(cfg)) or _match(key, SUMMARY)
     return _declared(value, cfg) if value else None
   return None
 
@@ -304,7 +304,9 @@ def markdown() -> str:
   rows += [(f"`{k}`", s, says) for k, (s, says) in RUN_FILES.items() if not k.endswith(".tmp")]
   rows += [(f"`{k}`", *_plot_row(k)) for k in ("<metric>.png", *PLOT_FIGURES)]
   rows += [("summary.json (besides `final`)", None, None)]
-  rows += [(f"`{k}`", s, says) for k, (s, says) in SUMMARY.items()]
+  rows += [(f"`{k}`", s, says) for k, (s, says) in SUMMARY.items() if k != "privacy.**"]
+  rows += _bundle_rows_text()
+  rows += [("`privacy.**`", *SUMMARY["privacy.**"])]
   rows += [("sweep, audit, attack, compare, profile, account, datasets", None, None)]
   rows += [(f"`{k}`", s, says) for k, (s, says) in OTHER_FILES.items()]
   rows += [(f"`{k}` (sweep and compare tables)", s, says) for k, (s, says)
@@ -317,6 +319,27 @@ def markdown() -> str:
             "apply):", ""]
   lines += [f"* {line.replace('{cohort_overflow}', 'N')}" for _, line in INFLUENCES.values()]
   return "\n".join(lines) + "\n"
+
+
+def _bundle_rows_text() -> list[tuple[str, str, str]]:
+  """The registered privacy bundles' summary.json rows, each path's status by the
+  mechanism or calibration it is under ('not covered under kept_noise 'paper'; public
+  under kept_noise 'multiplier'')."""
+  by_bundle = [(f"dp {m.name!r}", m.releases) for m in MECHANISMS.values()]
+  by_bundle += [(f"kept_noise {k.name!r}", kept_noise.releases(k)) for k in KEPT_NOISE.values()]
+  statuses: dict[str, dict[str, str]] = {}
+  says: dict[str, str] = {}
+  for bundle, rows in by_bundle:
+    for pattern, status, text in rows:
+      statuses.setdefault(pattern, {}).setdefault(bundle, status)
+      says.setdefault(pattern, text)
+  out = []
+  for pattern, of in statuses.items():
+    kinds = {s: [b for b in of if of[b] == s] for s in dict.fromkeys(of.values())}
+    text = (next(iter(kinds)) if len(kinds) == 1 else
+            "; ".join(f"{s} under {' or '.join(bs)}" for s, bs in kinds.items()))
+    out.append((f"`{pattern}`", text, says[pattern]))
+  return out
 
 
 def _plot_row(file: str):

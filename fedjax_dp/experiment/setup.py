@@ -31,9 +31,7 @@ from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.mechanisms import get_mechanism
-from fedjax_dp.recipes.flat import kept_noise_of, noise_clip
-from fedjax_dp.privacy.mechanisms import kept_noise
-from fedjax_dp.core.schedules import learning_rate_schedule
+from fedjax_dp.recipes.flat import kept_noise_of
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -62,21 +60,6 @@ def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
   return partition(ds.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
                    classes_per_client=cfg.classes_per_client,
                    quantity_alpha=cfg.quantity_alpha, seed=data_seed(cfg))
-
-
-def check_kept_noise(cfg: Config, sizes) -> None:
-  """ConfigError (before any round) where the report could not account the kept
-  noise's std over the run's client sizes and learning rates (kept_noise.problem):
-  a registered calibration whose std depends on either other than it declares."""
-  kept, clip = kept_noise_of(cfg), noise_clip(cfg)
-  if kept is None or clip is None:
-    return
-  lr_at = learning_rate_schedule(cfg.lr_schedule, cfg.lr, cfg.lr_min, cfg.rounds)
-  lrs = np.unique(np.asarray(lr_at(np.arange(cfg.rounds)), np.float64))
-  lrs = lrs[np.linspace(0, len(lrs) - 1, min(len(lrs), 256)).astype(int)]   # its range, sampled
-  problem = kept_noise.problem(kept, {k: getattr(cfg, k) for k in kept.reads}, clip, sizes, lrs)
-  if problem:
-    raise ConfigError(problem)
 
 
 def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None,
@@ -122,10 +105,10 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
     x_store, y_store = (np.concatenate([a, b]) for a, b in zip((x_store, y_store), poisoned))
   store = build_store(x_store, y_store, parts, pad_to_multiple=cfg.batch_size,
                       y_dtype=task.target_dtype)
-  check_kept_noise(cfg, [len(p) for p in parts])
   tiers, analysis, budgets = _tiers_and_budgets(cfg, ds, parts)
   mesh = mesh or make_mesh(cfg.devices)   # (its one-line error before the plan's)
-  sim = build_simulation(plan_run(cfg, model, tiers, budgets, calibrated), model, store, mesh,
+  plan = plan_run(cfg, model, tiers, budgets, calibrated, client_sizes=[len(p) for p in parts])
+  sim = build_simulation(plan, model, store, mesh,
                          task=task,
                          poisoned_offset=None if poisoned is None else len(ds.x_train))
   test_data = batch_for_eval(ds.x_test, ds.y_test, cfg.eval_batch_size, task.target_dtype)

@@ -98,12 +98,14 @@ def topksdp(s_local: float = 0.9, s_global: float = 0.9, mu1: float = 0.01, mu2:
   (index_selection, error_feedback, topk_kernel, coordinate_clip,
   update_clip_l2, final_clip_l2, kept_noise ('paper' or 'multiplier'),
   kept_noise_multiplier, kept_noise_draw, ldp_epsilon, ldp_delta)."""
+  # (topk_kernel is the downlink's too: the uploads read it only with s_local > 0)
+  uploads = {k: v for k, v in upload_keys.items() if k != "topk_kernel" or s_local > 0}
   parts = [st.term("contrastive", **_contrastive_keys(mu1, mu2, radius, tau, form)),
-           st.sgd(server_lr), *st.upload(s_local=s_local, **upload_keys)]
+           st.sgd(server_lr), *st.upload(s_local=s_local, **uploads)]
+  if s_global > 0:   # (the server stages in from_config's order)
+    parts.append(st.downlink_topk(s_global, upload_keys.get("topk_kernel", "exact")))
   if upload_keys.get("index_selection") == "public_topk":
     parts.append(st.public_update())
-  if s_global > 0:
-    parts.append(st.downlink_topk(s_global, upload_keys.get("topk_kernel", "exact")))
   if shuffle:
     parts.append(st.shuffle("layerwise"))
   return compose("topksdp", *parts, algorithm="topksdp")

@@ -117,7 +117,13 @@ def _check_kept_noise(cfg: Config, raw: dict[str, Any]) -> None:
   if kept.papers_chain and cfg.ldp_epsilon is None:
     raise ConfigError(f"config key 'kept_noise' = {kept.name!r}: needs ldp_epsilon (the "
                       "per-round client budget of the paper's calibration)")
-  problem = kept.check(flat._take(cfg, kept.reads)) if kept.check is not None else None
+  settings = flat._take(cfg, kept.reads)
+  try:
+    kept.numbers(settings, 1.0)
+  except KeyError as e:
+    raise ConfigError(f"kept_noise {kept.name!r}: its numbers() read setting {e}, which is not "
+                      f"of its reads {kept.reads}") from None
+  problem = kept.check(settings) if kept.check is not None else None
   if problem:
     raise ConfigError(problem)
   # (the std's dependence on the client's size and the learning rate is checked once

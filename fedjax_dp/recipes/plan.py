@@ -27,6 +27,7 @@ from fedjax_dp.privacy.setup import Privacy
 from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.recipes.base import Recipe
 from fedjax_dp.recipes.flat import from_config
+from fedjax_dp.recipes.kept_noise_check import check_kept_noise, model_size
 from fedjax_dp.recipes.privacy import make_privacy
 from fedjax_dp.recipes.setup import RunSetup, run_setup
 
@@ -40,18 +41,22 @@ class RunPlan(NamedTuple):
   feature_tiers: Any = None    # [features]: the data's sensitivity tiers (clip_parts 'tiers')
   client_budgets: Any = None   # [num_clients]: per-client target epsilons, as given
   calibrated: float | None = None   # a noise multiplier already calibrated (make_privacy)
+  client_sizes: Any = None     # [num_clients] the clients' example counts, where known
 
 
 def plan_run(cfg: Config, model, feature_tiers=None, client_budgets=None,
-             calibrated: float | None = None) -> RunPlan:
+             calibrated: float | None = None, client_sizes=None) -> RunPlan:
   """The plan of `cfg` for `model` (models.Model: the privacy set-up's layout reads
   its parameters). `client_budgets` [num_clients]: per-client target epsilons
-  (local DP); `calibrated`: see make_privacy."""
+  (local DP); `calibrated`: see make_privacy; `client_sizes`: the clients' example
+  counts, against which the kept noise is checked (kept_noise_check)."""
+  if client_sizes is not None:
+    check_kept_noise(cfg, client_sizes, model_size(model))
   privacy = _privacy(cfg, model, feature_tiers, calibrated, client_budgets)
   recipe = from_config(cfg)
   return RunPlan(cfg, recipe, run_setup(cfg), privacy,
                  hparams_lib.round_hparams(cfg, privacy, recipe), feature_tiers,
-                 client_budgets, calibrated)
+                 client_budgets, calibrated, client_sizes)
 
 
 def reseeded(plan: RunPlan, seed: int) -> RunPlan:
@@ -70,6 +75,8 @@ def replan(plan: RunPlan, overrides: dict, model, cache: dict | None = None) -> 
   of the privacy set-up's structure, a key this round never reads. `cache`: make_privacy
   results by (settings, calibration), kept by the caller."""
   cfg, privacy = _settings_and_privacy(plan, overrides, model, cache)
+  if plan.client_sizes is not None:   # new numbers, lr or clips may reach the kept noise's std
+    check_kept_noise(cfg, plan.client_sizes, model_size(model))
   recipe = from_config(cfg)
   return plan._replace(cfg=cfg, recipe=recipe, setup=run_setup(cfg), privacy=privacy,
                        hparams=hparams_lib.round_hparams(cfg, privacy, recipe))

@@ -36,6 +36,7 @@ import yaml
 from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.recipes.config_checks import load_config, make_config
+from fedjax_dp.recipes.kept_noise_check import check_kept_noise
 
 SWEEP_KEYS = ("base", "config", "seeds", "grid", "variants", "replica_batch")
 
@@ -81,6 +82,7 @@ class SweepSpec:
       pinned = {"data_seed": self._base_seeds()[1]} if "data_seed" not in values else {}
       try:
         cfg = make_config({**self.base, **pinned, **values})
+        check_kept_noise(cfg)   # on its grid: before any cell runs (its sizes: at its set-up)
       except ConfigError as e:
         raise ConfigError(f"sweep cell {name!r}: {e}") from None
       if cfg in seen:

@@ -126,6 +126,10 @@ class Mechanism(NamedTuple):
   init_state: Callable | None = None  # (num_clients, clip_norm) -> its state slot
                                       # (None: initial_state's PrivacyState)
   recipe_prefix: str = ""           # of the recipe's name (dp_fedavg, ldp_fedavg)
+  releases: tuple = ()              # ((summary.json path, status, says), ...): what its report
+                                    # lines publish that is not the accountant's figures
+                                    # (privacy.** is covered otherwise; statuses of
+                                    # fedjax_dp/stage.py), looked up first for its runs
 
 
 def initial_state(mechanism: Mechanism | None, num_clients: int, clip_norm: float):

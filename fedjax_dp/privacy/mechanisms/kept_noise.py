@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 
 from fedjax_dp.compression import pipeline
+from fedjax_dp.stage import NOT_COVERED, PUBLIC
 
 class KeptNoise(NamedTuple):
   """A calibration of the noise on the kept coordinates: its std, one function the
@@ -51,6 +52,8 @@ class KeptNoise(NamedTuple):
   reads: tuple = ("ldp_delta",)  # the config keys of its settings, of SETTINGS (ldp_delta:
                                  # the delta of its guarantee); another set away from its
                                  # default is refused as read by nothing
+  releases: tuple = ()         # ((summary.json path, status, says), ...) its report adds,
+                               # looked up before the section's own (`releases` below)
 
 
 # the config keys a calibration may read, and those of them a sweep changes as data
@@ -94,8 +97,30 @@ def client_stage(kept: KeptNoise, settings: dict[str, Any], clip: float | None,
 
 def report_std(kept: KeptNoise, settings: dict[str, Any], clip: float, k: int, lr: float,
                n: int) -> float:
-  """The std of a client of n examples at learning rate lr, as the report quotes it."""
-  return kept.std(kept.numbers(settings, clip), _fixed(settings), k, lr, n)
+  """The std of a client of n examples at learning rate lr, as the report quotes it
+  (a float, whatever arithmetic std uses)."""
+  return float(kept.std(kept.numbers(settings, clip), _fixed(settings), k, lr, n))
+
+
+def releases(kept: KeptNoise | None) -> tuple[tuple[str, str, str], ...]:
+  """What the report's kept-noise section (summary.json privacy.kept_noise) publishes,
+  each path with its status under `kept` (None: no kept noise, declared as the most
+  revealing calibration would be): the calibration's own rows first."""
+  size = NOT_COVERED if kept is None or kept.reveals_size else PUBLIC
+  return (*(kept.releases if kept is not None else ()),
+          ("privacy.kept_noise.noise_std.*_over_clients", size,
+           "the kept noise's std, smallest and largest over the clients (where it follows the "
+           "client's size, 2 lr C / n_i under 'paper', it gives the largest and smallest "
+           "client's example count)"),
+          ("privacy.kept_noise.size_leak.**", NOT_COVERED,
+           "what a std that follows the client's size reveals of it, quoting sizes in the data"),
+          ("privacy.kept_noise.not_accounted", size,
+           "the kept noise's caveats (where its std follows the client's size, quoting sizes "
+           "in the data)"),
+          ("privacy.kept_noise.accountant.noise_multiplier", size,
+           "the least-noised round's multiplier (where the std follows the client's size, "
+           "from the largest client's)"),
+          ("privacy.kept_noise.**", PUBLIC, "the kept noise's set-up and accountant"))
 
 
 # ------------------------------------------------------------------ the bundles
@@ -133,34 +158,35 @@ _GRID_SIZES = tuple(int(round(10 ** (e / 4))) for e in range(25))   # 1 .. 10^6
 _GRID_LRS = tuple(10.0 ** (e / 2) for e in range(-12, 3))          # 1e-6 .. 10
 
 
-def problem(kept: KeptNoise, settings: dict[str, Any], clip: float, sizes, lrs) -> str | None:
+def problem(kept: KeptNoise, settings: dict[str, Any], clip: float, sizes, lrs,
+            k: int = 32) -> str | None:
   """Why the report could not account `kept` in this run, in one line, or None.
 
   The report takes a std that depends on the client's size n as proportional to
   1 / n (size_leak; reveals_size), one that depends on the learning rate as
   proportional to it (follows_lr), and quotes the least-noised client's epsilon.
   Probed where it matters: the run's client sizes `sizes` with each one's
-  neighbours n - 1 and n + 1 (a neighbouring dataset's), and the learning rates
-  `lrs` its rounds run at, each against a log grid (n up to 10^6, lr 1e-6 to 10)."""
+  neighbours n - 1 and n + 1 (a neighbouring dataset's), the learning rates `lrs`
+  its rounds run at, and its kept count k, each beside a log grid (n up to 10^6,
+  lr 1e-6 to 10)."""
   sizes = sorted({int(m) for n in sizes for m in (n - 1, n, n + 1) if m >= 1} | set(_GRID_SIZES))
   lrs = sorted({float(x) for x in lrs if x > 0} | set(_GRID_LRS))
   probe_sizes = sorted({sizes[0], sizes[-1], *_GRID_SIZES[::4]})
 
   def std(n, lr):
-    return float(report_std(kept, settings, clip, 32, lr, float(n)))
+    return float(report_std(kept, settings, clip, k, lr, float(n)))
   base = lrs[len(lrs) // 2]
   try:
-    std(1, base)
+    return (_dependence(kept, "n", [std(n, base) for n in sizes], sizes)
+            or next((p for n in probe_sizes
+                     if (p := _dependence(kept, "lr", [std(n, lr) for lr in lrs], lrs))), None)
+            or next((p for lr in lrs
+                     if (p := _dependence(kept, "n", [std(n, lr) for n in probe_sizes],
+                                          probe_sizes))), None))
   except KeyError as e:   # a setting std may not see (DATA_SETTINGS), or one not in reads
     return (f"kept_noise {kept.name!r}: its std reads setting {e}, which it is not given "
             f"(it sees those of reads {kept.reads} but {', '.join(DATA_SETTINGS)}; a number a "
             "sweep changes reaches std through numbers())")
-  return (_dependence(kept, "n", [std(n, base) for n in sizes], sizes)
-          or next((p for n in probe_sizes
-                   if (p := _dependence(kept, "lr", [std(n, lr) for lr in lrs], lrs))), None)
-          or next((p for lr in lrs
-                   if (p := _dependence(kept, "n", [std(n, lr) for n in probe_sizes],
-                                        probe_sizes))), None))
 
 
 def _dependence(kept: KeptNoise, on: str, values: list[float], at: list[float]) -> str | None:
