@@ -25,6 +25,9 @@ class Key:
     whichever stage fills the slot (the mechanism, its planner, adaptive clipping,
     budgets, the server optimizer, the shuffler). A key that feeds nothing is the
     set-up's (data, population, local training, execution; recipes.SETUP_KEYS).
+  data: its value is data to the compiled round (recipes/hparams.numeric_keys: a sweep
+    or with_hparams changes it without recompiling); a term's or rule's number is
+    data by its feed.
   section: the reference's section (set by `section`).
   """
   name: str
@@ -39,6 +42,7 @@ class Key:
   limit: str = ""
   allowed: str = ""
   feeds: tuple[str, ...] = ()
+  data: bool = False
   section: str = ""
 
   @property

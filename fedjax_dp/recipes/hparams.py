@@ -62,14 +62,7 @@ class StructureChange(ConfigError):
 
 # Config keys whose values are data: changing one of them (hparams_for) reuses
 # the compiled round. Everything else in the config is structure.
-NUMERIC_KEYS = ("lr", "lr_min", "momentum", "server_lr", "server_momentum", "clip_norm",
-                "noise_multiplier", "target_epsilon", "delta", "target_quantile", "clip_lr",
-                "clip_count_stddev", "convergence_beta", "convergence_lambda", "noise_ema",
-                "tier_noise_multipliers",
-                # the upload stages' (compression/pipeline.py)
-                "coordinate_clip", "update_clip_l2", "final_clip_l2", "kept_noise_multiplier",
-                # the audit's canaries (adversary/audit.py)
-                "audit_canary_scale") + tuple(
+NUMERIC_KEYS = tuple(k.name for k in KEYS if k.data) + tuple(
     # the local terms' and the aggregation rules' numbers: each key that feeds a
     # constructor argument with a number (its row in config/keys.py); a string fed
     # (contrastive's form, FedADMM's upload) is structure
