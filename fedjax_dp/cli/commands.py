@@ -45,8 +45,10 @@ def _run(args) -> int:
   final = summary["final"]
   out = os.path.abspath(args.out)
   if summary.get("diverged"):
-    from fedjax_dp.experiment import divergence
-    print(f"error: {divergence.message(summary['diverged'], out)}", file=sys.stderr)
+    from fedjax_dp.experiment import divergence, noise_note
+    ratio = noise_note.mean_update_ratio(cfg, summary["privacy"].get("noise_multiplier"))
+    print(f"error: {divergence.message(summary['diverged'], out, divergence.advice(ratio))}",
+          file=sys.stderr)
     return divergence.DIVERGED
   if final:
     print(final_line(final, summary["privacy"]))

@@ -59,6 +59,7 @@ from fedjax_dp.experiment.loop import (  # noqa: F401  (the protocol, public her
     chunk_ends, client_order, end_run, eval_due, fresh_diagnostics, run_loop, start_run,
     unfinished)
 from fedjax_dp.core.state import ATTRIBUTE_METRICS
+from fedjax_dp.experiment import noise_note
 
 
 # ---------------------------------------------------------------------------- the defaults
@@ -139,7 +140,8 @@ def divergence() -> Callback:
       warn(ctx, "train", f"the training loss was not finite before round {row['round']} while "
            "the global model stayed finite: a client's local training diverged (under DP "
            "or a robust rule its upload is dropped)")
-    growth = div.loss_growth(ctx.rows, initial[0] if initial else None)
+    growth = div.loss_growth(ctx.rows, initial[0] if initial else None, div.advice(
+        noise_note.mean_update_ratio(ctx.cfg, ctx.sim.noise_multiplier)))
     if growth:
       warn(ctx, "growth", growth)
     return False

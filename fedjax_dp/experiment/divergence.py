@@ -65,16 +65,31 @@ def report(round_: int, what: str, rows: list[dict]) -> dict:
                           if last else None)}
 
 
-def message(diverged: dict, out: str) -> str:
-  """The one line `fedjax-dp run` prints for a diverged run."""
+PLAIN_ADVICE = "try a lower lr, or clip the updates"
+
+
+def advice(noise_ratio: float | None) -> str:
+  """What to try for a diverging run: under DP (noise_ratio: the noise's std on the mean
+  update over the clip norm, noise.mean_update_ratio) the noise comes first, since the
+  updates are already clipped."""
+  if noise_ratio is None:
+    return PLAIN_ADVICE
+  return (f"under DP the noise is the likely cause, std {noise_ratio:.3g} x clip_norm on the "
+          "mean update each round: more clients per round, a larger target_epsilon or fewer "
+          "rounds lower it; else a lower lr")
+
+
+def message(diverged: dict, out: str, advised: str = PLAIN_ADVICE) -> str:
+  """The one line `fedjax-dp run` prints for a diverged run (`advised`: advice())."""
   last = diverged["last_finite"]
   shown = _shown(last) if last else "none (the first evaluation was not finite)"
   return (f"the run diverged at round {diverged['round']}: {diverged['what']}; last finite "
-          f"evaluation: {shown}; outputs up to round {diverged['round']} are in {out} (try a "
-          "lower lr, or clip the updates)")
+          f"evaluation: {shown}; outputs up to round {diverged['round']} are in {out} "
+          f"({advised})")
 
 
-def loss_growth(rows: list[dict], initial: float | None = None) -> str | None:
+def loss_growth(rows: list[dict], initial: float | None = None,
+                advised: str = PLAIN_ADVICE) -> str | None:
   """A warning when the newest row's loss (train, else test) is LOSS_GROWTH times the
   lowest before it: the rows before it, and `initial`, the untrained model's test
   loss (a loss that was absurd from the first evaluation), else None."""
@@ -89,5 +104,5 @@ def loss_growth(rows: list[dict], initial: float | None = None) -> str | None:
   if low > 0 and now >= LOSS_GROWTH * low:
     return (f"{key.replace('_', ' ')} {now:.4g} at round {rows[-1]['round']} is "
             f"{now / low:.3g}x its lowest ({low:.4g}, {at}): the run may be diverging "
-            "(try a lower lr, or clip the updates)")
+            f"({advised})")
   return None
