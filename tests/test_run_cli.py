@@ -532,3 +532,19 @@ def test_teardown_after_a_ctrl_c_prints_nothing_until_the_run_has_ended():
   for told in (before, after):
     assert "never awaited" in told and "Exception ignored" in told, proc.stderr
   assert during.strip() == "", proc.stderr
+
+
+def test_a_ctrl_c_before_anything_was_written_says_run_it_again(tmp_path):
+  """The first-hour review's finding 5: a Ctrl-C in the first seconds advised a
+  `--resume` that then failed (no config.json): it says to run the command again."""
+  from fedjax_dp.cli import commands
+  out = str(tmp_path / "early")
+  commands._INTERRUPTED_RUN[:] = [(out, 0)]
+  try:
+    assert commands.interrupted_line() == (f"interrupted before anything was written to {out}: "
+                                           "run the same command again")
+    os.makedirs(out)
+    open(os.path.join(out, "config.json"), "w").write("{}")
+    assert commands.interrupted_line().endswith("starts over from round 0")
+  finally:
+    commands._INTERRUPTED_RUN.clear()

@@ -73,6 +73,8 @@ def interrupted_line() -> str:
     return (f"interrupted; `{_INTERRUPTED_RUN[0][1]}` keeps the finished cells and continues "
             "the others")
   out, every = _INTERRUPTED_RUN[0]
+  if not os.path.isfile(os.path.join(out, "config.json")):   # --resume would find no run
+    return f"interrupted before anything was written to {out}: run the same command again"
   done = steps(os.path.join(out, "checkpoints")) if os.path.isdir(out) else []
   command = f"fedjax-dp run --resume --out {shlex.quote(out)}"
   if done:
