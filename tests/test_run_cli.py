@@ -548,3 +548,20 @@ def test_a_ctrl_c_before_anything_was_written_says_run_it_again(tmp_path):
     assert commands.interrupted_line().endswith("starts over from round 0")
   finally:
     commands._INTERRUPTED_RUN.clear()
+
+
+def test_resume_with_overwrite_is_refused_in_one_line(tmp_path, capsys):
+  """The first-hour review's finding 12: `--resume --overwrite` ran again from round 0,
+  --overwrite silently ignored. Refused (exit 2) through the CLI and the API, the
+  folder untouched."""
+  import fedjax_dp
+  out = str(tmp_path / "mine")
+  os.makedirs(out)
+  open(os.path.join(out, "config.json"), "w").write("{}")
+  assert main(["run", "--resume", "--overwrite", "--out", out]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (f"error: --resume with --overwrite: give one (--resume continues the run in "
+                 f"{out}, --overwrite replaces it)")
+  with pytest.raises(fedjax_dp.errors.RunError, match="--resume with --overwrite: give one"):
+    fedjax_dp.run("fedavg", out=out, resume=True, overwrite=True, progress=False)
+  assert os.listdir(out) == ["config.json"]

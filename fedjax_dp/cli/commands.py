@@ -18,6 +18,9 @@ def _run(args) -> int:
   if args.out is None and (args.resume or not args.print_config):
     raise RunError("fedjax-dp run: --out is required (the run's folder; with --resume, the "
                    "run to continue)")
+  if args.resume and args.overwrite:   # one would be ignored
+    raise RunError(f"--resume with --overwrite: give one (--resume continues the run in "
+                   f"{args.out}, --overwrite replaces it)")
   if args.resume and not args.config:
     cfg_path = os.path.join(args.out, "config.json")
     if not os.path.exists(cfg_path):

@@ -92,6 +92,9 @@ def prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
   """Checks the output folder, then (unless check_only) clears or creates it; never
   loses an existing run's results."""
   cfg_path = os.path.join(out, "config.json")
+  if resume and overwrite:   # one would be ignored
+    raise RunError(f"--resume with --overwrite: give one (--resume continues the run in {out}, "
+                   "--overwrite replaces it)")
   if os.path.exists(out) and not os.path.isdir(out):
     raise RunError(f"output folder {out} is a file: name a folder")
   parent = os.path.dirname(os.path.abspath(out))
