@@ -16,6 +16,7 @@ from scipy import stats
 
 import fedjax_dp
 import fedjax_dp.errors
+from fedjax_dp.models import Model
 from fedjax_dp.cli import main
 from fedjax_dp.compression import pipeline as pl
 from fedjax_dp.privacy import mechanisms
@@ -365,7 +366,8 @@ def test_the_probe_uses_the_runs_kept_count():
     cfg = fedjax_dp.make_config({**OWN, "kept_noise": "bigk", "s_local": 0.5})
     check_kept_noise(cfg, [60] * 10)   # at k = 32 it looks constant
     with pytest.raises(fedjax_dp.errors.ConfigError, match="depends on the learning rate"):
-      check_kept_noise(cfg, [60] * 10, num_params=40_000)
+      check_kept_noise(cfg, [60] * 10, model=Model(lambda key: {"w": jnp.zeros(40_000)},
+                                                   lambda params, x: x, "flat"))
 
 
 def test_with_hparams_checks_the_new_numbers_against_the_report():

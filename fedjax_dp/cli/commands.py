@@ -12,15 +12,13 @@ def _run(args) -> int:
   from fedjax_dp.config import parse_set
   from fedjax_dp.recipes.config_checks import load_config, make_config
   from fedjax_dp.errors import RunError
-  from fedjax_dp.experiment.run_folder import saved_config
+  from fedjax_dp.experiment.run_folder import check_resume_or_overwrite, saved_config
   from fedjax_dp.experiment.runner import run_experiment
 
   if args.out is None and (args.resume or not args.print_config):
     raise RunError("fedjax-dp run: --out is required (the run's folder; with --resume, the "
                    "run to continue)")
-  if args.resume and args.overwrite:   # one would be ignored
-    raise RunError(f"--resume with --overwrite: give one (--resume continues the run in "
-                   f"{args.out}, --overwrite replaces it)")
+  check_resume_or_overwrite(args.out, args.resume, args.overwrite)   # before --resume reads
   if args.resume and not args.config:
     cfg_path = os.path.join(args.out, "config.json")
     if not os.path.exists(cfg_path):

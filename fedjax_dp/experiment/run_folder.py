@@ -87,14 +87,19 @@ def _protected_folders() -> set[str]:
   return out
 
 
+def check_resume_or_overwrite(out: str, resume: bool, overwrite: bool) -> None:
+  """RunError where both are given: one would be ignored."""
+  if resume and overwrite:
+    raise RunError(f"--resume with --overwrite: give one (--resume continues the run in {out}, "
+                   "--overwrite replaces it)")
+
+
 def prepare_out(out: str, cfg: Config, resume: bool, overwrite: bool,
                  check_only: bool = False) -> Config:
   """Checks the output folder, then (unless check_only) clears or creates it; never
   loses an existing run's results."""
   cfg_path = os.path.join(out, "config.json")
-  if resume and overwrite:   # one would be ignored
-    raise RunError(f"--resume with --overwrite: give one (--resume continues the run in {out}, "
-                   "--overwrite replaces it)")
+  check_resume_or_overwrite(out, resume, overwrite)
   if os.path.exists(out) and not os.path.isdir(out):
     raise RunError(f"output folder {out} is a file: name a folder")
   parent = os.path.dirname(os.path.abspath(out))

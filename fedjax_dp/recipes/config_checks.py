@@ -18,6 +18,7 @@ from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, _coerce, parse_c
 from fedjax_dp.data import DATASETS, TABULAR
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
+from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.recipes import flat
 from fedjax_dp.recipes.plugins import load_plugins
 from fedjax_dp.adversary import attacks
@@ -117,7 +118,7 @@ def _check_kept_noise(cfg: Config, raw: dict[str, Any]) -> None:
   if kept.papers_chain and cfg.ldp_epsilon is None:
     raise ConfigError(f"config key 'kept_noise' = {kept.name!r}: needs ldp_epsilon (the "
                       "per-round client budget of the paper's calibration)")
-  settings = flat._take(cfg, kept.reads)
+  settings = flat.kept_noise_settings(cfg, kept)
   try:
     kept.numbers(settings, 1.0)
   except KeyError as e:
@@ -248,7 +249,7 @@ def read_condition(key: str) -> str | None:
     return "adaptive_clipping true"
   if key in flat.KEPT_NOISE_KEYS:
     names = [n for n, k in mechanisms.KEPT_NOISE.items()
-             if key in k.reads or key in ("kept_noise", "kept_noise_draw")]
+             if key in k.reads or key in kept_noise.STAGE_KEYS]
     return "kept_noise " + " or ".join(repr(n) for n in names)
   if key in flat.stage_keys("upload", "topk"):
     return "s_local > 0 (top-k uploads)"

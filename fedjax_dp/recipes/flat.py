@@ -129,8 +129,12 @@ def upload_choices(cfg) -> tuple[Choice, ...]:
 def _kept_noise_keys(kept) -> tuple[str, ...]:
   """The keys the kept-noise stage stands for: the switch, who draws, and those its
   calibration reads (another is read by nothing, and refused so)."""
-  return tuple(k for k in KEPT_NOISE_KEYS
-               if k in ("kept_noise", "kept_noise_draw") or k in kept.reads)
+  return tuple(k for k in KEPT_NOISE_KEYS if k in kept_noise.STAGE_KEYS or k in kept.reads)
+
+
+def kept_noise_settings(cfg, kept) -> dict[str, Any]:
+  """{config key: cfg's value} of the keys calibration `kept` reads (its settings)."""
+  return _take(cfg, kept.reads)
 
 
 def _upload_stages(cfg, draw: str) -> list:
@@ -150,7 +154,7 @@ def _upload_stages(cfg, draw: str) -> list:
     stages.append(pipeline.clip_sent(**_arguments(cfg, "upload", "clip_sent")))
   kept = kept_noise_of(cfg)
   if kept is not None:
-    stages.append(kept_noise.client_stage(kept, _take(cfg, kept.reads), noise_clip(cfg),
+    stages.append(kept_noise.client_stage(kept, kept_noise_settings(cfg, kept), noise_clip(cfg),
                                           cfg.s_local, draw))
   return stages
 

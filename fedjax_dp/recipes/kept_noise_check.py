@@ -14,24 +14,25 @@ import numpy as np
 from fedjax_dp.compression.pipeline import keep_count
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy.mechanisms import kept_noise
-from fedjax_dp.recipes.flat import kept_noise_of, noise_clip
+from fedjax_dp.recipes.flat import kept_noise_of, kept_noise_settings, noise_clip
 
 _GRID_K = 32   # a kept count probed besides the run's
 
 
-def check_kept_noise(cfg, sizes: Sequence[int] = (), num_params: int | None = None) -> None:
+def check_kept_noise(cfg, sizes: Sequence[int] = (), model=None) -> None:
   """ConfigError (one line) where the report could not account the run's kept-noise
   std: a calibration whose std depends on the client's size or the learning rate
   other than it declares. `sizes`: the clients' example counts (none: the grid
-  alone, as a sweep checks its cells before reading data); `num_params`: the
-  model's size, which gives the run's kept count k."""
+  alone, as a sweep checks its cells before reading data); `model` (models.Model):
+  its size gives the run's kept count k."""
   kept, clip = kept_noise_of(cfg), noise_clip(cfg)
   if kept is None or clip is None:   # (no clip: validate refuses it, naming the clips)
     return
   ks = {_GRID_K}
-  if num_params:
-    ks.add(keep_count(num_params, cfg.s_local) if cfg.s_local > 0 else num_params)
-  settings = {key: getattr(cfg, key) for key in kept.reads}
+  if model is not None:
+    d = _model_size(model)
+    ks.add(keep_count(d, cfg.s_local) if cfg.s_local > 0 else d)
+  settings = kept_noise_settings(cfg, kept)
   for k in sorted(ks):
     problem = kept_noise.problem(kept, settings, clip, sizes, schedule_lrs(cfg), k)
     if problem:
@@ -49,7 +50,7 @@ def schedule_lrs(cfg, most: int = 256) -> np.ndarray:
   return lrs[np.linspace(0, len(lrs) - 1, min(len(lrs), most)).astype(int)]
 
 
-def model_size(model) -> int:
+def _model_size(model) -> int:
   """The number of the model's parameters, from their shapes (nothing computed)."""
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))

@@ -27,7 +27,7 @@ from fedjax_dp.privacy.setup import Privacy
 from fedjax_dp.recipes import hparams as hparams_lib
 from fedjax_dp.recipes.base import Recipe
 from fedjax_dp.recipes.flat import from_config
-from fedjax_dp.recipes.kept_noise_check import check_kept_noise, model_size
+from fedjax_dp.recipes.kept_noise_check import check_kept_noise
 from fedjax_dp.recipes.privacy import make_privacy
 from fedjax_dp.recipes.setup import RunSetup, run_setup
 
@@ -51,7 +51,7 @@ def plan_run(cfg: Config, model, feature_tiers=None, client_budgets=None,
   (local DP); `calibrated`: see make_privacy; `client_sizes`: the clients' example
   counts, against which the kept noise is checked (kept_noise_check)."""
   if client_sizes is not None:
-    check_kept_noise(cfg, client_sizes, model_size(model))
+    check_kept_noise(cfg, client_sizes, model)
   privacy = _privacy(cfg, model, feature_tiers, calibrated, client_budgets)
   recipe = from_config(cfg)
   return RunPlan(cfg, recipe, run_setup(cfg), privacy,
@@ -76,7 +76,7 @@ def replan(plan: RunPlan, overrides: dict, model, cache: dict | None = None) -> 
   results by (settings, calibration), kept by the caller."""
   cfg, privacy = _settings_and_privacy(plan, overrides, model, cache)
   if plan.client_sizes is not None:   # new numbers, lr or clips may reach the kept noise's std
-    check_kept_noise(cfg, plan.client_sizes, model_size(model))
+    check_kept_noise(cfg, plan.client_sizes, model)
   recipe = from_config(cfg)
   return plan._replace(cfg=cfg, recipe=recipe, setup=run_setup(cfg), privacy=privacy,
                        hparams=hparams_lib.round_hparams(cfg, privacy, recipe))

@@ -32,7 +32,7 @@ from fedjax_dp.core.schedules import learning_rate_schedule
 from fedjax_dp.privacy import accounting, amplification
 from fedjax_dp.compression.pipeline import keep_count
 from fedjax_dp.privacy.mechanisms import kept_noise
-from fedjax_dp.recipes.flat import kept_noise_draw, kept_noise_of, noise_clip
+from fedjax_dp.recipes.flat import kept_noise_draw, kept_noise_of, kept_noise_settings, noise_clip
 
 
 def _checked(b: amplification.Bound) -> dict:
@@ -194,7 +194,7 @@ def topksdp_report(cfg, d: int, rounds: int, client_sizes,
   clip = noise_clip(cfg)
   # the std each round, relative to round 0's: the paper's calibration scales with
   # that round's learning rate (a cosine schedule shrinks the noise round by round)
-  settings = {key: getattr(cfg, key) for key in kept.reads}
+  settings = kept_noise_settings(cfg, kept)
   # every client size's std at round 0's lr (kept_noise.problem holds a calibration to
   # a std constant in n or proportional to 1 / n)
   stds = [kept_noise.report_std(kept, settings, clip, k, cfg.lr, n)

@@ -26,6 +26,7 @@ from typing import Any, Callable, NamedTuple
 import jax.numpy as jnp
 
 from fedjax_dp.compression import pipeline
+from fedjax_dp.config.keys import KEYS
 from fedjax_dp.stage import NOT_COVERED, PUBLIC
 
 class KeptNoise(NamedTuple):
@@ -56,11 +57,15 @@ class KeptNoise(NamedTuple):
                                # looked up before the section's own (`releases` below)
 
 
-# the config keys a calibration may read, and those of them a sweep changes as data
-# (recipes/hparams.NUMERIC_KEYS): `numbers` reads those; `std` never sees them, so that
-# the round (which receives the numbers as data) and the report cannot disagree
-SETTINGS = ("kept_noise_multiplier", "ldp_epsilon", "ldp_delta")
-DATA_SETTINGS = ("kept_noise_multiplier",)
+# the config keys of the kept-noise stage (config/keys.py rows that feed
+# upload:gaussian_on_kept): its switch and who draws; the settings a calibration may
+# read; and those of them a sweep changes as data (data=True): `numbers` reads those,
+# `std` never sees them, so that the round (which receives the numbers as data) and
+# the report cannot disagree
+STAGE_KEYS = ("kept_noise", "kept_noise_draw")
+SETTINGS = tuple(k.name for k in KEYS
+                 if "upload:gaussian_on_kept" in k.feeds and k.name not in STAGE_KEYS)
+DATA_SETTINGS = tuple(k.name for k in KEYS if k.name in SETTINGS and k.data)
 
 
 def _fixed(settings: dict[str, Any]) -> dict[str, Any]:
