@@ -381,7 +381,10 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   test_mode = cli("--set", *keys, "--canaries", "20", "--bootstrap", "50", "--undercharge",
                   "0.5", "--out", str(tmp_path / "f"), "--no-progress")
   assert test_mode.returncode == 0, test_mode.stderr
-  assert test_mode.stdout.startswith("TEST MODE: the rounds applied 0.5 times the noise")
+  # said before anything else (the noise line after it gives the charged multiplier),
+  # and again in the report
+  assert test_mode.stdout.startswith("TEST MODE: the rounds apply 0.5 times the noise")
+  assert "\nTEST MODE: the rounds applied 0.5 times the noise" in test_mode.stdout
   assert "undercharged_test_mode" in json.loads((tmp_path / "f" / "audit.json").read_text())
   both = cli("--set", *keys, "--runs", "40", "--canaries", "20", "--out", str(tmp_path / "g"))
   assert both.returncode == 2 and "--canaries with --runs" in both.stderr

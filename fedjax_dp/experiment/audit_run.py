@@ -79,6 +79,14 @@ def _audit_values(config, undercharge: float | None) -> dict:
   return values
 
 
+def _say_test_mode(undercharge: float | None, log) -> None:
+  """The test mode said before anything else (the noise line that follows gives the
+  multiplier the accountant charges, not the one the rounds apply)."""
+  if undercharge is not None:
+    log(f"TEST MODE: the rounds apply {undercharge} times the noise the accountant charges "
+        "(the noise multiplier below is the charged one); no guarantee")
+
+
 def _test_mode(undercharge: float | None) -> dict:
   return ({"undercharged_test_mode": f"the rounds applied {undercharge} times the noise the "
                                      "accountant charged"} if undercharge else {})
@@ -134,6 +142,7 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   cfg = make_config({**values, "audit_canaries": canaries})
   observer, seen = _observer(cfg, canaries, held_out, all_iterates)
   callbacks = [observer] + ([] if undercharge is None else [_undercharge(undercharge, seen)])
+  _say_test_mode(undercharge, log)
   run_experiment(cfg, out, log=log, progress=progress, callbacks=callbacks)
   change = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), load_params(out),
                         seen["theta0"])
@@ -218,6 +227,7 @@ def audit_runs(config, *, out: str, runs: int, bootstrap: int = 1000,
   other = neighbour_scale(base)
   scales = np.where(inserted, 1.0, other)
   cfg = make_config({"audit_canary_scale": float(scales[0])}, base=base)
+  _say_test_mode(undercharge, log)
   stats, ledger, privacy, rounds = _run_all(cfg, out, scales, undercharge, log, progress)
   if not np.all(np.isfinite(stats)):
     bad = np.flatnonzero(~np.isfinite(stats))
