@@ -15,6 +15,8 @@ from fedjax_dp.experiment import checkpoint
 from fedjax_dp.cli import main
 from fedjax_dp.experiment.reporting import METRIC_KEYS
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 FAST = ["dataset=digits", "num_clients=10", "clients_per_round=5", "hidden=[32]",
         "batch_size=16", "lr=0.05", "rounds=6", "eval_every=2", "devices=1"]
 
@@ -565,3 +567,25 @@ def test_resume_with_overwrite_is_refused_in_one_line(tmp_path, capsys):
   with pytest.raises(fedjax_dp.errors.RunError, match="--resume with --overwrite: give one"):
     fedjax_dp.run("fedavg", out=out, resume=True, overwrite=True, progress=False)
   assert os.listdir(out) == ["config.json"]
+
+
+@pytest.mark.parametrize("delay", [0.25, 0.7, 1.5])
+def test_a_ctrl_c_while_the_command_starts_is_one_line(tmp_path, delay):
+  """The first-hour review's finding 5: a Ctrl-C in the first second, while the command
+  imports its modules and JAX, printed a 15-line KeyboardInterrupt traceback and the
+  process died of the signal. Through the console script, at several moments of
+  start-up: status 130 and one line."""
+  fedjax_dp_cmd = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
+  out = str(tmp_path / "starting")
+  with _sigint_as_at_a_terminal():
+    proc = subprocess.Popen([fedjax_dp_cmd, "run", "--config", "experiments/demo.yaml",
+                             "--no-progress", "--out", out], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  time.sleep(delay)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  if proc.returncode == 0:
+    pytest.skip(f"the run ended within {delay} s")
+  assert proc.returncode == 130, (proc.returncode, err[-2000:])
+  assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
+  assert err.startswith("interrupted"), err

@@ -103,10 +103,14 @@ def exit_with(code: int) -> None:
 
 
 def console_main() -> None:
-  """The `fedjax-dp` command."""
+  """The `fedjax-dp` command (fedjax_dp/__main__.py guards the imports before it)."""
   try:
     code = main()
     sys.stdout.flush()
+  except KeyboardInterrupt:   # before run_guarded: parsing, or JAX's own start-up
+    from fedjax_dp.__main__ import INTERRUPTED_STARTING
+    print(INTERRUPTED_STARTING, file=sys.stderr)
+    code = INTERRUPTED
   except BrokenPipeError:
     # the reader went away (`fedjax-dp run --print-config | head`): no traceback, and
     # stdout pointed at devnull so that the interpreter's own flush at exit is quiet too

@@ -181,6 +181,44 @@ def _attack(args) -> int:
   return 0
 
 
+# `fedjax-dp account`'s options that a run config states itself (config key, option)
+_ACCOUNT_NUMBERS = (("q", "--q"), ("noise_multiplier", "--noise-multiplier"),
+                    ("target_epsilon", "--target-epsilon"), ("steps", "--steps"),
+                    ("delta", "--delta"), ("accountant", "--accountant"),
+                    ("sampling", "--sampling"), ("population", "--population"),
+                    ("eps0", "--eps0"), ("n", "--n"))
+
+
+def _account(args) -> int:
+  """`fedjax-dp account`: from the numbers (privacy/planning.py), or from a run config
+  as the run is charged (experiment/plan_privacy.py)."""
+  from fedjax_dp.privacy import planning
+  if args.config is None and not args.set:
+    accountant, sampling = args.accountant or "rdp", args.sampling or "poisson"
+    if args.kind == "shuffle":
+      res = planning.account_shuffle(args.eps0, args.n, args.delta)
+    else:
+      res = planning.account_dpsgd(args.q, args.noise_multiplier, args.steps, args.delta,
+                                   accountant, args.target_epsilon, sampling, args.population)
+    print(json.dumps(res) if args.json else planning.format_result(res))
+    return 0
+  from fedjax_dp.errors import ConfigError
+  from fedjax_dp.experiment import plan_privacy
+  from fedjax_dp.recipes.config_checks import load_config
+  for key, option in _ACCOUNT_NUMBERS:
+    if getattr(args, key) is not None:
+      name = {"q": "clients_per_round", "steps": "rounds", "population": "num_clients"}.get(
+          key, key)
+      raise ConfigError(f"fedjax-dp account: {option} with --config/--set: the config states "
+                        f"it; override it with --set {name}=VALUE")
+  if args.kind == "shuffle":
+    raise ConfigError("fedjax-dp account shuffle: --config/--set plan a DP run (dpsgd); shuffle "
+                      "takes --eps0, --n and --delta")
+  res = plan_privacy.plan(load_config(args.config, args.set))
+  print(json.dumps(res) if args.json else plan_privacy.format_plan(res))
+  return 0
+
+
 def _profile(args) -> int:
   """A profiler trace of --rounds compiled rounds and their top operations (profile.py)."""
   from fedjax_dp.recipes.config_checks import load_config

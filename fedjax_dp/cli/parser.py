@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import re
 
-from fedjax_dp.cli.commands import (_attack, _audit, _compare, _config, _datasets, _profile,
-                                    _run, _sweep)
+from fedjax_dp.cli.commands import (_account, _attack, _audit, _compare, _config, _datasets,
+                                    _profile, _run, _sweep)
 
 
 def _config_args(parser) -> None:
@@ -49,10 +50,42 @@ def _positive_int(text: str) -> int:
 
 
 class OneLineParser(argparse.ArgumentParser):
-  """argparse with its usage errors on one line (and exit status 2, as argparse's)."""
+  """argparse with its usage errors on one line (and exit status 2, as argparse's),
+  naming the command the option belongs to and the nearest option it knows."""
 
   def error(self, message):
+    option = re.match(r"argument (--\S+?)(/\S+)?: expected one argument$", message)
+    if option:   # `--sort -test_accuracy`: argparse reads -test_accuracy as an option
+      message += f" (a value that starts with '-' is written {option.group(1)}=-VALUE)"
     self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+  def parse_args(self, args=None, namespace=None):
+    parsed, extras = self.parse_known_args(args, namespace)
+    if extras:   # argparse would blame the top command; the chosen one knows its options
+      command = _chosen(self, parsed)
+      command.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(command, extras)}")
+    return parsed
+
+
+def _chosen(parser: argparse.ArgumentParser, parsed) -> argparse.ArgumentParser:
+  """The (sub-)command `parsed` ran: `fedjax-dp run`, `fedjax-dp attack mia`."""
+  for action in parser._actions:   # argparse keeps sub-parsers here and nowhere public
+    if isinstance(action, argparse._SubParsersAction) and getattr(parsed, action.dest, None):
+      return _chosen(action.choices[getattr(parsed, action.dest)], parsed)
+  return parser
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+  """' (did you mean --out?)' for the first unknown option near one the command takes."""
+  import difflib
+  known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+  for word in extras:
+    if word.startswith("--"):
+      names = {o[2:]: o for o in known}   # compared without the shared '--'
+      near = difflib.get_close_matches(word.split("=")[0][2:], names, n=1, cutoff=0.6)
+      if near:
+        return f" (did you mean {names[near[0]]}?)"
+  return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
   _profile_command(sub)
   _config_command(sub)
   _datasets_command(sub)
-  from fedjax_dp.privacy import planning as account
-  account.add_parser(sub)
+  _account_command(sub)
   return p
 
 
@@ -219,3 +251,30 @@ def _datasets_command(sub) -> None:
   d.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE")
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.set_defaults(func=_datasets)
+
+
+def _account_command(sub) -> None:
+  """`fedjax-dp account` and its arguments: a planned run from its numbers, or from a
+  run config (--config / --set), or shuffle amplification."""
+  a = sub.add_parser("account", help="epsilon of a planned run (its numbers, or its config), "
+                                     "the noise for a target epsilon, or shuffle amplification")
+  a.add_argument("kind", nargs="?", choices=["dpsgd", "shuffle"], default="dpsgd",
+                 help="dpsgd (default): subsampled Gaussian steps; shuffle: amplification")
+  a.add_argument("--config", help="a run config (YAML): q, rounds, the neighbouring relation, "
+                                  "the noise multiplier and epsilon as that run is charged")
+  a.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                 help="with --config (or alone, on the defaults): override its keys")
+  a.add_argument("--q", type=float, help="sampling rate per step, in (0, 1]")
+  a.add_argument("--noise-multiplier", type=float, help="Gaussian std / clipping norm")
+  a.add_argument("--target-epsilon", type=float, help="print the noise multiplier reaching it")
+  a.add_argument("--steps", type=float, help="number of steps (rounds)")
+  a.add_argument("--delta", type=float, help="target delta, in (0, 1)")
+  a.add_argument("--accountant", choices=["rdp", "pld"], help="rdp (default) or pld")
+  a.add_argument("--sampling", choices=["poisson", "fixed"],
+                 help="poisson (default: rate q, add/remove one) or fixed (q N of N, replace "
+                      "one)")
+  a.add_argument("--population", type=float, help="fixed sampling: population size N")
+  a.add_argument("--eps0", type=float, help="shuffle: each report's local epsilon")
+  a.add_argument("--n", type=float, help="shuffle: number of reports")
+  a.add_argument("--json", action="store_true", help="one JSON object")
+  a.set_defaults(func=_account)

@@ -65,7 +65,13 @@ def make_evaluate(model: Model, task: losses.Task | None = None,
     sums = dict(zip((name for name, _ in order), jax.lax.map(one, (xb, yb, mb))))
     n = jnp.maximum(jnp.sum(mb), 1)
     return {name: jnp.sum(sums[name]) / n for name, _ in metrics}
-  return evaluate
+
+  def evaluate_floats(params, xb, yb, mb) -> dict[str, float]:
+    # Python floats in the task's order (a jitted dict comes back sorted, as arrays):
+    # what a user prints and compares; float32 -> float is exact
+    values = jax.device_get(evaluate(params, xb, yb, mb))
+    return {name: float(values[name]) for name, _ in metrics}
+  return evaluate_floats
 
 
 def batch_for_eval(x: np.ndarray, y: np.ndarray, batch: int, y_dtype: str | None = None):

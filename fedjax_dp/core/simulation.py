@@ -69,7 +69,7 @@ class Simulation:
   cohort_capacity: int        # cohort slots per round, padded to a multiple of the mesh size
   client_parallelism: str     # 'map' or 'vmap', resolved from 'auto'
   run_chunk: Callable         # (working state, store, hparams, length) -> (state, RoundStats [length])
-  evaluate: Callable          # (params, x, y, mask) -> {metric name: mean over the test set}
+  evaluate: Callable          # (params, x, y, mask) -> {metric name: mean over the test set, a float}
   hparams: Any = None         # the round's numeric hyperparameters (hparams.py), replicated
   analysis: Any = None        # the sensitivity analyzer's report (tier_source 'analyzer')
   # client order <-> the layout the compiled rounds keep the per-client state in

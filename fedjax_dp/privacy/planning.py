@@ -11,12 +11,14 @@ where a sum of updates clipped to C has sensitivity 2C: the Gaussian with std
 z C is accounted with noise multiplier z / 2. The two epsilons answer different
 neighbouring relations and are not comparable.
   fedjax-dp account shuffle --eps0 E0 --n N --delta D [--json]
+
+(The command's parser is cli/parser.py's; `fedjax-dp account --config F` plans a run
+config as the run is charged: experiment/plan_privacy.py.)
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import math
 
 from fedjax_dp.privacy import accounting, amplification
@@ -195,33 +197,3 @@ def format_result(res: dict) -> str:
   if "target_epsilon" in res:
     return f"noise_multiplier = {res['noise_multiplier']:.6g}\n{line}"
   return line
-
-
-def run(args) -> int:
-  if args.kind == "shuffle":
-    res = account_shuffle(args.eps0, args.n, args.delta)
-  else:
-    res = account_dpsgd(args.q, args.noise_multiplier, args.steps, args.delta, args.accountant,
-                        args.target_epsilon, args.sampling, args.population)
-  print(json.dumps(res) if args.json else format_result(res))
-  return 0
-
-
-def add_parser(sub) -> None:
-  a = sub.add_parser("account", help="epsilon of a planned run, the noise for a target epsilon, "
-                                     "or shuffle amplification")
-  a.add_argument("kind", nargs="?", choices=["dpsgd", "shuffle"], default="dpsgd",
-                 help="dpsgd (default): subsampled Gaussian steps; shuffle: amplification")
-  a.add_argument("--q", type=float, help="sampling rate per step, in (0, 1]")
-  a.add_argument("--noise-multiplier", type=float, help="Gaussian std / clipping norm")
-  a.add_argument("--target-epsilon", type=float, help="print the noise multiplier reaching it")
-  a.add_argument("--steps", type=float, help="number of steps (rounds)")
-  a.add_argument("--delta", type=float, help="target delta, in (0, 1)")
-  a.add_argument("--accountant", choices=["rdp", "pld"], default="rdp")
-  a.add_argument("--sampling", choices=["poisson", "fixed"], default="poisson",
-                 help="poisson (rate q, add/remove one) or fixed (q N of N, replace one)")
-  a.add_argument("--population", type=float, help="fixed sampling: population size N")
-  a.add_argument("--eps0", type=float, help="shuffle: each report's local epsilon")
-  a.add_argument("--n", type=float, help="shuffle: number of reports")
-  a.add_argument("--json", action="store_true", help="one JSON object")
-  a.set_defaults(func=run)
