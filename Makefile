@@ -4,22 +4,26 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: demo test test-slow test-long bench fmnist-data clean
+.PHONY: demo test test-slow test-long bench docs docs-serve fmnist-data clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 $(VENV)/.installed-base: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -qq -e .
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -qq -e ".[dev]"
+	@touch $@ $(VENV)/.installed-base
+
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(PY) -m pip install -qq -e ".[docs]"
 	@touch $@ $(VENV)/.installed-base
 
 $(VENV)/.installed-bench: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(PY) -m pip install -qq -e ".[dev,bench]"
 	@touch $@ $(VENV)/.installed-dev $(VENV)/.installed-base
 
 # The full Fashion-MNIST (60k/10k) from Debian, for the integration tests and the benchmark.
@@ -51,8 +55,17 @@ test-slow: $(VENV)/.installed-dev fmnist-data
 test-long: $(VENV)/.installed-dev fmnist-data
 	$(PY) -m pytest -q -n 2 -m long
 
+# The documentation site into site/, every warning an error (a broken link, a page
+# outside the nav, a docstring mkdocstrings cannot read). NO_MKDOCS_2_WARNING: Material's
+# banner about MkDocs 2.0, which is not a warning about these pages
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 bench: $(VENV)/.installed-bench fmnist-data
 	$(PY) benchmarks/fedavg_round.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache

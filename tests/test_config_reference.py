@@ -34,12 +34,12 @@ def test_every_key_is_listed_once_with_a_meaning():
   assert all(reference.MEANINGS[k] and "\n" not in reference.MEANINGS[k] for k in KEYS)
 
 
-def test_the_readme_table_is_the_generated_one():
-  with open(os.path.join(ROOT, "README.md")) as f:
+def test_the_docs_table_is_the_generated_one():
+  with open(os.path.join(ROOT, "docs", "reference", "config.md")) as f:
     text = f.read()
-  assert reference.readme_with_table(text) == text, (
-      "the README's config key table is stale: run "
-      "`.venv/bin/python -m fedjax_dp.experiment.config_reference README.md`")
+  assert reference.page_with_table(text) == text, (
+      "the docs' config key table is stale: run `.venv/bin/python -m "
+      "fedjax_dp.experiment.config_reference docs/reference/config.md`")
 
 
 def test_defaults_are_written_as_yaml_reads_them_back():

@@ -1,6 +1,7 @@
-"""The README runs as written: every bash block, every shown output, every python block.
+"""The README and the docs run as written: every bash block, every shown output, every
+python block (tests/doc_pages.py: README.md, then the site's pages in nav order).
 
-Each bash block runs, in the README's order, through `bash -e` in a scratch copy of
+Each bash block runs, in the pages' order, through `bash -e` in a scratch copy of
 the project's experiments/ (so runs/ and the experiment trees are the test's own),
 with the venv's bin first on PATH as `source .venv/bin/activate` puts it. Only the
 number of rounds shrinks (shrink(): a run's `rounds=N` becomes max(2, ceil(N / 50)),
@@ -10,7 +11,7 @@ where a command reuses the committed results (`--out experiments/...`), which ru
 exactly as written. `~/data` is a scratch folder holding stand-in MNIST IDX files
 (MNIST itself is not installed here). Not run, and why, in NOT_RUN. A block whose
 `$ command` is followed by its output is run and its output compared. The python
-blocks run section by section, as written (Extending's are tests/test_readme_extending.py's).
+blocks run page by page, as written (Extending's are tests/test_readme_extending.py's).
 """
 
 import gzip
@@ -25,10 +26,9 @@ import sys
 import numpy as np
 import pytest
 
+from tests.doc_pages import ROOT, blocks, runnable_pages
 from tests.helpers import cpu_devices_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
 BIN = os.path.dirname(sys.executable)
 FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
@@ -41,33 +41,16 @@ NOT_RUN = {
 }
 
 
-def blocks(kind: str) -> list[tuple[int, str]]:
-  """(line number, body) of every ```kind fenced block ('' for a bare fence), the
-  body dedented by its fence's indentation (blocks inside list items)."""
-  out, lang, body, start, indent = [], None, [], 0, 0
-  for i, line in enumerate(open(README).read().splitlines(), 1):
-    stripped = line.strip()
-    if lang is None and stripped.startswith("```"):
-      lang, body, start, indent = stripped[3:].strip(), [], i, len(line) - len(line.lstrip())
-    elif lang is not None and stripped == "```":
-      if lang == kind:
-        out.append((start, "".join(l[indent:] + "\n" for l in body)))
-      lang = None
-    elif lang is not None:
-      body.append(line)
-  return out
-
-
 def block_groups() -> dict[str, list[tuple[int, str]]]:
   """The bash blocks in groups that run on their own: each experiment script's block
   (its runs are many, and need nothing else), and all the others, in order."""
   groups: dict[str, list] = {}
-  for line_no, body in blocks("bash"):
+  for where, body in blocks("bash"):
     scripts = set(re.findall(r"python (experiments/\S+\.py)", body))
     commands = [l for l in logical_lines(body) if l.strip() and not l.strip().startswith("#")]
     own = len(scripts) == 1 and all("python experiments/" in c for c in commands)
     groups.setdefault(scripts.pop() if own else "the other blocks, in order", []).append(
-        (line_no, body))
+        (where, body))
   return groups
 
 
@@ -151,12 +134,12 @@ def run_bash(script: str, work, env, timeout=1200):
 
 def test_bash_blocks_are_complete():
   assert len(blocks("bash")) >= 20 and len(block_groups()) >= 3
-  for line_no, body in blocks("bash"):
+  for where, body in blocks("bash"):
     for line in logical_lines(body):
       code = "" if line.lstrip().startswith("#") else line.partition(" #")[0]
-      assert "..." not in code, f"README line {line_no}: an incomplete command: {line}"
+      assert "..." not in code, f"{where}: an incomplete command: {line}"
       assert re.search(r"\.venv/bin/(?!activate)", code) is None, (
-          f"README line {line_no}: call fedjax-dp and python from the activated venv: {line}")
+          f"{where}: call fedjax-dp and python from the activated venv: {line}")
 
 
 # The paper scripts' blocks rerun the papers' experiments at 2 rounds: 69 minutes of
@@ -177,16 +160,16 @@ def test_every_bash_block_runs(group, workdir, tmp_path):
   work, env = workdir
   here = tmp_path / "work"   # each group in a copy of its own (they run side by side)
   shutil.copytree(work, here, symlinks=True)
-  for line_no, body in block_groups()[group]:
+  for where, body in block_groups()[group]:
     script = "\n".join(shrink(line) for line in logical_lines(body))
     done = run_bash(script, here, env, timeout=2400)
-    assert done.returncode == 0, (f"README block at line {line_no} failed "
+    assert done.returncode == 0, (f"the block at {where} failed "
                                   f"({done.returncode}):\n{script}\n{done.stderr[-3000:]}")
     for expected in re.findall(r"^# -> (.*)$", body, re.M):   # a line the block prints
       # '...' in a shown line stands for what differs between machines (a float's last
       # digits, a path)
       pattern = re.escape(expected.strip()).replace(re.escape("..."), ".*")
-      assert re.search(pattern, done.stdout), (line_no, expected, done.stdout[-2000:])
+      assert re.search(pattern, done.stdout), (where, expected, done.stdout[-2000:])
 
 
 @pytest.mark.slow
@@ -194,22 +177,24 @@ def test_shown_outputs_are_what_the_commands_print(workdir):
   work, env = workdir
   shown = [(n, b) for n, b in blocks("") if b.startswith("$ ")]
   assert len(shown) >= 2
-  for line_no, body in shown:
+  for where, body in shown:
     command, *output = body.rstrip("\n").split("\n")
     done = run_bash(command[2:], work, env)
     printed = (done.stdout + done.stderr).strip().splitlines()
     for want in output:   # '...' stands for the absolute path of the folder
       pattern = re.escape(want).replace(re.escape("..."), ".*")
-      assert any(re.fullmatch(pattern, got) for got in printed), (line_no, want, printed)
+      assert any(re.fullmatch(pattern, got) for got in printed), (where, want, printed)
 
 
-def python_sections() -> dict[str, list[tuple[int, str]]]:
-  text = open(README).read()
+EXTENDING = "docs/how-to/extend.md"   # tests/test_readme_extending.py runs its blocks
+
+
+def python_sections() -> dict[str, list[tuple[str, str]]]:
+  """Each page's python blocks (a page's blocks build on one another), but Extending's."""
   out: dict[str, list] = {}
-  for m in re.finditer(r"```python\n(.*?)```", text, re.S):
-    section = re.findall(r"^## (.*)$", text[:m.start()], re.M)[-1]
-    if section != "Extending":
-      out.setdefault(section, []).append((text[:m.start()].count("\n") + 1, m.group(1)))
+  for page in runnable_pages():
+    if page != EXTENDING and blocks("python", page):
+      out[page] = blocks("python", page)
   return out
 
 

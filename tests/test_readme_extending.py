@@ -1,19 +1,15 @@
-"""The README's Extending section runs as written: its python blocks are executed
-in order (a term and an aggregator registered at run time, one short run)."""
-
-import os
-import re
+"""The docs' Extending page runs as written: its python blocks are executed in order
+(a term and an aggregator registered at run time, one short run)."""
 
 from fedjax_dp.recipes import from_config
+from tests.doc_pages import blocks
 from tests.helpers import registries_restored
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+PAGE = "docs/how-to/extend.md"
 
 
 def extending_blocks() -> list[str]:
-  text = open(README).read()
-  section = text.split("## Extending", 1)[1].split("\n## ", 1)[0]
-  return re.findall(r"```python\n(.*?)```", section, re.S)
+  return [body for _, body in blocks("python", PAGE)]
 
 
 def test_readme_extending_snippets_run(capsys):
@@ -22,7 +18,7 @@ def test_readme_extending_snippets_run(capsys):
   namespace = {}
   with registries_restored():   # other tests in this process read the registries
     for block in blocks:
-      exec(compile(block, README, "exec"), namespace)
+      exec(compile(block, PAGE, "exec"), namespace)
     decay = namespace["decay_cfg"]   # a key the block registered, read into its term
     assert decay.weight_decay_lam == 0.01 and decay.to_dict()["weight_decay_lam"] == 0.01
     assert from_config(decay).terms[0].stage.hparams == {"lam": 0.01}
@@ -40,7 +36,7 @@ def test_readme_server_stage_snippet_keeps_its_average():
   from fedjax_dp.training.server_stages import RoundContext
   namespace = {}
   block = next(b for b in extending_blocks() if "released_average" in b)
-  exec(compile(block, README, "exec"), namespace)
+  exec(compile(block, PAGE, "exec"), namespace)
   chain = namespace["chain"]
   params = {"w": jnp.zeros((2, 2)), "b": jnp.zeros((2,))}
   state = chain.init(params, 6)

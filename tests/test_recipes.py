@@ -137,8 +137,10 @@ def test_recipe_resolves_to_the_stages_the_flat_path_builds():
 
 
 def _readme_commands():
-  """`fedjax-dp run` lines of the README (continuations joined) that name a whole config."""
-  text = open(os.path.join(ROOT, "README.md")).read().replace("\\\n", " ")
+  """`fedjax-dp run` lines of the README and the docs (continuations joined) that name a
+  whole config."""
+  from tests.doc_pages import all_text
+  text = all_text().replace("\\\n", " ")
   for line in text.splitlines():
     if not re.match(r"\s*(\$ )?(\.venv/bin/)?fedjax-dp run ", line) or "..." in line:
       continue
@@ -290,11 +292,12 @@ def test_recipe_runs_through_the_python_api():
 
 
 def test_readme_recipes_example_runs(capsys):
-  text = open(os.path.join(ROOT, "README.md")).read()
-  section = text.split("### Recipes", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+  from tests.doc_pages import text
+  page = "docs/reference/python-api.md"
+  section = text(page).split("## Recipes", 1)[1].split("\n## ", 1)[0]
   (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
   namespace = {}
-  exec(compile(block, "README.md", "exec"), namespace)
+  exec(compile(block, page, "exec"), namespace)
   assert int(namespace["state"].round) == 5
   assert capsys.readouterr().out.splitlines()[-2:] == ["central 1.0 True", "True"]
 

@@ -214,11 +214,12 @@ def test_grid_of_runs_publishes_only_declared_outputs(tmp_path, combo):
       assert "inputs.json" in names
 
 
-def test_the_readme_table_is_the_registrys():
+def test_the_docs_table_is_the_registrys():
   import os
-  readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
-  block = readme.split("<!-- releases:start -->\n")[1].split("<!-- releases:end -->")[0]
-  assert block == releases.markdown(), ("README's table differs from the registry: paste "
+  page = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "explanation",
+                           "guarantee.md")).read()
+  block = page.split("<!-- releases:start -->\n")[1].split("<!-- releases:end -->")[0]
+  assert block == releases.markdown(), ("the docs' table differs from the registry: paste "
                                         "fedjax_dp.experiment.releases.markdown() between the "
                                         "releases markers")
 
