@@ -3,10 +3,11 @@ review): `fedjax-dp run --config experiments/demo.yaml --set dp=central target_e
 calibrated a noise multiplier of 62.7, never printed it, and advised a lower lr when the
 model diverged. Now the multiplier, its source and its std on the mean update are one
 line, a warning says when that noise is larger than the clip, and the divergence advice
-under DP names the noise."""
+under DP names the noise. Before it, the run's header (finding 10)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,10 @@ def test_the_console_says_the_calibrated_noise_and_warns_before_round_one(tmp_pa
   assert done.returncode == 0, done.stderr
   z = json.load(open(os.path.join(out, "summary.json")))["privacy"]["noise_multiplier"]
   lines = done.stderr.splitlines()
+  # the header first (finding 10): what runs, on what, under which mechanism and budget
+  assert re.fullmatch(r"fedavg on digits: 20 clients, 10 a round \(fixed\), mlp \(55,210 "
+                      r"parameters\), 6 rounds on \d+ cpu devices?; central DP, clip 1, budget "
+                      r"epsilon 1 at delta 1e-05", lines[0]), lines[0]
   noise = [line for line in lines if line.startswith("dp central: noise multiplier")]
   assert noise == [f"dp central: noise multiplier {z:.4g} (calibrated to target_epsilon 1 over "
                    f"6 rounds, fixed cohorts of 10 of 20): noise std {z / 10:.3g} x clip_norm "

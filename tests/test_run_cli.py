@@ -589,3 +589,16 @@ def test_a_ctrl_c_while_the_command_starts_is_one_line(tmp_path, delay):
   assert proc.returncode == 130, (proc.returncode, err[-2000:])
   assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
   assert err.startswith("interrupted"), err
+
+
+def test_the_bar_says_compiling_then_times_the_rounds_after_it(tmp_path, capsys):
+  """The first-hour review's finding 10: a 0 % bar for the whole compilation, then an
+  ETA that counted it. The header line first, the bar 'compiling' until the first
+  chunk, its rate from the rounds after it."""
+  assert main(["run", "--out", str(tmp_path / "bar")] + sets()) == 0
+  err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+  assert err[0].startswith("fedavg on digits: 10 clients, 5 a round (fixed), mlp (")
+  bars = [line for line in err if "round" in line and "%|" in line]
+  assert bars[0].startswith("compiling:") and "0/6" in bars[0]
+  after = [line for line in bars if "2/6" in line]
+  assert after and not any(line.startswith("compiling") for line in after), bars

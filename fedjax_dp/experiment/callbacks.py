@@ -277,10 +277,15 @@ def progress() -> Callback:
   def start(ctx: RunContext) -> None:
     from tqdm import tqdm
     bar.append(tqdm(total=ctx.cfg.rounds, initial=ctx.start, unit="round",
-                    disable=not ctx.progress, file=sys.stderr, dynamic_ncols=True))
+                    disable=not ctx.progress, file=sys.stderr, dynamic_ncols=True,
+                    desc="compiling", smoothing=0))   # rate: the mean since compilation
 
   def after(ctx: RunContext, stats) -> None:
-    bar[0].update(ctx.round - ctx.prev_round)
+    b, done = bar[0], ctx.round - ctx.prev_round
+    if not b.disable and b.desc:   # compiled: the rate and ETA count the rounds after it
+      b.set_description_str("", refresh=False)
+      b.initial, b.start_t = b.n + done, b._time()
+    b.update(done)
     if ctx.test_metrics is not None:
       name, value = next(iter(ctx.test_metrics.items()))
       bar[0].set_postfix({"acc" if name == "accuracy" else name: f"{value:.4f}"})

@@ -45,7 +45,7 @@ from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.privacy.mechanisms import get_mechanism
-from fedjax_dp.experiment import noise_note
+from fedjax_dp.experiment import header, noise_note
 
 __all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
 
@@ -198,9 +198,11 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   if resume:
     rows = [r for r in reporting.read_metrics(metrics_path) if r["round"] <= start]
     reporting.rewrite_metrics(metrics_path, rows)
+  d = num_params(jax.tree.leaves(sim.init_state().params))
+  log(header.line(cfg, sim.model.name, d, int(sim.mesh.devices.size),
+                  sim.mesh.devices.flat[0].platform, start))
   for line in noise_note.lines(cfg, sim.noise_multiplier, calibrating):
     log(line)
-  d = num_params(jax.tree.leaves(sim.init_state().params))
   return RunContext(cfg=cfg, out=out, sim=sim, ds=ds, parts=parts, task=task, log=log,
                     state=state, start=start, last=last, plog=plog, calibration=calibration,
                     meta=meta, rows=rows, setup_s=setup_s, num_params=d,

@@ -1,0 +1,27 @@
+"""The line a run starts with (the first-hour review, finding 10: a run said nothing
+for up to 45 s, then a 0 % bar): what runs, on what data, on what devices, under which
+mechanism and budget, said before the set-up's noise line and the compilation."""
+
+from __future__ import annotations
+
+from fedjax_dp.privacy.mechanisms import get_mechanism
+
+
+def _privacy_part(cfg) -> str:
+  m = get_mechanism(cfg.dp)
+  if not m.private:
+    return "no DP"
+  where = "central" if m.noises_sum else "local" if m.noises_each_upload else cfg.dp
+  budget = f", budget epsilon {cfg.target_epsilon:g}" if cfg.target_epsilon is not None else ""
+  name = "" if where == cfg.dp else f" ({cfg.dp})"
+  return f"{where} DP{name}, clip {cfg.clip_norm:g}{budget} at delta {cfg.delta:g}"
+
+
+def line(cfg, model_name: str, params: int, devices: int, platform: str, start: int) -> str:
+  """'fedavg on digits: 20 clients, 10 a round (fixed), mlp (53,018 parameters), 60
+  rounds on 2 cpu devices; no DP' (resumed runs: 'rounds 20 to 60')."""
+  rounds = f"rounds {start} to {cfg.rounds}" if start else f"{cfg.rounds} rounds"
+  return (f"{cfg.algorithm} on {cfg.dataset}: {cfg.num_clients:,} clients, "
+          f"{cfg.clients_per_round:,} a round ({cfg.sampling}), {model_name} "
+          f"({params:,} parameters), {rounds} on {devices} {platform} "
+          f"device{'s' if devices != 1 else ''}; {_privacy_part(cfg)}")
