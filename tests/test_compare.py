@@ -101,3 +101,64 @@ def test_cli_errors_are_one_line_with_exit_status_2(runs, tmp_path, args, fragme
   done = cli(*args, cwd=tmp_path)
   assert done.returncode == 2, done
   assert done.stderr.count("\n") == 1 and fragment in done.stderr, done.stderr
+
+
+def test_the_guarantee_beside_epsilon_and_a_budget_stop_as_status(runs, tmp_path):
+  """The first-hour review's finding 8: epsilons of different neighbouring relations in
+  one column, and a run its budget stopped shown as finished."""
+  from fedjax_dp.experiment import plan_privacy
+  budget = make_config({**BASE, "dp": "central", "noise_multiplier": 2.0, "delta": 1e-3,
+                        "sampling": "poisson", "target_epsilon": 2.0, "rounds": 8})
+  assert plan_privacy.plan(budget)["rounds_charged"] < 8   # the budget stops it
+  run_experiment(budget, str(tmp_path / "stopped"), progress=False, log=lambda m: None)
+  fixed = make_config({**BASE, "dp": "central", "noise_multiplier": 2.0, "delta": 1e-3})
+  run_experiment(fixed, str(tmp_path / "fixed"), progress=False, log=lambda m: None)
+  rows = {r["run"]: r for r in fedjax_dp.compare(str(runs / "plain"), str(tmp_path / "stopped"),
+                                                 str(tmp_path / "fixed"))}
+  assert rows["stopped"]["status"] == "budget" and rows["fixed"]["status"] == "finished"
+  assert rows["stopped"]["guarantee"] == "add/remove one client"
+  assert rows["fixed"]["guarantee"] == "replace one client"
+  assert rows["plain"]["guarantee"] is None
+  keys = list(rows["fixed"])
+  assert keys.index("guarantee") == keys.index("epsilon") + 1
+
+
+def test_columns_choose_what_the_table_shows(runs):
+  done = cli(str(runs / "plain"), str(runs / "private"), "--columns", "epsilon,lr")
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.splitlines()[0].split() == ["run", "epsilon", "lr"]
+  bad = cli(str(runs / "plain"), str(runs / "private"), "--columns", "lr,speed")
+  assert bad.returncode == 2 and "--columns lr,speed: no column 'speed'" in bad.stderr
+
+
+def test_a_run_of_a_rule_this_process_has_not_registered_is_still_compared(runs, tmp_path):
+  """The first-hour review's finding 3: one run of a rule registered from the user's own
+  code broke the whole table (with an error naming --resume). compare only reads; the
+  commands that rebuild the run name themselves and say how to register it."""
+  mine = tmp_path / "mine"
+  shutil.copytree(runs / "plain", mine)
+  values = json.loads((mine / "config.json").read_text())
+  (mine / "config.json").write_text(json.dumps({**values, "aggregator": "my_filter"}))
+  rows = fedjax_dp.compare(str(runs / "plain"), str(mine))
+  assert [r["aggregator"] for r in rows] == ["mean", "my_filter"]
+  assert rows[1]["test_accuracy"] == rows[0]["test_accuracy"]
+  with pytest.raises(fedjax_dp.RunError) as e:
+    fedjax_dp.attack_mia(str(mine))
+  message = str(e.value)
+  assert message.startswith("attack_mia: ") and "'my_filter'" in message
+  assert "list its file in the run's plugins (--set plugins=[FILE])" in message
+
+
+def test_the_plot_draws_a_sweeps_seeds_as_their_mean_and_sd(runs):
+  from fedjax_dp.experiment.compare import _curves, load_runs
+  import numpy as np
+  loaded = load_runs([str(runs / "sw"), str(runs / "plain")])
+  curves = {label: (rounds, values, sd) for label, rounds, values, sd in
+            _curves(loaded, "test_accuracy")}
+  assert set(curves) == {"sw/base (mean of 2 seeds)", "plain"}
+  seeds = [[row["test_accuracy"] for row in jsonl(runs / "sw" / "cells" / f"seed={s}" /
+                                                   "metrics.jsonl")] for s in (0, 1)]
+  rounds, values, sd = curves["sw/base (mean of 2 seeds)"]
+  np.testing.assert_allclose(values, np.mean(seeds, 0))
+  np.testing.assert_allclose(sd, np.std(seeds, 0, ddof=1))
+  assert curves["plain"][2] is None

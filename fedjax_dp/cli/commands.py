@@ -146,7 +146,8 @@ def _compare(args) -> int:
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
       raise RunError(f"{flag} {path}: its folder does not exist")
   runs = compare.load_runs(args.paths)
-  rows = compare.sort_rows(compare.compare_rows(runs), args.sort)
+  rows = compare.select_columns(compare.sort_rows(compare.compare_rows(runs), args.sort),
+                                args.columns)
   print(compare.format_table(rows))
   if args.csv:
     reporting.write_text_atomic(args.csv, reporting.csv_text(rows))

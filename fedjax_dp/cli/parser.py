@@ -163,6 +163,8 @@ def _compare_command(sub) -> None:
                  help="run folders, and sweep folders (each of their cells)")
   m.add_argument("--sort", metavar="COLUMN", help="sort by a column; =-COLUMN: descending "
                  "(e.g. --sort=-test_accuracy)")
+  m.add_argument("--columns", metavar="COLS", help="only these columns, comma-separated "
+                 "(the run's name always first), e.g. lr,test_accuracy,epsilon,guarantee")
   m.add_argument("--csv", metavar="CSV", help="also write the table here (a new file)")
   m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
                  "rounds, one line per run (a new file)")

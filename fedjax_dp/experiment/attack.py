@@ -28,7 +28,7 @@ def load_run(run_dir: str, data=None, model=None, caller: str = "load_run"):
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.experiment.run_folder import saved_config
   from fedjax_dp.experiment.setup import setup
-  cfg = saved_config(os.path.join(run_dir, "config.json"))
+  cfg = saved_config(os.path.join(run_dir, "config.json"), caller)
   if cfg.algorithm == "solo":
     raise RunError(f"{run_dir}: algorithm 'solo' trains no global model to attack")
   if cfg.dataset == "custom" and data is None:

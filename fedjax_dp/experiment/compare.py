@@ -5,14 +5,17 @@ or a sweep folder (sweep.json), which stands for each of its cells. A row holds
   run            the folder's name (its path under the sweep for a cell; the path
                  where two names clash)
   <config keys>  every config key whose value differs between the runs
-  status         finished, unfinished (no summary.json yet) or diverged
+  status         finished, budget (stopped by its privacy budget before its rounds),
+                 unfinished (no summary.json yet) or diverged
   round          the last evaluated round
   test_<metric>  each test metric at the last evaluation
   best_<metric>  its best over the evaluations (lowest for a loss or an error:
                  LOWER_IS_BETTER; highest for accuracy and any other metric)
-  epsilon, epsilon_accountant
+  epsilon, guarantee, epsilon_accountant
                  the run's reported guarantee (summary.json's privacy report; an
-                 unfinished run's last row), null without one
+                 unfinished run's last row), null without one, and whom it protects
+                 (the neighbouring relation: epsilons of different relations answer
+                 different questions and are not comparable)
   mb_up, mb_down the bytes sent up and down, in MB (1e6 bytes)
   wall_s, s_per_round
                  the run's wall time, and the median seconds per round after
@@ -42,6 +45,8 @@ class RunRecord:
   config: dict
   rows: list[dict]
   summary: dict | None
+  setting: str | None = None   # a sweep cell's setting (its name but the seed): plotted
+                               # as the mean over its seeds
 
 
 def _load_run(path: str, name: str) -> RunRecord:
@@ -71,12 +76,15 @@ def load_runs(paths: list[str]) -> list[RunRecord]:
     sweep = os.path.join(path, "sweep.json")
     if os.path.exists(sweep):
       with open(sweep) as f:
-        cells = [c["name"] for c in json.load(f)["cells"]]
+        cells = json.load(f)["cells"]
       base = os.path.basename(os.path.normpath(path))
       for cell in cells:
-        where = os.path.join(path, "cells", cell)
+        where = os.path.join(path, "cells", cell["name"])
         if os.path.isdir(where):
-          runs.append(_load_run(where, f"{base}/{cell}"))
+          run = _load_run(where, f"{base}/{cell['name']}")
+          run.setting = f"{base}/" + (",".join(f"{k}={v}" for k, v in cell["values"].items()
+                                               if k != "seed") or "base")
+          runs.append(run)
     else:
       runs.append(_load_run(path, os.path.basename(os.path.normpath(path))))
   if not runs:
@@ -90,9 +98,14 @@ def load_runs(paths: list[str]) -> list[RunRecord]:
 
 
 def _unread(run: RunRecord) -> frozenset[str]:
+  """The keys nothing in the run reads; none where its config cannot be resolved in
+  this process (a rule registered from the user's own code): compare only reads."""
   from fedjax_dp.recipes.config_checks import unread_keys
   from fedjax_dp.experiment.run_folder import saved_config
-  return unread_keys(saved_config(os.path.join(run.path, "config.json")))
+  try:
+    return unread_keys(saved_config(os.path.join(run.path, "config.json"), "fedjax-dp compare"))
+  except RunError:
+    return frozenset()
 
 
 def differing_keys(runs: list[RunRecord]) -> list[str]:
@@ -147,11 +160,12 @@ def compare_rows(runs: list[RunRecord]) -> list[dict]:
     diverged = (r.summary or {}).get("diverged")
     timing = (r.summary or {}).get("timing", {})
     row = {"run": r.name, **{k: _shown(config.get(k)) for k in keys},
-           "status": "diverged" if diverged else "finished" if r.summary else "unfinished",
+           "status": _status(r.summary, privacy, diverged),
            "round": last.get("round"),
            **{k: last.get(k) for k in tests},
            **{f"best_{k[len('test_'):]}": _best(k, [x.get(k) for x in r.rows]) for k in tests},
            "epsilon": privacy.get("epsilon") if r.summary else last.get("epsilon"),
+           "guarantee": _guarantee(privacy),
            "epsilon_accountant": (privacy.get("epsilon_accountant") if r.summary
                                   else last.get("epsilon_accountant")),
            "mb_up": _mb(last.get("bytes_up")), "mb_down": _mb(last.get("bytes_down")),
@@ -160,6 +174,39 @@ def compare_rows(runs: list[RunRecord]) -> list[dict]:
     out.append(row)
   columns = list(dict.fromkeys(k for row in out for k in row))
   return [{k: row.get(k) for k in columns} for row in out]
+
+
+def _status(summary: dict | None, privacy: dict, diverged) -> str:
+  if diverged:
+    return "diverged"
+  if summary is None:
+    return "unfinished"
+  return "budget" if privacy.get("stopped_by_budget") is True else "finished"
+
+
+def _guarantee(privacy: dict) -> str | None:
+  """Whom the epsilon protects, short: 'add/remove one client', 'replace one client',
+  local DP's 'replace one client's data, largest client'."""
+  relation = privacy.get("neighbouring")
+  if not relation:
+    return None
+  short = relation.split(" (")[0]
+  return short + (", largest client" if privacy.get("epsilon_is") == "the largest client's"
+                  else "")
+
+
+def select_columns(rows: list[dict], columns: str | None) -> list[dict]:
+  """Rows with only `columns` (comma-separated; the run's name always first); RunError
+  naming an unknown column and the columns there are."""
+  if not columns:
+    return rows
+  wanted = [c.strip() for c in columns.split(",") if c.strip()]
+  known = list(rows[0]) if rows else []
+  for c in wanted:
+    if c not in known:
+      raise RunError(f"--columns {columns}: no column {c!r}; columns are {', '.join(known)}")
+  keep = ["run"] + [c for c in wanted if c != "run"]
+  return [{c: r[c] for c in keep} for r in rows]
 
 
 def _shown(value):
@@ -201,29 +248,66 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(t) for t in text])
 
 
+def _curves(runs: list[RunRecord], key: str) -> list[tuple[str, list, list, list | None]]:
+  """(label, rounds, values, sd or None) per line: a run's own curve, or a sweep
+  setting's mean over its seeds with their sd (at the rounds every seed evaluated)."""
+  groups: dict[str, list[RunRecord]] = {}
+  for r in runs:
+    groups.setdefault(r.setting or f"\0{r.name}", []).append(r)
+  out = []
+  for label, members in groups.items():
+    series = [{row["round"]: row[key] for row in r.rows if row.get(key) is not None}
+              for r in members]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not rounds:
+      continue
+    if len(members) == 1:
+      out.append((members[0].name, rounds, [series[0][t] for t in rounds], None))
+      continue
+    import numpy as np
+    values = np.array([[s[t] for t in rounds] for s in series], np.float64)
+    out.append((f"{label} (mean of {len(members)} seeds)", rounds, values.mean(0).tolist(),
+                values.std(0, ddof=1).tolist()))
+  return out
+
+
 def plot_runs(runs: list[RunRecord], path: str) -> str:
   """The first test metric (and epsilon, where any run accounts one) against rounds,
-  one line per run, in one PNG."""
+  one line per run (a sweep's seeds as their mean +- sd), in one PNG."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
   metric = next((k for r in runs for row in r.rows[:1] for k in row if k.startswith("test_")),
                 "test_accuracy")
   panels = [metric] + (["epsilon"] if any(row.get("epsilon") is not None for r in runs
                                            for row in r.rows) else [])
-  fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels), 4.0), dpi=120,
-                           squeeze=False)
-  colors = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20").colors
+  lines = {key: _curves(runs, key) for key in panels}
+  count = max(len(v) for v in lines.values())
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.0 * len(panels) + (3.0 if count > 6
+                                                                         else 0), 4.0),
+                           dpi=120, squeeze=False)
+  colors = plt.get_cmap("tab10" if count <= 10 else "tab20").colors
+  labels = list(dict.fromkeys(label for key in panels for label, *_ in lines[key]))
+  color_of = {label: colors[i % len(colors)] for i, label in enumerate(labels)}  # one per run
   for ax, key in zip(axes[0], panels):
-    ax.set_prop_cycle(color=[colors[i % len(colors)] for i in range(len(runs))])
-    for r in runs:
-      pts = [(row["round"], row[key]) for row in r.rows if row.get(key) is not None]
-      if pts:
-        ax.plot(*zip(*pts), marker="." if len(pts) < 50 else None, label=r.name)
+    for label, rounds, values, sd in lines[key]:
+      color = color_of[label]
+      ax.plot(rounds, values, color=color, marker="." if len(rounds) < 50 else None,
+              label=label)
+      if sd is not None:
+        lo = [v - e for v, e in zip(values, sd)]
+        hi = [v + e for v, e in zip(values, sd)]
+        ax.fill_between(rounds, lo, hi, color=color, alpha=0.2, linewidth=0)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(key.replace("_", " "))
+    ax.set_title(f"{key.replace('_', ' ')} of {len(runs)} runs")
     ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=7)
+  if count > 6:   # beside the axes, not over the curves
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  else:
+    axes[0][0].legend(fontsize=7)
   fig.tight_layout()
   reporting.save_figure_atomic(fig, path)
   plt.close(fig)

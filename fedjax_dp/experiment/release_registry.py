@@ -248,6 +248,7 @@ OTHER_FILES: dict[str, tuple[Status, str]] = {
 TABLE_COLUMNS: dict[str, tuple[Status, str]] = {
     "cell": (PUBLIC, "the cell's name"), "setting": (PUBLIC, "the setting's name"),
     "run": (PUBLIC, "the run's folder"), "status": (PUBLIC, "finished, or where it stopped"),
+    "guarantee": (PUBLIC, "the neighbouring relation the run's epsilon is for"),
     "seeds": (PUBLIC, "the seeds of a setting"), "round_min": (PUBLIC, "the last round all "
                                                                        "seeds reached"),
     "mb_up": (_by_budgets, "as bytes_up"), "mb_down": (_by_budgets, "as bytes_down"),

@@ -28,8 +28,16 @@ RESUMABLE_CHANGES = ("rounds",)  # config keys that may differ when resuming
 EXECUTION_KEYS = tuple(k for k in RELEASE_NEUTRAL_KEYS if k != "eval_every")
 
 
-def saved_config(path: str) -> Config:
-  """The config a run folder was started with; RunError when it is not one."""
+# where a saved config names a rule, term, mechanism or dataset this process has not
+# registered (one registered from the user's own code when the run was made)
+UNREGISTERED_HINT = ("; a name registered from your own code must be registered here too: "
+                     "list its file in the run's plugins (--set plugins=[FILE]) or read the "
+                     "run from Python after registering it")
+
+
+def saved_config(path: str, reader: str = "--resume") -> Config:
+  """The config a run folder was started with; RunError, naming `reader` (the command
+  or function reading it), when it is not one."""
   try:
     with open(path) as f:
       values = json.load(f)
@@ -40,7 +48,9 @@ def saved_config(path: str) -> Config:
       values = dict(values, feature_scaling="pooled")
     return make_config(values, refuse_unread=False)   # as it was accepted when written
   except (OSError, ValueError, ConfigError) as e:
-    raise RunError(f"--resume: {path} is not a valid run config ({str(e).splitlines()[0]})")
+    first = str(e).splitlines()[0]
+    hint = UNREGISTERED_HINT if isinstance(e, ConfigError) and "allowed" in first else ""
+    raise RunError(f"{reader}: {path} is not a valid run config ({first}){hint}") from None
 
 
 def rounds_done(out: str) -> int:

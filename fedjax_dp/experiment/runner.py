@@ -64,7 +64,7 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
   problem = reuse_conflict(cfg, out, overwrite)
   if problem:
     raise RunError(problem)
-  saved = saved_config(cfg_path)
+  saved = saved_config(cfg_path, "reusing " + out)
   finished = os.path.exists(os.path.join(out, "summary.json"))
   if config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES):
     return run_experiment(cfg, out, overwrite=True, **kwargs)
@@ -90,7 +90,7 @@ def reuse_conflict(cfg: Config, out: str, overwrite: bool) -> str | None:
   cfg_path = os.path.join(out, "config.json")
   if overwrite or not os.path.exists(cfg_path):
     return None
-  saved = saved_config(cfg_path)
+  saved = saved_config(cfg_path, "reusing " + out)
   finished = os.path.exists(os.path.join(out, "summary.json"))
   diff = config_diff(cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES)
   if not diff:

@@ -87,7 +87,7 @@ def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Pl
       plans.append(_Plan(cell, "overwrite" if os.path.isdir(where) and os.listdir(where)
                          and overwrite else "fresh"))
       continue
-    saved = saved_config(os.path.join(where, "config.json"))
+    saved = saved_config(os.path.join(where, "config.json"), "fedjax-dp sweep")
     finished = os.path.exists(os.path.join(where, "summary.json"))
     if config_diff(cell.cfg, saved, EXECUTION_KEYS if finished else RESUMABLE_CHANGES):
       plans.append(_Plan(cell, "overwrite"))   # reuse_conflict allowed it: overwrite
