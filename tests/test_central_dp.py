@@ -7,6 +7,8 @@ import jax
 import numpy as np
 import pytest
 
+from fedjax_dp.experiment.reports.local_dp_report import read_client_epsilons
+
 from fedjax_dp.cli import main
 from tests.helpers import toy_problem, toy_simulation
 
@@ -139,7 +141,8 @@ def test_local_dp_run_stops_when_every_client_is_spent(tmp_path):
   p = summary["privacy"]
   assert k_max >= 3 and p["dp"] == "local" and p["clients"]["participations"]["max"] == k_max
   assert p["clients"]["spent"] == 40 and summary["rounds"] < 200
-  assert max(p["client_epsilons"]) == p["epsilon"] <= 3.0
+  assert max(read_client_epsilons(str(tmp_path / "h"))) == p["epsilon"] <= 3.0
+  assert p["clients"]["epsilon_max"] == p["epsilon"] and "client_epsilons" not in p
   assert rows[-1]["clients_spent"] == 40 and rows[-1]["round"] == summary["rounds"]
   assert p["epsilon"] == pytest.approx(oracle_local(k_max), rel=1e-3)
 
@@ -204,3 +207,24 @@ def test_pld_refuses_too_little_noise_before_training_and_falls_back_after():
   assert "needs >= 0.01" in report["pld_note"] and report["accountant"] == "rdp"
   add_pld(report, lambda: 3.0, "pld")
   assert report["epsilon"] == 3.0 and report["accountant"] == "pld"
+
+
+def test_the_report_holds_one_guarantee_and_labels_the_rest(tmp_path):
+  """The first-hour review's finding 7: a plain DP-FedAvg run's report buried its one
+  epsilon beside the dynamic-DP paper's formula (494 against 7.1) and an unlabelled
+  156-number ledger. The paper's figure only where its options are on; the ledger with
+  its orders, whose conversion is the reported RDP epsilon."""
+  from fedjax_dp.privacy import accounting
+  rc, _, summary = _run(tmp_path, "plain", "noise_multiplier=1.0", "rounds=6")
+  assert rc == 0
+  p = summary["privacy"]
+  assert "paper_formula_epsilon" not in p
+  ledger = p["ledger"]
+  assert ledger["orders"] == [float(a) for a in accounting.DEFAULT_ORDERS]
+  assert len(ledger["rdp"]) == len(ledger["orders"]) and "is" in ledger
+  eps, _ = accounting.epsilon_np(np.asarray(ledger["rdp"]), p["delta"])
+  assert eps == pytest.approx(p.get("rdp_epsilon", p["epsilon"]), rel=1e-9)
+  rc, _, scheduled = _run(tmp_path, "scheduled", "noise_multiplier=1.0", "rounds=6",
+                          "noise_schedule=convergence")
+  assert rc == 0 and scheduled["privacy"]["paper_formula_epsilon"]["total"] > 0
+  assert scheduled["privacy"]["paper_formula_epsilon"]["is"].startswith("NOT a guarantee")

@@ -200,7 +200,7 @@ def test_local_dp_pld_report_for_the_most_frequent_client():
   oracle.compose(dpa.GaussianDpEvent(z / 2), most)
   assert report["pld_epsilon"] == pytest.approx(oracle.get_epsilon(1e-5), rel=1e-3)
   assert report["epsilon"] == pytest.approx(min(report["pld_epsilon"],
-                                                max(report["client_epsilons"])))
+                                                report["clients"]["epsilon_max"]))
 
 
 def test_adaptive_clip_norm_follows_the_geometric_rule():

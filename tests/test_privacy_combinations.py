@@ -464,7 +464,8 @@ def check_central(cfg, summary, rows, rounds: list[Round], tol_hi: float, what: 
   return oracle
 
 
-def check_local(cfg, summary, rounds: list[Round], tol_hi: float, what: str) -> np.ndarray:
+def check_local(cfg, summary, rounds: list[Round], tol_hi: float, what: str,
+                client_eps: list) -> np.ndarray:
   """Each client's reported epsilon against dp-accounting on its participations."""
   p = summary["privacy"]
   inv = np.zeros(cfg.num_clients)
@@ -476,7 +477,7 @@ def check_local(cfg, summary, rounds: list[Round], tol_hi: float, what: str) -> 
   tol_lo = 2e-3 if exact else 0.10
   zc = np.where(inv > 0, 1 / np.sqrt(np.maximum(inv, 1e-300)), np.inf)
   want = np.array([gaussian_epsilon(z / 2, cfg.delta, "rdp") for z in zc])
-  got = np.array([e if e is not None else 0.0 for e in p["client_epsilons"]])
+  got = np.array([e if e is not None else 0.0 for e in client_eps])   # client_epsilons.csv
   worst = int(np.argmin(got - want))
   shown = (f"{what}: client {worst} reported {got[worst]:.4g}, dp-accounting "
            f"{want[worst]:.4g} (its participations compose to z_eff {zc[worst]:.4g}); "
@@ -502,12 +503,13 @@ def check_local(cfg, summary, rounds: list[Round], tol_hi: float, what: str) -> 
   return want
 
 
-def check_run(rec: Recorder, cfg, summary, rows, feature_tiers, tol_hi, what, upto=None):
+def check_run(rec: Recorder, cfg, summary, rows, feature_tiers, tol_hi, what, upto=None,
+              client_eps=None):
   recs = rec.rounds if upto is None else rec.rounds[:upto]
   rounds = [measure(rec, r, feature_tiers) for r in recs]
   if cfg.dp == "central":
     return check_central(cfg, summary, rows, rounds, tol_hi, what), rounds
-  return check_local(cfg, summary, rounds, tol_hi, what), rounds
+  return check_local(cfg, summary, rounds, tol_hi, what, client_eps), rounds
 
 
 # --------------------------------------------------------------------------- running
@@ -523,6 +525,12 @@ class Phase:
   summary: dict
   rows: list
   recorded: int      # rounds recorded by the end of this phase
+  client_eps: list | None = None   # local DP: client_epsilons.csv at the phase's end
+
+
+def _client_eps(out: str) -> list | None:
+  from fedjax_dp.experiment.reports.local_dp_report import CLIENT_EPSILONS, read_client_epsilons
+  return read_client_epsilons(out) if os.path.exists(os.path.join(out, CLIENT_EPSILONS)) else None
 
 
 def run_phases(rec: Recorder, values: dict, out: str, resume_rounds: int | None = None):
@@ -530,7 +538,7 @@ def run_phases(rec: Recorder, values: dict, out: str, resume_rounds: int | None 
   it: the saved config with rounds changed. Returns (phases, the refusal or None)."""
   cfg = make_config(values)
   summary = runner.run_experiment(cfg, out, progress=False, log=_silent)
-  phases = [Phase(cfg, summary, read_rows(out), len(rec.rounds))]
+  phases = [Phase(cfg, summary, read_rows(out), len(rec.rounds), _client_eps(out))]
   refused = None
   if resume_rounds is not None:
     cfg2 = make_config({"rounds": resume_rounds},
@@ -540,7 +548,7 @@ def run_phases(rec: Recorder, values: dict, out: str, resume_rounds: int | None 
     except runner.RunError as e:   # refusing the changed rounds is an accepted fix
       refused = str(e)
     else:
-      phases.append(Phase(cfg2, summary, read_rows(out), len(rec.rounds)))
+      phases.append(Phase(cfg2, summary, read_rows(out), len(rec.rounds), _client_eps(out)))
   return phases, refused
 
 
@@ -553,7 +561,7 @@ def check_phases(rec, phases, tier_map, tol_hi, what):
   for i, ph in enumerate(phases):
     out.append(check_run(rec, ph.cfg, ph.summary, ph.rows, tiers_of(tier_map), tol_hi,
                          f"{what}, {'after the resume' if i else 'first run'}",
-                         upto=ph.recorded))
+                         upto=ph.recorded, client_eps=ph.client_eps))
   return out
 
 
@@ -744,7 +752,7 @@ def run_rerun(folder, tmp_path, monkeypatch, overrides: dict, what: str, tier_ma
     if cfg2.dp == "central":
       check_central(cfg2, summary, read_rows(out), released, 0.3, how)
     else:
-      check_local(cfg2, summary, released, 0.03, how)
+      check_local(cfg2, summary, released, 0.03, how, _client_eps(out))
   except AssertionError as e:
     problems.append(str(e).split("\nassert")[0])
   assert not problems, "; ".join(problems)
@@ -1072,9 +1080,8 @@ def test_a_stateful_aggregator_under_local_dp_is_accounted_as_its_noise(tabular,
   rec = Recorder(monkeypatch)
   phases, _ = run_phases(rec, values, str(tmp_path / "mean"))
   check_phases(rec, phases, "tiers", 0.03, "local DP, mean, sign-flip attackers")
-  rule = runner.run_experiment(make_config(dict(values, aggregator="centered_clip",
-                                                cclip_tau=0.5)),
-                               str(tmp_path / "cclip"), progress=False, log=_silent)
+  runner.run_experiment(make_config(dict(values, aggregator="centered_clip", cclip_tau=0.5)),
+                        str(tmp_path / "cclip"), progress=False, log=_silent)
   # the rule's run draws its own cohorts (another release): its epsilons are dp-accounting's
   # for its own participations, at the noise the mechanism's client half applies
   recs = [r for r in rec.rounds if r.sim.cfg.aggregator == "centered_clip"]
@@ -1084,5 +1091,5 @@ def test_a_stateful_aggregator_under_local_dp_is_accounted_as_its_noise(tabular,
     inv[np.flatnonzero(np.asarray(nc1) > np.asarray(nc0))] += 2.0 ** -2
   zc = np.where(inv > 0, 1 / np.sqrt(np.maximum(inv, 1e-300)), np.inf)
   want = np.array([gaussian_epsilon(z / 2, 1e-5, "rdp") for z in zc])
-  got = np.array([e or 0.0 for e in rule["privacy"]["client_epsilons"]])
+  got = np.array([e or 0.0 for e in _client_eps(str(tmp_path / "cclip"))])
   np.testing.assert_allclose(got, want, rtol=2e-3)

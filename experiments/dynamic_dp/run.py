@@ -122,7 +122,12 @@ def run_kind(args) -> list[dict]:
 
 def _row(name: str, s: dict, **extra) -> dict:
   p = s["privacy"]
+  rounds = s["rounds"] - (p.get("rounds_skipped_by_budget") or 0)
   paper_eps = (p.get("paper_formula_epsilon") or {}).get("total")
+  if paper_eps is None and p.get("noise_multiplier"):
+    # the report gives the paper's formula only with its options on; a static arm's is
+    # its per-round charge sqrt(2 ln(1.25/delta)) / z over the rounds run (not a guarantee)
+    paper_eps = rounds * math.sqrt(2 * math.log(1.25 / p["delta"])) / p["noise_multiplier"]
   analyzer = s.get("analyzer") or {}
   return {"run": name, **extra,
           "final_accuracy": s["final"]["test_accuracy"],
@@ -132,7 +137,7 @@ def _row(name: str, s: dict, **extra) -> dict:
           "noise_multiplier": p.get("noise_multiplier"),
           "effective_noise_multiplier": p.get("effective_noise_multiplier",
                                               p.get("noise_multiplier")),
-          "rounds": s["rounds"] - (p.get("rounds_skipped_by_budget") or 0),
+          "rounds": rounds,
           "wall_s": s["timing"]["wall_s"],
           "tier_accuracy": (analyzer.get("tier_accuracy") or {}).get("run_tiers")}
 

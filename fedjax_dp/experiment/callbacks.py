@@ -316,6 +316,13 @@ def summary() -> Callback:
     # unless one of your callbacks did
     stopped = (int(ctx.state.round) - skipped < ctx.cfg.rounds
                and not (ctx.stop and not ctx.budget_stopped))   # a divergence is no budget stop
+    if get_mechanism(ctx.cfg.dp).per_client_ledgers:   # the per-client list beside it,
+      from fedjax_dp.experiment.reports import local_dp_report as ldp   # before the summary
+      rows = ldp.client_epsilon_rows(ctx.sim, ctx.state)                  # lists the files
+      if ctx.test_mode is not None:   # the charged figures are no guarantee: none given
+        rows = [dict(r, epsilon=None) for r in rows]
+      reporting.write_text_atomic(os.path.join(ctx.out, ldp.CLIENT_EPSILONS),
+                                  reporting.csv_text(rows))
     ctx.summary = run_summary(ctx, stopped)
     reporting.write_json_atomic(os.path.join(ctx.out, "summary.json"), ctx.summary)
   return Callback(on_run_end=end)

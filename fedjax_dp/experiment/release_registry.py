@@ -168,7 +168,6 @@ SUMMARY: dict[str, tuple[Status, str]] = {
     "privacy.client_budgets.sum": (PUBLIC, "num_clients x target_epsilon"),
     "privacy.client_budgets.**": (NOT_COVERED, "every client's budget, from its example count "
                                                "(and the analyzer's scores of its data)"),
-    "privacy.client_epsilons": (_by_budgets, "each client's epsilon: its participations"),
     "privacy.clients.**": (_by_budgets, "the clients' epsilons and participations"),
     "privacy.tiers.**": (_analyzer_tiers, "per-tier clip norms and noise: the tier map (chosen "
                                           "by the analyzer from the clients' raw data, or "
@@ -200,6 +199,7 @@ RUN_FILES: dict[str, tuple[Status, str]] = {
     "metrics.csv": (PUBLIC, "the rows as CSV (their figures are declared one by one)"),
     "tensorboard/": (PUBLIC, "the rows as TensorBoard scalars (declared one by one)"),
     "summary.json": (PUBLIC, "the summary (its fields are declared one by one)"),
+    "client_epsilons.csv": (_by_budgets, "each local-DP client's epsilon and participations"),
     "audit.json": (COVERED, "the one-shot audit's estimate: the released model against "
                             "public canary directions, and the run's accounted epsilon"),
 }

@@ -14,9 +14,31 @@ from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.recipes.hparams import budget_limit
 from fedjax_dp.privacy import accounting
-from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none
+from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none, uses_dynamic_dp
 from fedjax_dp.privacy.mechanisms import get_mechanism
 from fedjax_dp.recipes.privacy import cohort_sampling
+
+
+CLIENT_EPSILONS = "client_epsilons.csv"   # beside summary.json (30,000 clients: 784 KB of
+                                          # summary.json before, the first-hour review)
+
+
+def client_epsilon_rows(sim: Simulation, state) -> list[dict]:
+  """The rows of client_epsilons.csv: each client's id, epsilon (empty where none is
+  finite) and participations."""
+  eps, _ = sim.epsilons(state)
+  counts = np.asarray(state.server_state["noise_control"]["participations"])
+  return [{"client": i, "epsilon": finite_or_none(e), "participations": int(n)}
+          for i, (e, n) in enumerate(zip(np.asarray(eps, np.float64), counts))]
+
+
+def read_client_epsilons(run_dir: str) -> list[float | None]:
+  """[num_clients] each client's epsilon from a local-DP run's client_epsilons.csv
+  (None where it has none)."""
+  import csv
+  import os
+  with open(os.path.join(run_dir, CLIENT_EPSILONS), newline="") as f:
+    return [float(r["epsilon"]) if r["epsilon"] else None for r in csv.DictReader(f)]
 
 
 def clients_spent(sim: Simulation, state) -> np.ndarray:
@@ -38,13 +60,15 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
       **get_mechanism(cfg.dp).describe(cohort_sampling(cfg)),
       "epsilon": finite_or_none(np.max(eps)), "epsilon_is": "the largest client's",
       "clients": {
+          "epsilon_min": finite_or_none(np.min(eps)),
           "epsilon_median": finite_or_none(np.median(eps)),
+          "epsilon_max": finite_or_none(np.max(eps)),
+          "epsilons": f"{CLIENT_EPSILONS}: each client's epsilon and participations",
           "participations": ({"min": int(counts.min()), "median": float(np.median(counts)),
                               "max": int(counts.max())} if counts is not None else None),
           "spent": int(spent.sum()),
           "stopped_by_budget": "clients stop taking part when their next participation "
                                "would pass target_epsilon" if cfg.target_epsilon else None},
-      "client_epsilons": [finite_or_none(e) for e in eps],
   })
   if cfg.accountant == "pld" and z > 0 and counts.max() > 0:
     # static noise (config): every participation is a Gaussian of at least the composed
@@ -89,7 +113,7 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
                               "max": float(f.max())},
         **({"last_median_cluster_size": float(cn["median"])}
            if isinstance(cn, dict) and "median" in cn else {})}
-  if z > 0:
+  if z > 0 and uses_dynamic_dp(cfg):
     paper = np.asarray(nc["paper_epsilon"], np.float64)
     report["paper_formula_epsilon"] = {
         "is": "NOT a guarantee: the dynamic-DP paper's per-round charge "
