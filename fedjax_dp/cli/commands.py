@@ -312,15 +312,17 @@ def _datasets(args) -> int:
   ds = load_data(cfg)
   parts = client_partition(cfg, ds)
   hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
+  described = f"partition {cfg.partition}" + (
+      f" (alpha {cfg.alpha:g})" if cfg.partition in ("dirichlet", "dirichlet_client") else "")
   print(f"{cfg.dataset}: {len(ds.y_train)} training examples, {cfg.num_clients} clients, "
-        f"partition {cfg.partition}" + (f" (alpha {cfg.alpha})" if cfg.partition == "dirichlet" else ""))
+        f"{described}")
   print(part_lib.format_histogram(hist))
   if args.plot:
     from fedjax_dp.data.registry import class_names
     names = class_names(cfg.dataset)
     part_lib.plot_histogram(
         hist, args.plot, class_names=names if names and len(names) == ds.num_classes else None,
-        title=f"{cfg.dataset}: {cfg.num_clients} clients, partition {cfg.partition}")
+        title=f"{cfg.dataset}: {cfg.num_clients} clients, {described}")
     print(f"plot: {os.path.abspath(args.plot)}")
   return 0
 

@@ -328,13 +328,27 @@ def summary() -> Callback:
   return Callback(on_run_end=end)
 
 
+def plot_title(ctx: RunContext) -> str:
+  """'mine: fedavg on digits, 20 clients (10 a round); central DP z 1.2, q 0.5': what a
+  plot shows, beyond the folder's name (the first-hour review, finding 9)."""
+  cfg, m = ctx.cfg, get_mechanism(ctx.cfg.dp)
+  title = (f"{os.path.basename(os.path.abspath(ctx.out))}: {cfg.algorithm} on {cfg.dataset}, "
+           f"{cfg.num_clients:,} clients ({cfg.clients_per_round:,} a round)")
+  if m.private:
+    z = ctx.sim.noise_multiplier
+    title += (f"; {cfg.dp} DP z {z:.3g}, q {cfg.clients_per_round / cfg.num_clients:.3g}")
+  return title
+
+
 def plots() -> Callback:
   """PNG curves of metrics.jsonl; their paths go to ctx.summary['plots']."""
   def end(ctx: RunContext) -> None:
     cfg = ctx.cfg
+    mechanism = get_mechanism(cfg.dp)
     paths = reporting.plot_metrics(
-        ctx.rows, ctx.out, title=os.path.basename(os.path.abspath(ctx.out)),
-        target_epsilon=cfg.target_epsilon if get_mechanism(cfg.dp).private else None)
+        ctx.rows, ctx.out, title=plot_title(ctx),
+        target_epsilon=cfg.target_epsilon if mechanism.private else None,
+        epsilon_is="the largest client's" if mechanism.per_client_ledgers else None)
     if ctx.summary is not None:
       ctx.summary["plots"] = paths
   return Callback(on_run_end=end)

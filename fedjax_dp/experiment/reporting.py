@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from typing import Any
 
@@ -105,9 +106,11 @@ def append_metrics(path: str, row: dict) -> None:
 ATTACK_METRICS = ("attack_success_rate", "target_misclassification")
 
 
-def plot_panels(rows: list[dict]) -> list[tuple[str, str, list]]:
+def plot_panels(rows: list[dict], epsilon_is: str | None = None) -> list[tuple[str, str, list]]:
   """The plots plot_metrics draws from `rows`: (file, y label, [(legend label, key,
-  scale, style)]) each, so that a run can declare them before they are drawn."""
+  scale, style)]) each, so that a run can declare them before they are drawn.
+  `epsilon_is`: whose epsilon the rows carry where it is not the run's (local DP: 'the
+  largest client's')."""
   if not rows:
     return []
   tests = [k[len("test_"):] for k in rows[0] if k.startswith("test_") and k != "test_loss"]
@@ -128,29 +131,38 @@ def plot_panels(rows: list[dict]) -> list[tuple[str, str, list]]:
   accounted = [r for r in rows if r.get("epsilon") is not None]
   if accounted:
     names = sorted({r.get("epsilon_accountant") or "rdp" for r in accounted})
+    whose = f" by {epsilon_is.removesuffix(chr(39) + 's')}" if epsilon_is else ""
     panels.append((
-        "epsilon.png", f"epsilon spent ({' or '.join(names)}"
+        "epsilon.png", f"epsilon spent{whose} ({' or '.join(names)}"
                        f"{', the smaller' if len(names) > 1 else ''}, delta "
                        f"{accounted[-1]['delta']:g})", [(None, "epsilon", 1, {})]))
   return panels
 
 
+def _spans_decades(values, decades: float = 2.0) -> bool:
+  """The finite positive values span more than `decades` orders of magnitude."""
+  positive = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+  return bool(positive) and max(positive) > min(positive) * 10 ** decades
+
+
 def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
-                 target_epsilon: float | None = None) -> list[str]:
+                 target_epsilon: float | None = None, epsilon_is: str | None = None) -> list[str]:
   """Each test metric but the loss (accuracy.png; regression: mse.png, mae.png), loss,
   bytes in MB (and epsilon when accounted, with `target_epsilon` drawn), and under a
   data attack its success with the main accuracy beside it (attack.png) against
-  rounds, titled `title` (the run's name); a round whose figure was not finite is
-  marked by a red dotted line. Returns the PNG paths."""
+  rounds (whole rounds on the axis), titled `title`; a round whose figure was not
+  finite is marked by a red dotted line, and a panel whose positive values span more
+  than two decades (a diverging loss) is drawn on a log scale. Returns the PNG paths."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import MaxNLocator
 
   if not rows:
     return []
   rounds = [r["round"] for r in rows]
   paths = []
-  for filename, ylabel, series in plot_panels(rows):
+  for filename, ylabel, series in plot_panels(rows, epsilon_is):
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for label, key, scale, style in series:
       pts = [(x, r[key] * scale) for x, r in zip(rounds, rows) if r.get(key) is not None]
@@ -165,6 +177,12 @@ def plot_metrics(rows: list[dict], out_dir: str, title: str | None = None,
                  label=f"target {target_epsilon:g}")
     if filename == "bytes.png":
       ax.ticklabel_format(axis="y", useOffset=False, style="plain")   # MB as they are
+    elif _spans_decades([r.get(key) for _, key, _, _ in series for r in rows]):
+      ax.set_yscale("log")   # a loss of 1e33 beside one of 2: both readable
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # rounds are whole
+    if max(rounds) - min(rounds) < 2:   # one evaluation: the locator's ticks were 4.8, 4.9
+      ax.set_xlim(min(rounds) - 1, max(rounds) + 1)
+      ax.set_xticks(sorted(set(rounds)))
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
     if title:
