@@ -459,3 +459,21 @@ def test_the_test_mode_changes_no_audited_figure_in_either_audit(tmp_path):
   ledger = table[1].split(",")[4]
   assert float(ledger) > 0 and runs["accounted_epsilon"] == pytest.approx(float(ledger),
                                                                           rel=1e-12)
+
+
+@pytest.mark.parametrize("ci95,accounted,says", [
+    ((12.0, 14.0), 11.48, "ABOVE the accounted epsilon"),
+    ((9.845, 12.61), 11.48, "consistent with the accounted epsilon: its 95 % interval "
+                            "contains it"),
+    ((1.0, 3.0), 11.48, "below the accounted epsilon: this audit finds less"),
+    ((1.0, 3.0), None, "no accounted epsilon to compare with"),
+])
+def test_the_verdict_says_how_the_interval_sits_against_the_accountant(ci95, accounted, says):
+  """The first-hour review's finding 13: 'not above the accounted epsilon' for an
+  interval (9.845 to 12.610) that contains the accounted 11.480."""
+  from fedjax_dp.experiment.audit_run import format_report
+  report = {"ci95": list(ci95), "accounted_epsilon": accounted, "accountant": "pld",
+            "canaries": 20, "held_out": 20, "mu_inserted": 0.1, "sd_inserted": 0.05,
+            "mu_held_out": 0.0, "sd_held_out": 0.06, "empirical_epsilon": sum(ci95) / 2,
+            "delta": 1e-5, "exceeds_accounted": accounted is not None and ci95[0] > accounted}
+  assert format_report(report).splitlines()[-1].startswith("  " + says)

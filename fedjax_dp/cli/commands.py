@@ -299,9 +299,10 @@ def _datasets(args) -> int:
     raise RunError(f"--plot {args.plot}: its folder does not exist")
   if not args.partition:
     _load_listed_plugins(args)   # a plugin's datasets are listed too
+    width = max(len(name) for name in DATASETS)   # a long name (breast_cancer) kept aligned
     for name in DATASETS:
       ok, where = find_dataset(name, args.data_dir)
-      print(f"{name:10s} {'available' if ok else 'missing  '}  {where}")
+      print(f"{name:{width}s}  {'available' if ok else 'missing  '}  {where}")
     return 0
   from fedjax_dp.data import partition as part_lib
   from fedjax_dp.experiment.setup import client_partition, load_data

@@ -29,10 +29,17 @@ _IDX_SUBDIRS = {"mnist": ("mnist", "MNIST", "MNIST/raw"),
                 "fmnist": ("fmnist", "fashion-mnist", "fashion_mnist", "FashionMNIST",
                            "FashionMNIST/raw")}
 _DATA_DIR = "data_dir (fedjax-dp run: --set data_dir=DIR; the experiment scripts: --data-dir DIR)"
+# where to get each one (the first-hour review, finding 13: the error said where to put
+# the files, not where they come from)
 HOW_TO_GET = {
-    "fmnist": f"install the Debian package dataset-fashion-mnist or set {_DATA_DIR}",
-    "mnist": f"put the four MNIST IDX files in a folder and set {_DATA_DIR}",
-    "cifar10": f"unpack cifar-10-python.tar.gz and set {_DATA_DIR}",
+    "fmnist": ("install the Debian package dataset-fashion-mnist, or put the four IDX files "
+               "(https://github.com/zalandoresearch/fashion-mnist, data/fashion) in a folder "
+               f"and set {_DATA_DIR}"),
+    "mnist": ("put the four MNIST IDX files (https://yann.lecun.com/exdb/mnist/, or the mirror "
+              "https://ossci-datasets.s3.amazonaws.com/mnist/) in a folder and set "
+              f"{_DATA_DIR}"),
+    "cifar10": ("download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, unpack it "
+                f"and set {_DATA_DIR}"),
 }
 
 

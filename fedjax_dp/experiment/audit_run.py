@@ -340,8 +340,14 @@ def format_report(report: dict) -> str:
   acc = report["accounted_epsilon"]
 
   def verdict(r):
-    return ("ABOVE the accounted epsilon: the accountant charged less than was released"
-            if r["exceeds_accounted"] else "not above the accounted epsilon")
+    if r["exceeds_accounted"]:
+      return "ABOVE the accounted epsilon: the accountant charged less than was released"
+    if acc is None:
+      return "no accounted epsilon to compare with"
+    if r["ci95"][1] >= acc:   # the first-hour review: 'not above' for 9.8-12.6 around 11.5
+      return "consistent with the accounted epsilon: its 95 % interval contains it"
+    return ("below the accounted epsilon: this audit finds less than the accountant charges "
+            "(an audit bounds the leakage from below)")
   lines = [
       *([f"TEST MODE: {report['undercharged_test_mode']}"]
         if "undercharged_test_mode" in report else []),
