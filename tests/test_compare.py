@@ -147,6 +147,23 @@ def test_a_run_of_a_rule_this_process_has_not_registered_is_still_compared(runs,
   message = str(e.value)
   assert message.startswith("attack_mia: ") and "'my_filter'" in message
   assert "list its file in the run's plugins (--set plugins=[FILE])" in message
+  # the CLI imports the user's registrations first with --plugins
+  plugin = tmp_path / "my_filter.py"
+  plugin.write_text("from fedjax_dp.robust import get_aggregator, register_aggregator\n"
+                    "register_aggregator(get_aggregator('median')._replace(name='my_filter'))\n")
+  exe = os.path.join(os.path.dirname(sys.executable), "fedjax-dp")
+  refused = subprocess.run([exe, "attack", "mia", "--run", str(mine), "--examples", "20"],
+                           capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2 and "pass it to fedjax-dp attack or compare as --plugins" in (
+      refused.stderr)
+  attacked = subprocess.run([exe, "attack", "mia", "--run", str(mine), "--examples", "20",
+                             "--plugins", str(plugin)], capture_output=True, text=True,
+                            timeout=300)
+  assert attacked.returncode == 0, attacked.stderr
+  shown = cli(str(mine), "--plugins", str(plugin), "--columns", "test_accuracy")
+  assert shown.returncode == 0, shown.stderr
+  missing = cli(str(mine), "--plugins", str(tmp_path / "nothing.py"))
+  assert missing.returncode == 2 and "--plugins" in missing.stderr, missing.stderr
 
 
 def test_the_plot_draws_a_sweeps_seeds_as_their_mean_and_sd(runs):

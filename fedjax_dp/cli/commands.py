@@ -132,6 +132,18 @@ def _sweep(args) -> int:
   return 0
 
 
+def _import_plugins(plugins: list[str]) -> None:
+  """--plugins: registrations a saved run's config names (its ConfigError names the
+  one that failed to import)."""
+  if plugins:
+    from fedjax_dp.recipes.plugins import load_plugins
+    try:
+      load_plugins(tuple(plugins))
+    except Exception as e:
+      from fedjax_dp.errors import ConfigError
+      raise ConfigError(str(e).replace("config key 'plugins'", "--plugins")) from None
+
+
 def _compare(args) -> int:
   """Runs and sweeps side by side (experiment/compare.py)."""
   from fedjax_dp.experiment import compare, reporting
@@ -145,6 +157,7 @@ def _compare(args) -> int:
       raise RunError(f"{flag} {path}: the file exists; name a new one")
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
       raise RunError(f"{flag} {path}: its folder does not exist")
+  _import_plugins(args.plugins)
   runs = compare.load_runs(args.paths)
   rows = compare.select_columns(compare.sort_rows(compare.compare_rows(runs), args.sort),
                                 args.columns)
@@ -168,6 +181,7 @@ def _attack(args) -> int:
       raise RunError(f"--json {args.json}: the file exists; name a new one")
   if not os.path.isdir(args.run):
     raise RunError(f"--run {args.run}: no such folder")
+  _import_plugins(args.plugins)
   if args.attack == "mia":
     report = attack.attack_mia(args.run, examples=args.examples, seed=args.seed,
                                shadows=args.shadows)

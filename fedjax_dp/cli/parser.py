@@ -16,9 +16,17 @@ def _config_args(parser) -> None:
                       help="override config keys: one or more KEY=VALUE")
 
 
+def _plugins_arg(parser) -> None:
+  """--plugins: the user's files or modules imported before a saved run is read."""
+  parser.add_argument("--plugins", nargs="+", default=[], metavar="FILE_OR_MODULE",
+                      help="import these first (a run made from Python whose rule, term, "
+                           "mechanism or dataset was registered in your own code)")
+
+
 def _attack_args(parser) -> None:
   """What every `fedjax-dp attack` kind takes: the run, the examples, the report."""
   parser.add_argument("--run", required=True, metavar="DIR", help="a finished run's folder")
+  _plugins_arg(parser)
   parser.add_argument("--examples", type=_positive_int, default=None,
                       help="members (and non-members) at most; default: the test set's size")
   parser.add_argument("--seed", type=int, default=0,
@@ -163,6 +171,7 @@ def _compare_command(sub) -> None:
                  help="run folders, and sweep folders (each of their cells)")
   m.add_argument("--sort", metavar="COLUMN", help="sort by a column; =-COLUMN: descending "
                  "(e.g. --sort=-test_accuracy)")
+  _plugins_arg(m)
   m.add_argument("--columns", metavar="COLS", help="only these columns, comma-separated "
                  "(the run's name always first), e.g. lr,test_accuracy,epsilon,guarantee")
   m.add_argument("--csv", metavar="CSV", help="also write the table here (a new file)")

@@ -31,8 +31,9 @@ EXECUTION_KEYS = tuple(k for k in RELEASE_NEUTRAL_KEYS if k != "eval_every")
 # where a saved config names a rule, term, mechanism or dataset this process has not
 # registered (one registered from the user's own code when the run was made)
 UNREGISTERED_HINT = ("; a name registered from your own code must be registered here too: "
-                     "list its file in the run's plugins (--set plugins=[FILE]) or read the "
-                     "run from Python after registering it")
+                     "list its file in the run's plugins (--set plugins=[FILE]), pass it to "
+                     "fedjax-dp attack or compare as --plugins FILE, or read the run from "
+                     "Python after registering it")
 
 
 def saved_config(path: str, reader: str = "--resume") -> Config:
