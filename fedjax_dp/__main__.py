@@ -6,7 +6,7 @@ traceback (the first-hour review, finding 5)."""
 
 import sys
 
-INTERRUPTED_STARTING = "interrupted while starting: nothing was run or written"
+from fedjax_dp.errors import INTERRUPTED_STARTING
 
 
 def console_main() -> None:

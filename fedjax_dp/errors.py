@@ -3,6 +3,10 @@ so that any layer can raise them without importing the layer that owns the topic
 (the CLI prints each as one line and exits with status 2)."""
 
 
+# a Ctrl-C before the command's own modules were loaded (fedjax_dp/__main__.py, cli/)
+INTERRUPTED_STARTING = "interrupted while starting: nothing was run or written"
+
+
 class ConfigError(ValueError):
   """A bad config key or value; the message is one line meant for the user."""
 

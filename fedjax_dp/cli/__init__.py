@@ -108,7 +108,7 @@ def console_main() -> None:
     code = main()
     sys.stdout.flush()
   except KeyboardInterrupt:   # before run_guarded: parsing, or JAX's own start-up
-    from fedjax_dp.__main__ import INTERRUPTED_STARTING
+    from fedjax_dp.errors import INTERRUPTED_STARTING
     print(INTERRUPTED_STARTING, file=sys.stderr)
     code = INTERRUPTED
   except BrokenPipeError:

@@ -68,8 +68,12 @@ def make_evaluate(model: Model, task: losses.Task | None = None,
 
   def evaluate_floats(params, xb, yb, mb) -> dict[str, float]:
     # Python floats in the task's order (a jitted dict comes back sorted, as arrays):
-    # what a user prints and compares; float32 -> float is exact
-    values = jax.device_get(evaluate(params, xb, yb, mb))
+    # what a user prints and compares; float32 -> float is exact. Traced (under jit or
+    # vmap) it returns the arrays, as any JAX function does
+    values = evaluate(params, xb, yb, mb)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((params, xb))):
+      return {name: values[name] for name, _ in metrics}
+    values = jax.device_get(values)
     return {name: float(values[name]) for name, _ in metrics}
   return evaluate_floats
 

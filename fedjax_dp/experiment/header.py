@@ -8,13 +8,10 @@ from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def _privacy_part(cfg) -> str:
-  m = get_mechanism(cfg.dp)
-  if not m.private:
+  if not get_mechanism(cfg.dp).private:
     return "no DP"
-  where = "central" if m.noises_sum else "local" if m.noises_each_upload else cfg.dp
   budget = f", budget epsilon {cfg.target_epsilon:g}" if cfg.target_epsilon is not None else ""
-  name = "" if where == cfg.dp else f" ({cfg.dp})"
-  return f"{where} DP{name}, clip {cfg.clip_norm:g}{budget} at delta {cfg.delta:g}"
+  return f"{cfg.dp} DP, clip {cfg.clip_norm:g}{budget} at delta {cfg.delta:g}"
 
 
 def line(cfg, model_name: str, params: int, devices: int, platform: str, start: int) -> str:
