@@ -35,13 +35,26 @@ def account(*args):
     # local DP, everyone every round: the largest client's epsilon is the every-round one
     {"num_clients": 20, "clients_per_round": 20, "sampling": "fixed", "dp": "local",
      "noise_multiplier": 3.0, "target_epsilon": 10.0, "rounds": 12},
-], ids=["central-poisson-pld", "central-fixed-budget", "local-every-round"])
+    # many rounds: the in-round float32 ledger rounds up each one (2e-4 above float64
+    # composition at 10,000): the plan composes as the ledger does, never below it
+    {"num_clients": 40, "clients_per_round": 10, "sampling": "poisson", "dp": "central",
+     "noise_multiplier": 15.0, "rounds": 3000, "eval_every": 1500},
+    # local DP at a budget's edge: the run refuses the participation that passes
+    # target_epsilon (1 - 1e-5), in float32, in the round
+    {"num_clients": 40, "clients_per_round": 40, "sampling": "poisson", "dp": "local",
+     "noise_multiplier": 2.0, "target_epsilon": 8.074426, "delta": 1e-4, "rounds": 10},
+    # local DP under PLD: the most frequent client's participations
+    {"num_clients": 40, "clients_per_round": 40, "sampling": "poisson", "dp": "local",
+     "noise_multiplier": 4.0, "accountant": "pld", "delta": 1e-4, "rounds": 10},
+], ids=["central-poisson-pld", "central-fixed-budget", "local-every-round",
+        "central-many-rounds", "local-budget-edge", "local-pld"])
 def test_the_plan_is_what_the_run_reports(values, tmp_path):
   cfg = make_config({**SMALL, **values})
   planned = plan_privacy.plan(cfg)
   summary = fedjax_dp.run(cfg, out=str(tmp_path / "run"), progress=False)
   privacy = summary["privacy"]
-  assert planned["epsilon"] == pytest.approx(privacy["epsilon"], rel=1e-5)
+  # composed as the run's float32 ledger composes it: the same figure, not a float64 one
+  assert planned["epsilon"] == pytest.approx(privacy["epsilon"], rel=1e-12, abs=0)
   assert planned["epsilon_accountant"] == privacy["epsilon_accountant"]
   assert planned["noise_multiplier"] == pytest.approx(privacy["noise_multiplier"], rel=1e-9)
   assert planned["neighbouring"] == privacy["neighbouring"]
@@ -50,6 +63,8 @@ def test_the_plan_is_what_the_run_reports(values, tmp_path):
     assert planned["rounds_charged"] == summary["rounds"] - skipped
   if values["sampling"] == "fixed" and values["dp"] == "central":
     assert planned["rounds_charged"] < cfg.rounds   # the case is the budget's
+  if values["dp"] == "local":   # everyone every round: the most frequent client's count
+    assert planned["rounds_charged"] == privacy["clients"]["participations"]["max"]
 
 
 def test_the_plan_composes_as_dp_accounting_does():
@@ -79,10 +94,24 @@ def test_the_cli_plans_a_config_and_its_overrides():
   res = json.loads(stops.stdout)
   assert res["noise_multiplier_source"] == "configured" and res["rounds_charged"] < 100
   assert res["epsilon"] <= 4.0
+  # no noise: no epsilon, as standard JSON (Infinity is not)
+  none = account("--config", "experiments/dp_digits.yaml", "--set", "noise_multiplier=0",
+                 "target_epsilon=null", "--json")
+  assert none.returncode == 0, none.stderr
+
+  def refuse(constant):
+    raise ValueError(f"not standard JSON: {constant}")
+  assert json.loads(none.stdout, parse_constant=refuse)["epsilon"] is None
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--config", "experiments/demo.yaml"], "dp 'none' has no differential-privacy guarantee"),
+    (["--config", "experiments/demo.yaml"], "dp 'none': no differential-privacy guarantee"),
+    (["--config", "experiments/demo.yaml", "--set", "s_local=0.5", "kept_noise=multiplier",
+      "kept_noise_multiplier=1.0", "final_clip_l2=1.0", "index_selection=random_k"],
+     "kept noise 'multiplier' is accounted by the run itself"),
+    (["--config", "experiments/dp_digits.yaml", "--set", "dp=local", "noise_multiplier=2.0",
+      "target_epsilon=null", "aggregator=cluster", "cluster_noise=equalize"],
+     "cluster_noise 'equalize': the noise each round gets depends on the training"),
     (["--config", "experiments/dp_digits.yaml", "--q", "0.1"],
      "--q with --config/--set: the config states it; override it with --set "
      "clients_per_round=VALUE"),

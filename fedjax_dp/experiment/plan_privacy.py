@@ -2,16 +2,19 @@
 before running it (the first-hour review, finding 6).
 
 The figures come from the run's own privacy set-up (recipes/privacy.make_privacy on
-the config's model: the clip layout, the calibrated and accounted noise multipliers,
-the mechanism's per-round event), composed over the config's rounds as the run's
-ledger composes them, so that a finished run's summary.json reports the same epsilon
-(tests/test_plan_privacy.py runs both). What the round's data decides (a noise
-schedule, the analyzer's tiers, per-client budgets) cannot be planned and is refused
-in one line."""
+the config's model and data: the clip layout, the calibrated and accounted noise
+multipliers, the mechanism's per-round event), composed as the run's float32 ledger
+composes them (accounting.compose, rounding up at every step) and stopped where the
+run stops (budget_rounds, or the in-round check against the budget), so that a
+finished run's summary.json reports the same epsilon (tests/test_plan_privacy.py runs
+both). What the round's data decides (a noise schedule, the analyzer's tiers,
+per-client budgets or per-cluster noise) cannot be planned and is refused in one line."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.errors import ConfigError
@@ -20,16 +23,23 @@ from fedjax_dp.privacy.mechanisms import get_mechanism
 
 
 def _check_plannable(cfg: Config) -> None:
+  from fedjax_dp.recipes.flat import kept_noise_of
   mechanism = get_mechanism(cfg.dp)
   if not mechanism.private:
-    raise ConfigError(f"fedjax-dp account --config: dp {cfg.dp!r} has no differential-privacy "
-                      "guarantee to plan (set dp: central or local)")
+    kept = kept_noise_of(cfg)
+    raise ConfigError(
+        f"fedjax-dp account --config: dp {cfg.dp!r}: " + (
+            f"kept noise {kept.name!r} is accounted by the run itself (its summary.json "
+            "reports it); account --config plans dp central and local" if kept else
+            "no differential-privacy guarantee to plan (set dp: central or local)"))
   if not (mechanism.noises_sum or mechanism.noises_each_upload):
     raise ConfigError(f"fedjax-dp account --config: dp {cfg.dp!r}: its charge is not one "
                       "Gaussian per round; only central and local DP are planned")
   unplannable = [(cfg.noise_schedule != "static", f"noise_schedule {cfg.noise_schedule!r}"),
-                 (cfg.clip_parts == "tiers", "clip_parts 'tiers'"),
-                 (cfg.client_budgets != "uniform", f"client_budgets {cfg.client_budgets!r}")]
+                 (cfg.tier_source == "analyzer" and cfg.clip_parts == "tiers",
+                  "tier_source 'analyzer'"),
+                 (cfg.client_budgets != "uniform", f"client_budgets {cfg.client_budgets!r}"),
+                 (cfg.cluster_noise != "uniform", f"cluster_noise {cfg.cluster_noise!r}")]
   for found, what in unplannable:
     if found:
       raise ConfigError(f"fedjax-dp account --config: {what}: the noise each round gets "
@@ -38,34 +48,51 @@ def _check_plannable(cfg: Config) -> None:
                         "spent)")
 
 
-def _model(cfg: Config):
-  """The config's built-in model (the clip layout reads its parameters)."""
+def _model_and_tiers(cfg: Config):
+  """The config's built-in model (the clip layout reads its parameters) and its data's
+  sensitivity tiers (clip_parts 'tiers')."""
   from fedjax_dp.experiment.setup import builtin_model, load_data
   if cfg.dataset == "custom" or cfg.model == "custom":
     raise ConfigError("fedjax-dp account --config: a run of your own data or model "
                       "(dataset or model 'custom') is planned from Python: "
                       "fedjax_dp.experiment.plan_privacy.plan(cfg, model)")
-  return builtin_model(cfg, load_data(cfg))
+  ds = load_data(cfg)
+  return builtin_model(cfg, ds), ds.feature_tiers
 
 
-def _charged_rounds(cfg: Config, event) -> int:
-  """Rounds the run is charged: central DP, those budget_rounds lets it run (it stops
-  before passing target_epsilon); local DP, the participations a client's own ledger
-  admits when it takes part in every round."""
+def _ledger(cfg: Config, event, rounds: int, limit: float | None) -> tuple[np.ndarray, int]:
+  """(the ledger [orders] after `rounds` compositions of `event`, as the round adds them,
+  stopping before one whose epsilon would pass `limit`; the compositions made)."""
+  import jax
+  import jax.numpy as jnp
+  event32 = jnp.asarray(accounting.event_to_float32(event))
+
+  def go(count, limit):
+    def more(carry):
+      k, ledger = carry
+      ok = k < count
+      if limit is not None:
+        after = accounting.compose(ledger, event32)
+        ok = ok & (accounting.epsilon(after, cfg.delta)[0] <= limit)
+      return ok
+    step = lambda carry: (carry[0] + 1, accounting.compose(carry[1], event32))
+    return jax.lax.while_loop(more, step, (jnp.int32(0), jnp.zeros_like(event32)))
+  k, ledger = jax.jit(go, static_argnums=1)(rounds, limit)
+  return np.asarray(ledger, np.float64), int(k)
+
+
+def _charged(cfg: Config, privacy) -> tuple[np.ndarray, int]:
+  """The ledger a full run of `cfg` ends with, and its compositions (rounds released,
+  or a client's participations in every round): central DP stops where budget_rounds
+  says (or, checked in the round, before passing the budget); local DP's client is
+  refused the participation that would pass its budget."""
   from fedjax_dp.experiment.target_epsilon import budget_rounds
+  from fedjax_dp.recipes.hparams import budget_limit
   last = budget_rounds(cfg)   # also the run's one-line error for an unreachable target
-  if not get_mechanism(cfg.dp).per_client_ledgers or cfg.target_epsilon is None:
-    return last
-  # as budget_rounds' check: the float32 ledger's upward drift bounded, then <= target
-  within = lambda k: accounting.epsilon_np(k * event * (1 + 2.4e-7 * k),
-                                           cfg.delta)[0] <= cfg.target_epsilon
-  lo, hi = 1, cfg.rounds
-  if within(hi):
-    return hi
-  while hi - lo > 1:
-    mid = (lo + hi) // 2
-    lo, hi = (mid, hi) if within(mid) else (lo, mid)
-  return lo
+  in_round = (get_mechanism(cfg.dp).per_client_ledgers or privacy.stop_in_round)
+  limit = (float(budget_limit(cfg.target_epsilon))
+           if in_round and cfg.target_epsilon is not None else None)
+  return _ledger(cfg, privacy.event_rdp, last, limit)
 
 
 def plan(cfg: Config, model=None) -> dict:
@@ -77,10 +104,13 @@ def plan(cfg: Config, model=None) -> dict:
   from fedjax_dp.recipes.privacy import make_privacy, sampling_rate, cohort_sampling
   _check_plannable(cfg)
   mechanism = get_mechanism(cfg.dp)
-  privacy = make_privacy(cfg, model if model is not None else _model(cfg))
+  tiers = None
+  if model is None:
+    model, tiers = _model_and_tiers(cfg)
+  privacy = make_privacy(cfg, model, tiers)
   z_acc = privacy.accounted_noise_multiplier
-  charged = _charged_rounds(cfg, privacy.event_rdp)
-  rdp_eps, order = accounting.epsilon_np(charged * privacy.event_rdp, cfg.delta)
+  ledger, charged = _charged(cfg, privacy)
+  rdp_eps, order = accounting.epsilon_np(ledger, cfg.delta)
   out = {"dp": cfg.dp, **mechanism.describe(cohort_sampling(cfg)),
          "sampling": cfg.sampling, "clients_per_round": cfg.clients_per_round,
          "num_clients": cfg.num_clients, "q": sampling_rate(cfg), "rounds": cfg.rounds,
@@ -89,23 +119,30 @@ def plan(cfg: Config, model=None) -> dict:
          "noise_multiplier_source": ("configured" if cfg.noise_multiplier is not None else
                                      f"calibrated to target_epsilon {cfg.target_epsilon:g}"),
          "accounted_noise_multiplier": z_acc, "delta": cfg.delta,
-         "rdp_epsilon": rdp_eps, "order": order, "epsilon": rdp_eps, "epsilon_accountant": "rdp"}
+         "rdp_epsilon": _finite(rdp_eps), "order": order if math.isfinite(rdp_eps) else None,
+         "epsilon": _finite(rdp_eps), "epsilon_accountant": "rdp"}
   if mechanism.per_client_ledgers:
     out["epsilon_is"] = "a client's that takes part in every round"
     out["expected_participations"] = cfg.rounds * cfg.clients_per_round / cfg.num_clients
-  if cfg.accountant == "pld" and math.isfinite(rdp_eps):
+  if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0:
     _add_pld(out, cfg, z_acc, charged)
   return out
+
+
+def _finite(x: float) -> float | None:
+  return float(x) if math.isfinite(x) else None   # JSON has no Infinity: no noise, no figure
 
 
 def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int) -> None:
   """PLD's figure where the run reports it (the smaller of the two is the epsilon)."""
   from fedjax_dp.errors import AccountError
-  from fedjax_dp.privacy.planning import pld_epsilon_composed
-  if get_mechanism(cfg.dp).per_client_ledgers or cfg.sampling != "poisson":
+  from fedjax_dp.privacy.planning import pld_epsilon, pld_epsilon_composed
+  local = get_mechanism(cfg.dp).per_client_ledgers
+  if not local and cfg.sampling != "poisson":
     return
-  try:
-    pld = pld_epsilon_composed(out["q"], [(z_acc, rounds)], cfg.delta)
+  try:   # local DP: the most frequent client's participations, replace one (z / 2)
+    pld = (pld_epsilon(1.0, z_acc / 2, rounds, cfg.delta) if local else
+           pld_epsilon_composed(out["q"], [(z_acc, rounds)], cfg.delta))
   except AccountError as e:
     out["pld_note"] = f"no PLD figure: {e}"
     return
@@ -127,6 +164,9 @@ def format_plan(res: dict) -> str:
     lines.append(f"target_epsilon {res['target_epsilon']:g} stops {who} after "
                  f"{res['rounds_charged']} of {res['rounds']} rounds")
   whose = " for a client that takes part in every round" if "epsilon_is" in res else ""
+  if res["epsilon"] is None:
+    lines.append(f"no epsilon{whose}: no noise (noise multiplier {z:g})")
+    return "\n".join(lines)
   other = f"; RDP {res['rdp_epsilon']:.6g}" if res["epsilon_accountant"] != "rdp" else ""
   lines.append(f"epsilon = {res['epsilon']:.6g} at delta = {res['delta']:g}{whose} "
                f"({res['epsilon_accountant'].upper()}{other}; as the run charges it)")
