@@ -123,7 +123,8 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
       metrics = sim.evaluate(state.params, *sim.test_data)  # {'mse': ..., 'mae': ..., 'loss': ...}
 
   Writes nothing; the privacy report of a state:
-  fedjax_dp.experiment.reports.privacy_report.privacy_report(sim.cfg, sim, state)."""
+  fedjax_dp.experiment.reports.privacy_report.privacy_report(sim.cfg, sim, state), and
+  under local DP every client's epsilon: sim.epsilons(state)[0] ([num_clients])."""
   from fedjax_dp.experiment.setup import setup
   task = losses.get(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)

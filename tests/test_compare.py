@@ -179,3 +179,36 @@ def test_the_plot_draws_a_sweeps_seeds_as_their_mean_and_sd(runs):
   np.testing.assert_allclose(values, np.mean(seeds, 0))
   np.testing.assert_allclose(sd, np.std(seeds, 0, ddof=1))
   assert curves["plain"][2] is None
+
+
+def test_sweeps_of_one_name_stay_apart_and_epsilon_is_the_largest_seed(runs, tmp_path):
+  """The independent audit: two sweeps whose folders share a name were averaged into one
+  line, and a setting's epsilon drawn as the mean over its seeds (each seed a release of
+  its own, so the mean is below some of their guarantees)."""
+  from fedjax_dp.experiment.compare import _curves, load_runs
+  other = tmp_path / "other" / "sw"
+  shutil.copytree(runs / "sw", other)
+  curves = _curves(load_runs([str(runs / "sw"), str(other)]), "test_accuracy")
+  assert len(curves) == 2 and len({label for label, *_ in curves}) == 2
+  private = load_runs([str(runs / "private"), str(runs / "plain")])
+  for r in private:   # two seeds of one setting, epsilons 1 and 3
+    r.setting = "sweep/x"
+  private[0].rows = [dict(row, epsilon=1.0) for row in private[0].rows]
+  private[1].rows = [dict(row, epsilon=3.0) for row in private[1].rows]
+  ((label, _, values, sd),) = _curves(private, "epsilon")
+  assert label == "sweep/x (largest of 2 seeds)" and set(values) == {3.0} and sd is None
+
+
+def test_an_unfinished_or_local_budget_run_says_its_guarantee_and_status(runs, tmp_path):
+  half = tmp_path / "half"
+  shutil.copytree(runs / "private", half)
+  os.remove(half / "summary.json")
+  local = make_config({**BASE, "clients_per_round": 8, "dp": "local", "noise_multiplier": 2.0,
+                       "delta": 1e-3, "target_epsilon": 6.0, "rounds": 6})
+  run_experiment(local, str(tmp_path / "local"), progress=False, log=lambda m: None)
+  rows = {r["run"]: r for r in fedjax_dp.compare(str(half), str(runs / "plain"),
+                                                 str(tmp_path / "local"))}
+  assert rows["half"]["status"] == "unfinished" and rows["half"]["epsilon"] > 0
+  assert rows["half"]["guarantee"] == "replace one client"
+  assert rows["local"]["status"] == "budget"
+  assert rows["local"]["guarantee"] == "replace one client's data, largest client"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from fedjax_dp.cli.commands import (_account, _attack, _audit, _compare, _config, _datasets,
                                     _profile, _run, _sweep)
@@ -63,16 +64,33 @@ class OneLineParser(argparse.ArgumentParser):
 
   def error(self, message):
     option = re.match(r"argument (--\S+?)(/\S+)?: expected one argument$", message)
-    if option:   # `--sort -test_accuracy`: argparse reads -test_accuracy as an option
+    if option and _follows(option.group(1)).startswith("-"):
+      # `--sort -test_accuracy`: argparse reads -test_accuracy as an option
       message += f" (a value that starts with '-' is written {option.group(1)}=-VALUE)"
+    elif "unrecognized arguments" not in message:   # an unknown option may be the cause
+      message += _did_you_mean(self, [w for w in _ARGV if w.startswith("--")])
     self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
   def parse_args(self, args=None, namespace=None):
+    _ARGV[:] = list(sys.argv[1:] if args is None else args)
     parsed, extras = self.parse_known_args(args, namespace)
     if extras:   # argparse would blame the top command; the chosen one knows its options
       command = _chosen(self, parsed)
+      if getattr(parsed, "command", None) in _ARGV and \
+         _ARGV.index(extras[0]) < _ARGV.index(parsed.command):
+        command = self   # given before the command (`fedjax-dp --verbose run`)
       command.error(f"unrecognized arguments: {' '.join(extras)}{_did_you_mean(command, extras)}")
     return parsed
+
+
+_ARGV: list[str] = []   # the command line being parsed, for the error's hints
+
+
+def _follows(option: str) -> str:
+  """The word after `option` on the command line ('' at the end)."""
+  if option in _ARGV and _ARGV.index(option) + 1 < len(_ARGV):
+    return _ARGV[_ARGV.index(option) + 1]
+  return ""
 
 
 def _chosen(parser: argparse.ArgumentParser, parsed) -> argparse.ArgumentParser:
@@ -88,7 +106,7 @@ def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
   import difflib
   known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
   for word in extras:
-    if word.startswith("--"):
+    if word.startswith("--") and word.split("=")[0] not in known:
       names = {o[2:]: o for o in known}   # compared without the shared '--'
       near = difflib.get_close_matches(word.split("=")[0][2:], names, n=1, cutoff=0.6)
       if near:
@@ -173,7 +191,7 @@ def _compare_command(sub) -> None:
                  "(e.g. --sort=-test_accuracy)")
   _plugins_arg(m)
   m.add_argument("--columns", metavar="COLS", help="only these columns, comma-separated "
-                 "(the run's name always first), e.g. lr,test_accuracy,epsilon,guarantee")
+                 "(the run's name always first), e.g. test_accuracy,epsilon,guarantee")
   m.add_argument("--csv", metavar="CSV", help="also write the table here (a new file)")
   m.add_argument("--plot", metavar="PNG", help="the first test metric (and epsilon) against "
                  "rounds, one line per run (a new file)")

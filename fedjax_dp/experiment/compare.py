@@ -82,8 +82,8 @@ def load_runs(paths: list[str]) -> list[RunRecord]:
         where = os.path.join(path, "cells", cell["name"])
         if os.path.isdir(where):
           run = _load_run(where, f"{base}/{cell['name']}")
-          run.setting = f"{base}/" + (",".join(f"{k}={v}" for k, v in cell["values"].items()
-                                               if k != "seed") or "base")
+          run.setting = os.path.join(os.path.normpath(path), ",".join(
+              f"{k}={v}" for k, v in cell["values"].items() if k != "seed") or "base")
           runs.append(run)
     else:
       runs.append(_load_run(path, os.path.basename(os.path.normpath(path))))
@@ -165,7 +165,9 @@ def compare_rows(runs: list[RunRecord]) -> list[dict]:
            **{k: last.get(k) for k in tests},
            **{f"best_{k[len('test_'):]}": _best(k, [x.get(k) for x in r.rows]) for k in tests},
            "epsilon": privacy.get("epsilon") if r.summary else last.get("epsilon"),
-           "guarantee": _guarantee(privacy),
+           "guarantee": _guarantee(privacy, r.config) if (
+               privacy.get("epsilon") if r.summary else last.get("epsilon")) is not None
+           else None,
            "epsilon_accountant": (privacy.get("epsilon_accountant") if r.summary
                                   else last.get("epsilon_accountant")),
            "mb_up": _mb(last.get("bytes_up")), "mb_down": _mb(last.get("bytes_down")),
@@ -184,15 +186,25 @@ def _status(summary: dict | None, privacy: dict, diverged) -> str:
   return "budget" if privacy.get("stopped_by_budget") is True else "finished"
 
 
-def _guarantee(privacy: dict) -> str | None:
-  """Whom the epsilon protects, short: 'add/remove one client', 'replace one client',
-  local DP's 'replace one client's data, largest client'."""
-  relation = privacy.get("neighbouring")
-  if not relation:
-    return None
-  short = relation.split(" (")[0]
-  return short + (", largest client" if privacy.get("epsilon_is") == "the largest client's"
-                  else "")
+def _guarantee(privacy: dict, config: dict) -> str | None:
+  """Whom a run's epsilon protects, short: 'add/remove one client', 'replace one
+  client', local DP's 'replace one client's data, largest client', kept noise's
+  'replace one client's data, per client'; an unfinished run's from its config."""
+  if (privacy.get("kept_noise") or {}).get("accountant", {}).get("complete"):
+    return "replace one client's data, per client"
+  relation, largest = privacy.get("neighbouring"), privacy.get("epsilon_is")
+  if not relation:   # no summary yet: what the config's mechanism describes
+    from fedjax_dp.privacy.mechanisms import get_mechanism
+    from fedjax_dp.privacy.mechanisms.base import CohortSampling
+    try:
+      m = get_mechanism(config["dp"])
+      relation = m.describe(CohortSampling(config["sampling"], config["clients_per_round"],
+                                           config["num_clients"]))["neighbouring"]
+      largest = "the largest client's" if m.per_client_ledgers else None
+    except Exception:   # a mechanism this process has not registered: compare only reads
+      return None
+  return relation.split(" (")[0] + (", largest client" if largest == "the largest client's"
+                                    else "")
 
 
 def select_columns(rows: list[dict], columns: str | None) -> list[dict]:
@@ -255,7 +267,8 @@ def _curves(runs: list[RunRecord], key: str) -> list[tuple[str, list, list, list
   for r in runs:
     groups.setdefault(r.setting or f"\0{r.name}", []).append(r)
   out = []
-  for label, members in groups.items():
+  names = _setting_names(list(groups))
+  for setting, members in groups.items():
     series = [{row["round"]: row[key] for row in r.rows if row.get(key) is not None}
               for r in members]
     rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
@@ -266,9 +279,22 @@ def _curves(runs: list[RunRecord], key: str) -> list[tuple[str, list, list, list
       continue
     import numpy as np
     values = np.array([[s[t] for t in rounds] for s in series], np.float64)
-    out.append((f"{label} (mean of {len(members)} seeds)", rounds, values.mean(0).tolist(),
-                values.std(0, ddof=1).tolist()))
+    if key == "epsilon":   # each seed is a release of its own: the largest, never a mean
+      out.append((f"{names[setting]} (largest of {len(members)} seeds)", rounds,
+                  values.max(0).tolist(), None))
+      continue
+    out.append((f"{names[setting]} (mean of {len(members)} seeds)", rounds,
+                values.mean(0).tolist(), values.std(0, ddof=1).tolist()))
   return out
+
+
+def _setting_names(settings: list[str]) -> dict[str, str]:
+  """A sweep setting's label: its sweep folder's name and its values, or its path where
+  two sweeps of one name are compared."""
+  short = {s: os.path.join(os.path.basename(os.path.dirname(s)), os.path.basename(s))
+           for s in settings}
+  clash = {v for v in short.values() if list(short.values()).count(v) > 1}
+  return {s: s if short[s] in clash else short[s] for s in settings}
 
 
 def plot_runs(runs: list[RunRecord], path: str) -> str:

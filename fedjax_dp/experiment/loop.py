@@ -153,6 +153,7 @@ def start_run(ctx: RunContext, callbacks: list[Callback]) -> None:
   for cb in callbacks:
     if cb.on_run_start is not None:
       cb.on_run_start(ctx)
+  interrupts.check()   # before the first chunk compiles
   ctx.state = ctx.sim.to_working(ctx.state)
 
 

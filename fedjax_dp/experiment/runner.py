@@ -45,7 +45,7 @@ from fedjax_dp.placement import processes
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.privacy.mechanisms import get_mechanism
-from fedjax_dp.experiment import header, noise_note
+from fedjax_dp.experiment import header, interrupts, noise_note
 
 __all__ = ["RunError", "chunk_ends", "reuse_conflict", "run_experiment", "run_or_reuse"]
 
@@ -139,6 +139,9 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
   t_setup = time.perf_counter()
   # data and config errors surface here, before anything is written or replaced
   ds, parts, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
+  # a Ctrl-C a library swallowed while JAX and the data loaded (interrupts.py) ends the
+  # run here, before anything is written (it ran on to round 5: the independent audit)
+  interrupts.check()
   rebuild = lambda calibration: setup(cfg, data, mesh=mesh, calibrated=calibration,
                                       model=model, task=task)[2]
   return open_context(cfg, out, sim, ds, parts, task, resume=resume, overwrite=overwrite,

@@ -248,6 +248,8 @@ def _privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None,
   else:
     from fedjax_dp.experiment.reports.local_dp_report import local_section
     local_section(report, cfg, sim, state)
+    # every client's budget spent before `rounds` (the run stopped: the audit's finding)
+    report["stopped_by_budget"] = bool(stopped_by_budget)
   report.update(_schedule_section(cfg, sim, state))
   # the mechanism's influences; a run's summary adds what its folder publishes (summary.py)
   report["not_accounted"] = releases.not_accounted(cfg, None, report_facts(cfg, state))
