@@ -63,3 +63,17 @@ def test_divergence_advice_under_dp_names_the_noise():
   dp = divergence.advice(6.27)
   assert dp.startswith("under DP the noise is the likely cause, std 6.27 x clip_norm")
   assert "more clients per round" in dp
+
+
+def test_the_header_names_the_mechanism_and_its_budget():
+  from fedjax_dp.experiment import header
+  line = lambda **v: header.line(make_config(v), "mlp", 1234, 2, "cpu", 0)
+  assert line() == ("fedavg on digits: 20 clients, 10 a round (fixed), mlp (1,234 parameters), "
+                    "50 rounds on 2 cpu devices; no DP")
+  assert line(dp="local", noise_multiplier=2.0, target_epsilon=5.0).endswith(
+      "; local DP, clip 1, budget epsilon 5 at delta 1e-05")
+  assert line(s_local=0.5, kept_noise="multiplier", kept_noise_multiplier=1.0,
+              final_clip_l2=1.0, index_selection="random_k").endswith(
+      "; no user-level DP; kept noise 'multiplier' on the uploads' kept coordinates")
+  resumed = header.line(make_config({"rounds": 60}), "mlp", 10, 1, "gpu", 20)
+  assert "rounds 20 to 60 on 1 gpu device;" in resumed

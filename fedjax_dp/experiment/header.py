@@ -9,7 +9,10 @@ from fedjax_dp.privacy.mechanisms import get_mechanism
 
 def _privacy_part(cfg) -> str:
   if not get_mechanism(cfg.dp).private:
-    return "no DP"
+    from fedjax_dp.recipes.flat import kept_noise_of
+    kept = kept_noise_of(cfg)
+    return (f"no user-level DP; kept noise '{kept.name}' on the uploads' kept coordinates"
+            if kept else "no DP")
   budget = f", budget epsilon {cfg.target_epsilon:g}" if cfg.target_epsilon is not None else ""
   return f"{cfg.dp} DP, clip {cfg.clip_norm:g}{budget} at delta {cfg.delta:g}"
 
