@@ -15,7 +15,7 @@
     (dp 'central': it needs noise_multiplier or target_epsilon);
   * a dict of config keys;
   * a Config (config.make_config).
-Keyword arguments are config keys (README, Config keys) and override a name's,
+Keyword arguments are config keys (docs: Config keys) and override a name's,
 a dict's or a Config's.
 Your data sets the config keys dataset 'custom' and num_clients (its clients);
 clients_per_round defaults to min(10, clients) unless given (a Config recipe's

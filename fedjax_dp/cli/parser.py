@@ -12,7 +12,7 @@ from fedjax_dp.cli.commands import (_account, _attack, _audit, _compare, _config
 
 def _config_args(parser) -> None:
   """--config and --set, as every command that builds a config takes them."""
-  parser.add_argument("--config", help="YAML file of config keys (see README)")
+  parser.add_argument("--config", help="YAML file of config keys (docs: Config keys)")
   parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                       help="override config keys: one or more KEY=VALUE")
 
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_command(sub) -> None:
   """`fedjax-dp run` and its arguments."""
   r = sub.add_parser("run", help="run a federated simulation and write its results to --out")
-  r.add_argument("--config", help="YAML file of config keys (see README)")
+  r.add_argument("--config", help="YAML file of config keys (docs: Config keys)")
   r.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                  help="override config keys: one or more KEY=VALUE; repeatable")
   r.add_argument("--out", help="output folder (must be empty or absent); required but with "
@@ -167,7 +167,7 @@ def _sweep_command(sub) -> None:
   w = sub.add_parser("sweep", help="run a sweep file's cells (grid, variants, seeds) as "
                      "replicas of as few compiled programs as can be")
   w.add_argument("file", help="sweep YAML file: base, config, seeds, grid, variants, "
-                 "replica_batch (README: Sweeps)")
+                 "replica_batch (docs: Sweeps)")
   w.add_argument("--out", help="the sweep's folder (new or empty, or this sweep's: continued)")
   w.add_argument("--set", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                  help="override config keys of the base config: one or more KEY=VALUE")
@@ -265,7 +265,7 @@ def _config_command(sub) -> None:
                  help="plugins=[FILE or MODULE, ...]: their keys are listed too")
   form = c.add_mutually_exclusive_group()
   form.add_argument("--json", action="store_true", help="as JSON (all keys, or --show's)")
-  form.add_argument("--markdown", action="store_true", help="as the README's tables")
+  form.add_argument("--markdown", action="store_true", help="as the docs' Config keys tables")
   c.set_defaults(func=_config)
 
 

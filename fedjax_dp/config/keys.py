@@ -1,6 +1,6 @@
 """Every config key, declared once: its name, default, one-line meaning, allowed
 values (choices, bounds, null), a limit that involves another key, and its
-section. Config, the checks, `fedjax-dp config` and the README's key table are all
+section. Config, the checks, `fedjax-dp config` and the docs' key table are all
 derived from these rows (config/schema.py), so a key is spelled here and where a
 stage reads it. The sections are listed in the reference's order.
 """
@@ -8,7 +8,7 @@ stage reads it. The sections are listed in the reference's order.
 from fedjax_dp.config.key import Key, section
 
 DATA = section("data", [
-    Key("dataset", "digits", "the data (see Datasets); custom: your own, given to fedjax_dp.run",
+    Key("dataset", "digits", "the data (docs: Datasets); custom: your own, given to fedjax_dp.run",
         choices=()),
     Key("data_dir", None, "folder searched first for dataset files; null: the usual places",
         nullable=str),
@@ -70,7 +70,7 @@ LOCAL_TRAINING = section("local training", [
 
 ALGORITHM_AND_SERVER = section("algorithm and server", [
     Key("algorithm", "fedavg",
-        "the federated algorithm, or a +-joined combination of local terms (see Algorithms)",
+        "the federated algorithm, or a +-joined combination of local terms (docs: Algorithms)",
         feeds=("term:*",)),
     Key("server_optimizer", "auto", "auto: momentum for fedavgm, adam for fedadam, else sgd",
         choices=("auto", "sgd", "momentum", "adam"), feeds=("server_optimizer:*",)),
@@ -155,7 +155,7 @@ UPDATE_PIPELINE = section("update pipeline (top-k, kept noise, shuffling)", [
 
 AGGREGATION = section("aggregation and Byzantine clients", [
     # choices=(): a registry's names (robust.AGGREGATORS), checked at the edge
-    Key("aggregator", "mean", "the server's aggregation rule (see Robust aggregation)", choices=(),
+    Key("aggregator", "mean", "the server's aggregation rule (docs: Attacks and defenses)", choices=(),
         feeds=("aggregator:*",)),
     Key("trim_fraction", 0.1, "fraction trimmed at each end", at_least=0, below=0.5,
         feeds=("aggregator:trimmed_mean.beta",)),
@@ -216,7 +216,7 @@ AGGREGATION = section("aggregation and Byzantine clients", [
 DIFFERENTIAL_PRIVACY = section("differential privacy", [
     Key("dp", "none",
         "central: the server noises the clipped sum; local: each client noises its own update "
-        "(see Private training)",
+        "(docs: Private training)",
         choices=(), feeds=("privacy:*",)),
     Key("clip_norm", 1.0, "L2 clip of each client's update (adaptive clipping: the initial norm)",
         above=0, feeds=("privacy:*",), data=True),
@@ -306,7 +306,7 @@ RUN = section("run", [
     Key("eval_batch_size", 1000, "examples per evaluation batch", at_least=1),
     Key("plugins", (),
         "Python files (.py) or importable modules, imported before the config is checked: "
-        "they register terms, rules, mechanisms and datasets (see Extending)"),
+        "they register terms, rules, mechanisms and datasets (docs: Extend)"),
 ])
 
 DEVICES = section("devices and memory", [
@@ -316,8 +316,8 @@ DEVICES = section("devices and memory", [
         "(one_step); auto picks",
         choices=("auto", "map", "vmap", "one_step")),
     Key("client_batch", 0,
-        "clients per group (map, vmap) or chunk (one_step); 0: the mode's default (see "
-        "Performance and scale)",
+        "clients per group (map, vmap) or chunk (one_step); 0: the mode's default (docs: "
+        "Cross-device scale)",
         at_least=0),
     Key("client_state_store", "device",
         "where per-client state lives: on the device, in host memory, or on disk",

@@ -178,7 +178,7 @@ def _one_step_width(setup: recipes.RunSetup, recipe, store: FederatedStore,
       uniform_weights=uniform_weights)
   if setup.execution.client_parallelism == "one_step" and why:
     raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
-                      "client's local work to be one plain SGD step (README: Performance and scale)")
+                      "client's local work to be one plain SGD step (docs: Cross-device scale)")
   return width
 
 

@@ -183,13 +183,13 @@ def check_expressed(recipe: Recipe, cfg: Config, rebuilt: Recipe | None = None) 
   if built != outline(recipe):
     raise ConfigError(f"recipe {recipe.name!r}: its stages {outline(recipe)} are not what its "
                       f"config keys give {built}; a stage without config keys must be "
-                      "registered (README: Extending)")
+                      "registered (docs: Extend)")
   if numbers(rebuilt) != numbers(recipe):
     # a registered stage built with a number no config key feeds would run at its
     # constructor's default: refused rather than changed without a word
     raise ConfigError(f"recipe {recipe.name!r}: its stages' numbers {numbers(recipe)} are not "
                       f"what its config keys give {numbers(rebuilt)}; a number needs a config "
-                      "key that feeds it (config/keys.py; README: Extending)")
+                      "key that feeds it (config/keys.py; docs: Extend)")
   return cfg
 
 

@@ -312,7 +312,7 @@ _SETUP_KEYS_READ = {
                            "client_state_store 'host' or 'disk'"),
     "client_state_dir": (lambda c: c.client_state_store == "disk", "client_state_store 'disk'"),
     "feature_scaling": (lambda c: c.dataset in TABULAR,
-                        "a tabular dataset (see Datasets)"),
+                        "a tabular dataset (docs: Datasets)"),
     "server_momentum": (lambda c: flat.server_optimizer_name(c) == "momentum",
                         "server_optimizer 'momentum' or algorithm 'fedavgm'"),
     **{k: (lambda c: flat.server_optimizer_name(c) == "adam",
