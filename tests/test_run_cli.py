@@ -398,6 +398,14 @@ def test_datasets_lists_every_dataset(capsys):
   assert [line.split()[0] for line in lines] == ["digits", "mnist", "fmnist", "cifar10", "csv",
                                                  "synthetic", "healthcare", "breast_cancer"]
   assert lines[0].split()[1] == "available"
+  # one column for the status, whatever the name's length (breast_cancer broke it)
+  assert len({line.index(line.split()[1]) for line in lines}) == 1, lines
+  # a missing image dataset says where its files come from (the first-hour review)
+  sources = {line.split()[0]: line for line in lines}
+  if "missing" in sources["mnist"]:
+    assert "https://" in sources["mnist"]
+  if "missing" in sources["cifar10"]:
+    assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in sources["cifar10"]
   for argv, words in ((["--plot", "h.png"], "needs --partition"),
                       (["--partition", "--plot", "h.txt"], "expected a .png"),
                       (["--partition", "--plot", "/nonexistent/dir/h.png"], "folder does not exist")):
