@@ -120,6 +120,7 @@ def test_own_inputs_are_written_and_a_resume_with_others_is_refused(tmp_path, ca
     run_experiment(longer, out, resume=True, progress=False, model=model, data=ds,
                    task=losses.REGRESSION_MAE)
   before = open(os.path.join(out, "metrics.jsonl")).read()
+  capsys.readouterr()   # the runs above said their headers
   assert main(["run", "--no-progress", "--resume", "--out", out]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --resume: the run in") and "fedjax_dp.run(..., resume=True)" in err
