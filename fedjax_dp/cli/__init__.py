@@ -31,7 +31,9 @@ def run_guarded(fn) -> int:
   from fedjax_dp.errors import AccountError, CheckpointError, ConfigError, DataError, RunError
   try:
     with interrupts.installed():   # a Ctrl-C is never lost (interrupts.py)
-      return fn()
+      code = fn()
+      interrupts.check()   # one deferred while a module loaded, if nothing checked it since
+      return code
   except (ConfigError, DataError, RunError, CheckpointError, AccountError) as e:
     print(f"error: {e}", file=sys.stderr)
     return USER_ERROR

@@ -5,8 +5,10 @@ inside a gc callback (JAX registers one) or a `__del__`, it is swallowed: Python
 prints 'Exception ignored in ...' and carries on, and the run went on to its last
 round and exited 0 after the user's Ctrl-C (seen in the CLI's Ctrl-C test). Within
 `installed()`, SIGINT is recorded, and raised as Python's own handler raises it
-except inside those two; `check()` (the run loop calls it between chunks) raises
-a recorded one that has not ended the run, so a swallowed Ctrl-C ends it there.
+except inside those two or, for a first Ctrl-C, inside an import; `check()` (the run
+calls it after set-up, before compiling and between chunks; the command line when a
+command returns) raises a recorded one that has not ended the run, so a swallowed or
+deferred Ctrl-C ends it there.
 
 From a Ctrl-C until `installed()` exits, teardown's complaints are silenced: an
 orbax save cut short frees coroutines it never awaited and threads that fail as
@@ -45,12 +47,25 @@ def quiet_teardown() -> None:
   sys.unraisablehook = lambda unraisable: None
 
 
+def _importing(frame) -> bool:
+  """Is the main thread importing a module (on the stack from `frame`)? A
+  KeyboardInterrupt raised there, inside a C extension's initialisation (XLA's),
+  aborted the process (SIGABRT, once a SIGSEGV) instead of ending it in one line."""
+  while frame is not None:
+    if frame.f_code.co_filename.startswith("<frozen importlib"):
+      return True
+    frame = frame.f_back
+  return False
+
+
 def _on_sigint(signum, frame):
   global _requested
+  first = not _requested
   _requested = True
-  if not _would_be_swallowed(frame):
-    quiet_teardown()
-    raise KeyboardInterrupt
+  if _would_be_swallowed(frame) or (first and _importing(frame)):
+    return   # recorded: check() raises it at the next safe point (a second Ctrl-C: now)
+  quiet_teardown()
+  raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
