@@ -14,6 +14,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from fedjax_dp.experiment.generated_block import rewrite_main, with_block
 from fedjax_dp.config.key import Key
 from fedjax_dp.config.keys import KEYS
 from fedjax_dp.config.plugin_keys import PLUGIN_KEYS
@@ -229,26 +230,13 @@ END = "<!-- end of generated config keys -->"
 
 def page_with_table(text: str) -> str:
   """`text` (the page) with the generated table between BEGIN and END."""
-  head, sep, rest = text.partition(BEGIN)
-  _, sep2, tail = rest.partition(END)
-  if not sep or not sep2:
-    raise ValueError(f"the page has no {BEGIN!r} ... {END!r} block")
-  return head + BEGIN + "\n\n" + markdown() + "\n" + END + tail
+  return with_block(text, BEGIN, END, markdown())
 
 
 def main(argv: list[str]) -> int:
   """Rewrites the page's generated key table in place."""
-  if len(argv) != 1:
-    print("usage: python -m fedjax_dp.experiment.config_reference docs/reference/config.md", file=sys.stderr)
-    return 2
-  with open(argv[0]) as f:
-    text = f.read()
-  new = page_with_table(text)
-  if new != text:
-    with open(argv[0], "w") as f:
-      f.write(new)
-  print(f"{argv[0]}: config key table {'updated' if new != text else 'already current'}")
-  return 0
+  return rewrite_main(argv, "python -m fedjax_dp.experiment.config_reference "
+                      "docs/reference/config.md", BEGIN, END, markdown, "config key table")
 
 
 if __name__ == "__main__":
