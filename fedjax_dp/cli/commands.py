@@ -133,15 +133,10 @@ def _sweep(args) -> int:
 
 
 def _import_plugins(plugins: list[str]) -> None:
-  """--plugins: registrations a saved run's config names (its ConfigError names the
-  one that failed to import)."""
-  if plugins:
-    from fedjax_dp.recipes.plugins import load_plugins
-    try:
-      load_plugins(tuple(plugins))
-    except Exception as e:
-      from fedjax_dp.errors import ConfigError
-      raise ConfigError(str(e).replace("config key 'plugins'", "--plugins")) from None
+  """--plugins: registrations a saved run's config names (a ConfigError names the one
+  that failed to import)."""
+  from fedjax_dp.recipes.plugins import load_plugins
+  load_plugins(tuple(plugins), named="--plugins")
 
 
 def _compare(args) -> int:

@@ -105,9 +105,9 @@ def _did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
   """' (did you mean --out?)' for the first unknown option near one the command takes."""
   import difflib
   known = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+  names = {o[2:]: o for o in known}   # compared without the shared '--'
   for word in extras:
     if word.startswith("--") and word.split("=")[0] not in known:
-      names = {o[2:]: o for o in known}   # compared without the shared '--'
       near = difflib.get_close_matches(word.split("=")[0][2:], names, n=1, cutoff=0.6)
       if near:
         return f" (did you mean {names[near[0]]}?)"

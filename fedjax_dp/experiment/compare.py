@@ -159,15 +159,14 @@ def compare_rows(runs: list[RunRecord]) -> list[dict]:
     privacy = (r.summary or {}).get("privacy", {})
     diverged = (r.summary or {}).get("diverged")
     timing = (r.summary or {}).get("timing", {})
+    epsilon = privacy.get("epsilon") if r.summary else last.get("epsilon")
     row = {"run": r.name, **{k: _shown(config.get(k)) for k in keys},
            "status": _status(r.summary, privacy, diverged),
            "round": last.get("round"),
            **{k: last.get(k) for k in tests},
            **{f"best_{k[len('test_'):]}": _best(k, [x.get(k) for x in r.rows]) for k in tests},
-           "epsilon": privacy.get("epsilon") if r.summary else last.get("epsilon"),
-           "guarantee": _guarantee(privacy, r.config) if (
-               privacy.get("epsilon") if r.summary else last.get("epsilon")) is not None
-           else None,
+           "epsilon": epsilon,
+           "guarantee": _guarantee(privacy, r.config) if epsilon is not None else None,
            "epsilon_accountant": (privacy.get("epsilon_accountant") if r.summary
                                   else last.get("epsilon_accountant")),
            "mb_up": _mb(last.get("bytes_up")), "mb_down": _mb(last.get("bytes_down")),

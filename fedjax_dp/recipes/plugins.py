@@ -39,26 +39,26 @@ def imported_digest(plugin: str) -> str | None:
   return _IMPORTED.get(name) if name in sys.modules else None
 
 
-def load_plugins(plugins: tuple[str, ...]) -> None:
-  """Imports each of `plugins`; ConfigError naming the one that fails and why."""
+def load_plugins(plugins: tuple[str, ...], named: str = "config key 'plugins'") -> None:
+  """Imports each of `plugins`; ConfigError naming the one that fails and why (as
+  `named` gave it: the config key, or a command's --plugins)."""
   for plugin in plugins:
     try:
       if plugin.endswith(".py"):
-        _import_file(plugin)
+        _import_file(plugin, named)
       else:
         _import_module(plugin)
     except ConfigError:
       raise
     except Exception as e:   # the user's code: any error it raises, in one line
-      raise ConfigError(f"config key 'plugins' = {plugin!r}: importing it raised "
+      raise ConfigError(f"{named} = {plugin!r}: importing it raised "
                         f"{type(e).__name__}: {e}") from e
 
 
-def _import_file(path: str) -> None:
+def _import_file(path: str, named: str) -> None:
   full = os.path.realpath(path)
   if not os.path.isfile(full):
-    raise ConfigError(f"config key 'plugins' = {path!r}: no such file (from "
-                      f"{os.getcwd()})")
+    raise ConfigError(f"{named} = {path!r}: no such file (from {os.getcwd()})")
   name = module_name(path)
   if name in sys.modules:
     return
