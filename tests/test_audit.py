@@ -158,6 +158,57 @@ def randomized_response(eps, n, rng, inserted):
   return (rng.random(n) < p).astype(np.float64)
 
 
+def binomial_bound(inserted, held_out, alpha):
+  """Steinke et al. 2023's one-run bound at delta 0, written from the paper with
+  scipy: guessing 'in' for the r canaries scoring >= t, of which v are in, an
+  epsilon-DP release makes v at most Binomial(r, e^eps / (1 + e^eps)); the bound
+  at t is the largest epsilon whose tail P(X >= v) is below alpha. The largest
+  over every threshold t."""
+  from scipy.stats import beta
+  scores = np.concatenate([inserted, held_out])
+  best = 0.0
+  for t in np.unique(scores):
+    r, v = int(np.sum(scores >= t)), int(np.sum(inserted >= t))
+    q = beta.ppf(alpha, v, r - v + 1)   # P(Binomial(r, q) >= v) = alpha
+    if v > 0 and q > 0.5:
+      best = max(best, math.log(q / (1 - q)))
+  return best
+
+
+@pytest.mark.parametrize("mu", [1.0, 2.0, 3.0])
+def test_the_one_run_bound_is_the_papers_binomial_tail(mu):
+  """jax-privacy's bound (Bonferroni over its thresholds, delta 1e-12) lies between
+  the binomial reference corrected for every threshold and uncorrected."""
+  rng = np.random.default_rng(int(mu * 10))
+  ins, out = rng.normal(mu, 1, 150), rng.normal(0, 1, 150)
+  got = audit.one_run_bounds(ins, out, 1e-12, confidence=0.95)["epsilon_one_run"]
+  k_all = len(np.unique(np.concatenate([ins, out]))) + 1
+  assert binomial_bound(ins, out, 0.05 / k_all) - 1e-6 <= got <= binomial_bound(ins, out, 0.05)
+  assert got > 0.5
+
+
+def test_the_one_run_bounds_hold_for_a_gaussian_mechanism_and_say_their_terms():
+  """A mu-GDP release's canary scores (N(mu, 1) in, N(0, 1) out): over 20 runs no
+  one-run bound, nor its f-DP refinement (valid here: the trade-off curve is a
+  Gaussian's), passes the mechanism's exact epsilon (the GDP closed form); with no
+  signal both are 0; unequal halves give none, and say why."""
+  rng = np.random.default_rng(1)
+  exact = audit.gaussians_epsilon(2.0, 1.0, 0.0, 1.0, 1e-5)
+  for _ in range(20):
+    r = audit.one_run_bounds(rng.normal(2, 1, 200), rng.normal(0, 1, 200), 1e-5)
+    assert 0 < r["epsilon_one_run"] < exact and 0 < r["epsilon_one_run_fdp"] < exact
+    assert r["epsilon_one_run"] <= r["epsilon_one_run_fdp"]
+    assert 0.85 < r["auroc"] < 0.99 and r["tpr_at_fpr"]["0.01"] < r["tpr_at_fpr"]["0.1"]
+  assert "independent coins" in r["assumes"] and "Gaussian's" in r["fdp_is"]
+  same = rng.normal(0, 1, 400)
+  none = audit.one_run_bounds(same[:200], same[200:], 1e-5)
+  assert none["epsilon_one_run"] == none["epsilon_one_run_fdp"] == 0.0
+  odd = audit.one_run_bounds(rng.normal(2, 1, 100), rng.normal(0, 1, 50), 1e-5)
+  assert odd["epsilon_one_run"] is None and "prior of one half" in odd["why_none"]
+  with pytest.raises(ValueError, match="finite"):
+    audit.one_run_bounds(np.r_[rng.normal(0, 1, 99), np.nan], rng.normal(0, 1, 100), 1e-5)
+
+
 def test_the_multi_run_bound_holds_with_its_confidence_and_comes_close():
   """Randomized response at epsilon 1 (delta 0) is exactly as distinguishable as
   its epsilon: over 200 audits of 2,000 runs a side the bound passes 1 in at most
@@ -260,8 +311,30 @@ def test_the_audit_passes_an_honest_accountant_and_catches_one_that_undercharges
     assert report["ci95"][0] <= acc
   else:
     assert report["ci95"][0] > 1.5 * acc
+  # the one-run bound holds whatever the noise: at most about 3.9 from 400 canaries
+  assert 0 <= report["one_run"]["epsilon_one_run"] <= min(acc, 4.0)
   with open(tmp_path / "a" / "audit.json") as f:
     assert json.load(f) == report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp,factor", [("central", None), ("local", None), ("central", 0.05)])
+def test_the_one_run_bound_stays_under_an_honest_accountant_and_catches_an_undercharge(
+    tmp_path, dp, factor):
+  """At a small accounted epsilon (z 6 for central DP, 2 rounds: 0.87 by PLD), the
+  one-run lower bound (a bound at 95 %, not an estimate) is below the accountant's
+  figure where the rounds apply the charged noise, and above it where they apply
+  a twentieth of it (central: 2.9 against 0.87). Local DP's undercharge is not
+  caught from the final model: each upload's noise is hidden among the other 239
+  clients' (as the one-shot estimate finds, above)."""
+  import fedjax_dp
+  cfg = {**AUDITED, "dp": dp, "rounds": 2, "eval_every": 2,
+         "noise_multiplier": {"central": 6.0, "local": 12.0}[dp]}
+  report = fedjax_dp.audit(cfg, out=str(tmp_path / "a"), canaries=100, bootstrap=100,
+                           progress=False, log=lambda m: None, undercharge=factor)
+  bound, acc = report["one_run"]["epsilon_one_run"], report["accounted_epsilon"]
+  assert acc < 2.0
+  assert report["one_run"]["exceeds_accounted"] == (factor is not None) == (bound > acc)
 
 
 @pytest.mark.slow
@@ -366,6 +439,8 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   assert "privacy audit: 20 canaries inserted, 20 held out" in done.stdout
   report = json.loads((tmp_path / "a" / "audit.json").read_text())
   assert report["canaries"] == 20 and report["accounted_epsilon"] > 0
+  assert "one-run lower bound: epsilon >= " in done.stdout and "attack: ROC area" in done.stdout
+  assert report["one_run"]["epsilon_one_run"] <= report["accounted_epsilon"]
   again = cli("--set", *keys, "--canaries", "20", "--out", str(tmp_path / "a"))
   assert again.returncode == 2 and "is not empty" in again.stderr
   nodp = cli("--set", *keys[:-2], "--canaries", "20", "--out", str(tmp_path / "b"))
@@ -390,8 +465,8 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   assert both.returncode == 2 and "--canaries with --runs" in both.stderr
   few_runs = cli("--set", *keys, "--runs", "10", "--out", str(tmp_path / "g"))
   assert few_runs.returncode == 2 and "--runs 10: at least 20" in few_runs.stderr
-  conf = cli("--set", *keys, "--confidence", "0.9", "--out", str(tmp_path / "g"))
-  assert conf.returncode == 2 and "--confidence is the multi-run bound's" in conf.stderr
+  conf = cli("--set", *keys, "--confidence", "1.5", "--out", str(tmp_path / "g"))
+  assert conf.returncode == 2 and "--confidence 1.5: a probability in (0, 1)" in conf.stderr
   runs = cli("--set", *keys, "--runs", "20", "--bootstrap", "50", "--confidence", "0.9",
              "--out", str(tmp_path / "a"))
   assert runs.returncode == 2 and "is not empty" in runs.stderr
@@ -471,9 +546,16 @@ def test_the_test_mode_changes_no_audited_figure_in_either_audit(tmp_path):
 def test_the_verdict_says_how_the_interval_sits_against_the_accountant(ci95, accounted, says):
   """The first-hour review's finding 13: 'not above the accounted epsilon' for an
   interval (9.845 to 12.610) that contains the accounted 11.480."""
-  from fedjax_dp.experiment.audit_run import format_report
+  from fedjax_dp.experiment.audit_text import format_report
   report = {"ci95": list(ci95), "accounted_epsilon": accounted, "accountant": "pld",
             "canaries": 20, "held_out": 20, "mu_inserted": 0.1, "sd_inserted": 0.05,
             "mu_held_out": 0.0, "sd_held_out": 0.06, "empirical_epsilon": sum(ci95) / 2,
-            "delta": 1e-5, "exceeds_accounted": accounted is not None and ci95[0] > accounted}
-  assert format_report(report).splitlines()[-1].startswith("  " + says)
+            "delta": 1e-5, "exceeds_accounted": accounted is not None and ci95[0] > accounted,
+            "one_run": {"epsilon_one_run": 0.5, "epsilon_one_run_fdp": 0.7, "confidence": 0.95,
+                        "exceeds_accounted": False, "auroc": 0.6,
+                        "tpr_at_fpr": {"0.01": 0.02, "0.1": 0.2}}}
+  lines = format_report(report).splitlines()
+  assert lines[4].startswith("  " + says)   # after the accounted epsilon
+  assert lines[5] == ("  one-run lower bound: epsilon >= 0.500 with confidence 0.95 (Steinke "
+                      "et al. 2023; f-DP refinement 0.700, a bound where the release is a "
+                      "Gaussian mechanism's)")

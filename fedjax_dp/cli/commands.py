@@ -257,7 +257,7 @@ def _profile(args) -> int:
 def _audit(args) -> int:
   """An empirical privacy audit with canary clients (experiment/audit_run.py)."""
   from fedjax_dp.recipes.config_checks import load_config
-  from fedjax_dp.experiment import audit_run
+  from fedjax_dp.experiment import audit_run, audit_text
   from fedjax_dp.errors import RunError
   if args.out is None:
     raise RunError("fedjax-dp audit: --out is required (the audited run's folder)")
@@ -272,17 +272,15 @@ def _audit(args) -> int:
                                   confidence=0.95 if args.confidence is None else
                                   args.confidence, progress=not args.no_progress,
                                   undercharge=args.undercharge)
-    print(audit_run.format_runs_report(report))
+    print(audit_text.format_runs_report(report))
     print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
     return 0
-  if args.confidence is not None:
-    raise RunError("fedjax-dp audit: --confidence is the multi-run bound's (--runs); the "
-                   "one-shot audit reports a 95 % bootstrap interval")
   report = audit_run.audit(cfg, out=args.out, canaries=args.canaries or 100,
                            held_out=args.held_out, bootstrap=args.bootstrap,
                            progress=not args.no_progress, undercharge=args.undercharge,
-                           all_iterates=args.all_iterates)
-  print(audit_run.format_report(report))
+                           all_iterates=args.all_iterates,
+                           confidence=0.95 if args.confidence is None else args.confidence)
+  print(audit_text.format_report(report))
   print(f"report:  {os.path.abspath(os.path.join(args.out, 'audit.json'))}")
   return 0
 

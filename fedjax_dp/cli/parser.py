@@ -226,7 +226,8 @@ def _audit_command(sub) -> None:
                  help="the multi-run audit instead: train this many times (at least 20), "
                       "one canary in half of them")
   u.add_argument("--confidence", type=float, default=None,
-                 help="the multi-run lower bound's confidence (default 0.95)")
+                 help="the lower bounds' confidence (the one-run bound's, or the multi-run "
+                      "audit's; default 0.95)")
   u.add_argument("--held-out", type=_positive_int, default=None,
                  help="canary directions held out (default: as many as inserted)")
   u.add_argument("--bootstrap", type=_positive_int, default=1000,

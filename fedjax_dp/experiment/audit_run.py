@@ -115,7 +115,8 @@ def _observer(cfg, canaries: int, held_out: int, all_iterates: bool):
 
 def audit(config, *, out: str, canaries: int, held_out: int | None = None,
           bootstrap: int = 1000, log=print, progress: bool = True,
-          undercharge: float | None = None, all_iterates: bool = False) -> dict:
+          undercharge: float | None = None, all_iterates: bool = False,
+          confidence: float = 0.95) -> dict:
   """Runs `config` (a dict or Config) with `canaries` canary clients into `out`
   and returns the audit report (also written to out/audit.json).
 
@@ -128,13 +129,20 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   `all_iterates`: also the estimate of an observer of every round's model (the
   report's "all_iterates"): each direction's statistic is its largest cosine with
   one round's model change (Andrew et al. 2023). The rounds then run one at a time
-  and the directions stay on the device ((canaries + held_out) x params floats)."""
+  and the directions stay on the device ((canaries + held_out) x params floats).
+
+  Beside the estimate, `one_run`: lower bounds on epsilon from the same cosines
+  that hold with probability `confidence` (adversary/audit.one_run_bounds:
+  Steinke et al. 2023 and its f-DP refinement, through jax-privacy), the attack's
+  TPR at low FPR and its ROC's area."""
   from fedjax_dp.experiment.runner import run_experiment
   from fedjax_dp.recipes.config_checks import make_config
   from fedjax_dp.experiment.final_model import load_params
   from fedjax_dp.adversary import audit as audit_lib
   from fedjax_dp.config.schema import data_seed
   values = _audit_values(config, undercharge)
+  if not 0 < confidence < 1:
+    raise RunError(f"fedjax-dp audit: --confidence {confidence}: a probability in (0, 1)")
   held_out = canaries if held_out is None else held_out
   if min(canaries, held_out) < audit_lib.MIN_CANARIES:
     raise RunError(f"fedjax-dp audit: --canaries {canaries} and --held-out {held_out}: at "
@@ -153,16 +161,19 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
                       "model's change with inserted and held-out canary directions",
             "canaries": canaries, "held_out": held_out,
             **audit_lib.estimate(inserted, outside, cfg.delta, bootstrap),
-            **({"all_iterates": _all_iterates(seen["result"], cfg.delta, bootstrap)}
-               if all_iterates else {}),
+            "one_run": audit_lib.one_run_bounds(inserted, outside, cfg.delta, confidence),
+            **({"all_iterates": _all_iterates(seen["result"], cfg.delta, bootstrap,
+                                              confidence)} if all_iterates else {}),
             "accounted_epsilon": privacy.get("epsilon"),
             "accountant": privacy.get("epsilon_accountant"),
             **_test_mode(undercharge)}
   acc = report["accounted_epsilon"]
-  report["exceeds_accounted"] = bool(acc is not None and report["ci95"][0] > acc)
-  if all_iterates:
-    report["all_iterates"]["exceeds_accounted"] = bool(
-        acc is not None and report["all_iterates"]["ci95"][0] > acc)
+  for r in (report, report.get("all_iterates")):
+    if r is not None:
+      r["exceeds_accounted"] = bool(acc is not None and r["ci95"][0] > acc)
+      bound = r["one_run"]["epsilon_one_run"]
+      r["one_run"]["exceeds_accounted"] = bool(acc is not None and bound is not None
+                                               and bound > acc)
   with open(os.path.join(out, "audit.json"), "w") as f:
     json.dump(report, f, indent=2)
   return report
@@ -325,69 +336,12 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   return stats, ledger, _accounted(first, seen), seen["rounds"]
 
 
-def _all_iterates(result, delta: float, bootstrap: int) -> dict:
+def _all_iterates(result, delta: float, bootstrap: int, confidence: float) -> dict:
   from fedjax_dp.adversary import audit as audit_lib
   inserted, outside = result()
   if not (np.all(np.isfinite(inserted)) and np.all(np.isfinite(outside))):
     raise RunError("fedjax-dp audit: no round changed the model, so no iterate shows the "
                    "canaries (all_iterates)")
   return {"statistic": "each direction's largest cosine with one round's model change",
-          **audit_lib.estimate(inserted, outside, delta, bootstrap)}
-
-
-def format_report(report: dict) -> str:
-  lo, hi = report["ci95"]
-  acc = report["accounted_epsilon"]
-
-  def verdict(r):
-    if r["exceeds_accounted"]:
-      return "ABOVE the accounted epsilon: the accountant charged less than was released"
-    if acc is None:
-      return "no accounted epsilon to compare with"
-    if r["ci95"][1] >= acc:   # the first-hour review: 'not above' for 9.8-12.6 around 11.5
-      return "consistent with the accounted epsilon: its 95 % interval contains it"
-    return ("below the accounted epsilon: this audit finds less than the accountant charges "
-            "(an audit bounds the leakage from below)")
-  lines = [
-      *([f"TEST MODE: {report['undercharged_test_mode']}"]
-        if "undercharged_test_mode" in report else []),
-      f"privacy audit: {report['canaries']} canaries inserted, {report['held_out']} held out",
-      f"  cosines: inserted {report['mu_inserted']:.4g} +- {report['sd_inserted']:.3g}, "
-      f"held out {report['mu_held_out']:.4g} +- {report['sd_held_out']:.3g}",
-      f"  empirical epsilon {report['empirical_epsilon']:.3f} (95 % interval {lo:.3f} to "
-      f"{hi:.3f}, delta {report['delta']:g})",
-      f"  accounted epsilon {acc:.3f} ({report['accountant']})" if acc is not None else
-      "  accounted epsilon: none reported",
-      f"  {verdict(report)}"]
-  if "all_iterates" in report:
-    it = report["all_iterates"]
-    lines += [f"  every round's model seen (largest cosine with a round's change): empirical "
-              f"epsilon {it['empirical_epsilon']:.3f} (95 % interval {it['ci95'][0]:.3f} to "
-              f"{it['ci95'][1]:.3f}), {verdict(it)}"]
-  return "\n".join(lines)
-
-
-def format_runs_report(report: dict) -> str:
-  """The multi-run audit's lines."""
-  fit, acc = report["gaussian_fit"], report["accounted_epsilon"]
-  return "\n".join([
-      *([f"TEST MODE: {report['undercharged_test_mode']}"]
-        if "undercharged_test_mode" in report else []),
-      f"privacy audit: {report['runs']} runs, the canary in {report['inserted_runs']} "
-      f"({report['neighbours']} in the others)",
-      f"  statistic: with the canary {fit['mu_inserted']:.4g} +- {fit['sd_inserted']:.3g}, "
-      f"without {fit['mu_held_out']:.4g} +- {fit['sd_held_out']:.3g}",
-      f"  epsilon lower bound {report['epsilon_lower_bound']:.3f} with confidence "
-      f"{report['confidence']:g} (threshold test on {sum(report['runs_tested'])} held-out "
-      f"runs: {report['false_positives']} false positives, {report['false_negatives']} "
-      f"false negatives)",
-      f"  Gaussian fit: empirical epsilon {fit['empirical_epsilon']:.3f} (95 % interval "
-      f"{fit['ci95'][0]:.3f} to {fit['ci95'][1]:.3f}, delta {fit['delta']:g})",
-      f"  accounted epsilon {acc:.3f} ({report['accountant']})" if acc is not None else
-      "  accounted epsilon: none reported",
-      "  " + ("ABOVE the accounted epsilon: the accountant charged less than was released"
-              if report["exceeds_accounted"] else "the lower bound is not above the accounted "
-              "epsilon"),
-      *([] if report["can_exceed_accounted"] else [
-          f"  too few runs to tell: with no error at all the bound would be "
-          f"{report['largest_possible_bound']:.3f}, not above the accounted epsilon"])])
+          **audit_lib.estimate(inserted, outside, delta, bootstrap),
+          "one_run": audit_lib.one_run_bounds(inserted, outside, delta, confidence)}

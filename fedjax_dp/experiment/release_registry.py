@@ -200,8 +200,9 @@ RUN_FILES: dict[str, tuple[Status, str]] = {
     "tensorboard/": (PUBLIC, "the rows as TensorBoard scalars (declared one by one)"),
     "summary.json": (PUBLIC, "the summary (its fields are declared one by one)"),
     "client_epsilons.csv": (_by_budgets, "each local-DP client's epsilon and participations"),
-    "audit.json": (COVERED, "the one-shot audit's estimate: the released model against "
-                            "public canary directions, and the run's accounted epsilon"),
+    "audit.json": (COVERED, "the one-shot audit's estimate, lower bounds and attack rates: "
+                            "the released model against public canary directions, and the "
+                            "run's accounted epsilon"),
 }
 # a plot shows row figures: it is declared by them (worst status first)
 PLOT_FIGURES = {"loss.png": ("test_loss", "train_loss"), "bytes.png": ("bytes_up", "bytes_down"),
