@@ -36,8 +36,10 @@ FEDERATION = section("federation", [
         at_least=1, limit="<= num_clients"),
     Key("sampling", "fixed",
         "fixed: uniform without replacement; poisson: each client with q = clients_per_round / "
-        "num_clients",
-        choices=("fixed", "poisson")),
+        "num_clients; cyclic: the clients split once into num_clients / clients_per_round "
+        "groups, round t trains group t mod groups (each client every groups rounds: the "
+        "participation correlated noise is accounted for)",
+        choices=("fixed", "poisson", "cyclic")),
     Key("max_cohort", None,
         "Poisson cohort capacity (overflow counted in summary.json); null: mean + 4 sd",
         at_least=1, nullable=int, limit=">= clients_per_round"),
@@ -215,9 +217,14 @@ AGGREGATION = section("aggregation and Byzantine clients", [
 
 DIFFERENTIAL_PRIVACY = section("differential privacy", [
     Key("dp", "none",
-        "central: the server noises the clipped sum; local: each client noises its own update "
-        "(docs: Private training)",
+        "central: the server noises the clipped sum; local: each client noises its own update; "
+        "tree, bandmf, blt: the server's noise correlated across rounds (DP-FTRL; docs: "
+        "Private training, Correlated noise)",
         choices=(), feeds=("privacy:*",)),
+    Key("mf_bands", None,
+        "dp bandmf: the strategy's bands (at most the sampler's separation of a client's "
+        "rounds); null: that separation, at most 32 and the rounds",
+        at_least=1, nullable=int, feeds=("privacy:*",)),
     Key("clip_norm", 1.0, "L2 clip of each client's update (adaptive clipping: the initial norm)",
         above=0, feeds=("privacy:*",), data=True),
     Key("noise_multiplier", None, "noise std / clip_norm; null: calibrated to target_epsilon",

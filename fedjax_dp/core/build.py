@@ -66,7 +66,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
                               LOCAL_NOISE)
   aggregator = recipe.rule
   full_participation = pop.sampling == "fixed" and pop.clients_per_round == pop.num_clients
-  shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0)))
+  shape = jax.eval_shape(lambda: init_state(setup, recipe, model, jax.random.PRNGKey(0),
+                                            privacy=privacy))
   per_client_state = bool(jax.tree.leaves(shape.client_state))
   uploads = _upload_chain(recipe, dp, setup)
   # a stage or rule that needs the cohort's uploads one by one stacks them (DP's
@@ -88,7 +89,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
       uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
                                                   poisoned_offset))
   home, sample = _sampler(pop, store.client_count, n_dev, slots, capacity,
-                          resident=executor.resident and not paged)
+                          resident=executor.resident and not paged,
+                          data_seed=setup.adversary.data_seed)
   round_fn = make_round(setup, recipe, mesh, stages, dp, sample)
   paging = _paging(sample, mesh, setup) if paged else None
 
@@ -110,20 +112,20 @@ def _cohort_room(population: recipes.Population, n_dev: int) -> tuple[int, int]:
   """(capacity, slots): the most clients a round's cohort can hold (fixed-size: m;
   Poisson: max_cohort or the default margin), and that rounded up to whole devices."""
   p = population
-  capacity = (p.clients_per_round if p.sampling == "fixed" else
+  capacity = (p.clients_per_round if p.sampling in ("fixed", "cyclic") else
               p.max_cohort or default_max_cohort(p.num_clients, p.clients_per_round))
   return capacity, int(math.ceil(capacity / n_dev) * n_dev)
 
 
 def _sampler(population: recipes.Population, client_count, n_dev: int, slots: int,
-             capacity: int, resident: bool):
+             capacity: int, resident: bool, data_seed: int):
   """(home slots or None, the cohort sampler): resident, each client's slot is fixed."""
   home = (cohort_lib.home_slots(population.num_clients, client_count, n_dev, slots)
           if resident else None)
   return home, cohort_lib.make_sampler(
       resident=home is not None, num_clients=population.num_clients,
       clients_per_round=population.clients_per_round, sampling=population.sampling,
-      capacity=capacity, n_dev=n_dev, slots=slots, home=home)
+      capacity=capacity, n_dev=n_dev, slots=slots, home=home, data_seed=data_seed)
 
 
 def _paging(sample: Callable, mesh: Mesh, setup: recipes.RunSetup):
@@ -251,5 +253,5 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
 def _round_cohort(sample: Callable, key, r, client_count):
   """The ids and mask round r of run key `key` draws (as round_fn does)."""
   ids, mask, _ = sample(jax.random.fold_in(jax.random.fold_in(key, r), COHORT_SAMPLING),
-                        client_count)
+                        client_count, r)
   return ids, mask

@@ -61,7 +61,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
     round_key = jax.random.fold_in(state.key, state.round)
     plan = dp.plan(state, hp)
     ids, mask, overflow = sample(jax.random.fold_in(round_key, COHORT_SAMPLING),
-                                 store.client_count)
+                                 store.client_count, state.round)
     adm = dp.admit(state, ids, mask, plan, hp)
     clip_norm = dp.clip_norm(state, hp)
     delta, stats, client_state, contrib_sum, agg_slots = phase(

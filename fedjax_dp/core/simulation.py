@@ -132,7 +132,7 @@ class Simulation:
     key = (secret_run_key() if self.setup.noise_seed == "secret" else
            release_identity.run_key(cfg, self.inputs_digest))
     state = init_state(self.setup, self.recipe, self.model, key,
-                       self.paging and self.paging.make_table)
+                       self.paging and self.paging.make_table, self.privacy)
     if hparams is not None:
       state = state._replace(privacy=state.privacy._replace(
           clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32)))

@@ -102,11 +102,13 @@ def secret_run_key() -> jax.Array:
 
 
 def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model,
-               run_key: jax.Array, client_table=None) -> SimState:
+               run_key: jax.Array, client_table=None, privacy=None) -> SimState:
   """Round 0's state with `run_key` (release_identity.run_key). The model's
   initialisation is the seed's alone (it reads no data). `client_table(one_client_row)
   -> client_state` holds the per-client rows (default: a dense [num_clients, ...]
-  device table; a HostTable for client_state_store host/disk, placement/paged_state.py)."""
+  device table; a HostTable for client_state_store host/disk, placement/paged_state.py).
+  `privacy` (privacy/setup.Privacy) for a mechanism whose slot holds more than the
+  ledger (a correlated-noise strategy's buffers)."""
   num_clients = setup.population.num_clients
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(setup.seed), MODEL_INIT))
   server_opt = recipe.server_optimizer_fn()
@@ -129,4 +131,5 @@ def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model
                   client_state=client_state, server_state=server_state,
                   key=run_key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
-                  privacy=initial_state(mechanism, num_clients, setup.clip_norm))
+                  privacy=initial_state(mechanism, num_clients, setup.clip_norm, params,
+                                        privacy))

@@ -141,7 +141,8 @@ def divergence() -> Callback:
            "the global model stayed finite: a client's local training diverged (under DP "
            "or a robust rule its upload is dropped)")
     growth = div.loss_growth(ctx.rows, initial[0] if initial else None, div.advice(
-        noise_note.mean_update_ratio(ctx.cfg, ctx.sim.noise_multiplier)))
+        noise_note.mean_update_ratio(ctx.cfg, ctx.sim.noise_multiplier,
+                                     ctx.sim.privacy.strategy)))
     if growth:
       warn(ctx, "growth", growth)
     return False

@@ -12,13 +12,18 @@ from fedjax_dp.privacy.mechanisms import get_mechanism
 SWAMPED = 1.0   # noise std on the mean update over the clip norm above which it swamps it
 
 
-def mean_update_ratio(cfg, noise_multiplier: float | None) -> float | None:
+def mean_update_ratio(cfg, noise_multiplier: float | None, strategy=None) -> float | None:
   """The noise's std on the mean update, per coordinate, over clip_norm: z / m where the
   server noises the sum of m clipped uploads, z / sqrt(m) where each of the m clients
-  noises its own (m = clients_per_round); None without such noise."""
+  noises its own (m = clients_per_round); None without such noise. A correlated-noise
+  `strategy` (privacy/mechanisms/correlated.py) scales the server's by its sensitivity
+  and its rounds' RMS noise factor."""
   m = get_mechanism(cfg.dp)
   if not m.private or not noise_multiplier:
     return None
+  if strategy is not None:
+    return (noise_multiplier * math.sqrt(strategy.sensitivity2) * (strategy.round_rms or 1.0)
+            / cfg.clients_per_round)
   if m.noises_sum:
     return noise_multiplier / cfg.clients_per_round
   if m.noises_each_upload:
@@ -26,16 +31,19 @@ def mean_update_ratio(cfg, noise_multiplier: float | None) -> float | None:
   return None
 
 
-def lines(cfg, noise_multiplier: float | None, calibrated: bool) -> list[str]:
+def lines(cfg, noise_multiplier: float | None, calibrated: bool, strategy=None) -> list[str]:
   """The run's noise line, and its warning where the noise swamps the clip."""
-  ratio = mean_update_ratio(cfg, noise_multiplier)
+  ratio = mean_update_ratio(cfg, noise_multiplier, strategy)
   if ratio is None:
     return []
   where = (f"calibrated to target_epsilon {cfg.target_epsilon:g} over {cfg.rounds} rounds, "
            f"{cfg.sampling} cohorts of {cfg.clients_per_round} of {cfg.num_clients}"
            if calibrated else "as configured")
+  each = ("each round" if strategy is None else
+          f"each round, root mean square over the rounds ({strategy.says}; sensitivity "
+          f"{math.sqrt(strategy.sensitivity2):.4g})")
   out = [f"dp {cfg.dp}: noise multiplier {noise_multiplier:.4g} ({where}): noise std "
-         f"{ratio:.3g} x clip_norm on the mean update each round"]
+         f"{ratio:.3g} x clip_norm on the mean update {each}"]
   if ratio > SWAMPED:
     out.append(f"warning: the noise on the mean update (std {ratio:.3g} x clip_norm) is larger "
                "than the clipped updates themselves and will likely swamp them: more clients "

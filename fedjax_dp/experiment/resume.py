@@ -70,6 +70,7 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
   readable checkpoint (or round 0), checked against what was released, with
   the noise multiplier the rounds to come run at. RunError, nothing written,
   when the resume would change released rounds."""
+  _check_strategy_rounds(out, cfg)
   ckpt_dir = os.path.join(out, "checkpoints")
   meta = dict(FRESH_META)
   if ckpt.steps(ckpt_dir):
@@ -107,6 +108,20 @@ def restore(out: str, cfg: Config, sim: Simulation, state, log, calibrating: boo
         f"run (multiplier {before:.4g}): a calibrated run spends its target by its last round, "
         "so little is left to extend it with, and these updates will be mostly noise")
   return state, meta, plog, calibration
+
+
+def _check_strategy_rounds(out: str, cfg: Config) -> None:
+  """A correlated-noise strategy is built for its run's rounds (its matrix, its
+  sensitivity, the noise buffers in the checkpoint): a resume with other rounds
+  would continue one strategy's noise under another's accounting."""
+  if not get_mechanism(cfg.dp).charged_once:
+    return
+  ran = {g.get("rounds") for g in reporting.read_metrics(os.path.join(out, SEGMENTS))} - {None}
+  if ran - {cfg.rounds}:
+    raise RunError(f"--resume with rounds {cfg.rounds} under dp {cfg.dp!r}: the run's "
+                   f"correlated-noise strategy was built for {sorted(ran)[0]} rounds (its "
+                   "matrix, sensitivity and noise buffers); resume with those rounds, or "
+                   "start a new run")
 
 
 def _restore_secret_key(out: str, sim: Simulation, state):

@@ -41,6 +41,14 @@ def budget_rounds(cfg: Config, spent_rdp=None, done: int = 0,
     # participation after setup; central DP skips the round that would pass the target
     return cfg.rounds
   event = event_rdp(cfg, z)
+  if mechanism.charged_once:   # one mechanism over the run (correlated noise): all or none
+    if accounting.epsilon_np(event, cfg.delta)[0] > cfg.target_epsilon:
+      raise RunError(f"target_epsilon {cfg.target_epsilon:g} is below the run's epsilon "
+                     f"{accounting.epsilon_np(event, cfg.delta)[0]:.4g} at noise multiplier "
+                     f"{z:g} (dp {cfg.dp!r}: one mechanism over all {cfg.rounds} rounds, built "
+                     "for them): raise noise_multiplier or target_epsilon, or leave "
+                     "noise_multiplier null to calibrate it")
+    return cfg.rounds
   if mechanism.per_client_ledgers or spent_rdp is None:
     spent_rdp, done = np.zeros_like(event), 0   # local DP: each client's own ledger decides
   before = np.asarray(spent_rdp, np.float64)

@@ -1,7 +1,8 @@
 """The cohort on the devices: who trains this round, and on which device.
 
-  make_sampler(...)     (key, client_count) -> (ids [slots], mask [slots], overflow):
-                        the round's cohort (store.sample_cohort), dealt to the
+  make_sampler(...)     (key, client_count, round) -> (ids [slots], mask [slots],
+                        overflow): the round's cohort (store.sample_cohort, or
+                        participation.cyclic_groups' group of the round), dealt to the
                         devices by size (deal_by_size)
   resident_layout(...)  the per-client table in client order <-> resident order
                         (each device holds the rows of the clients it trains)
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_dp.placement import participation
 from fedjax_dp.placement.store import sample_cohort
 
 
@@ -53,16 +55,26 @@ def home_slots(num_clients: int, client_count, n_dev: int, slots: int):
 
 
 def make_sampler(*, resident: bool, num_clients: int, clients_per_round: int, sampling: str,
-                 capacity: int, n_dev: int, slots: int, home=None) -> Callable:
-  """(key, client_count) -> (ids [slots], mask [slots], overflow int32): the cohort
-  drawn from `key` and dealt to the devices; with resident state everyone, each
-  in its home slot (`home`: home_slots' result)."""
+                 capacity: int, n_dev: int, slots: int, home=None,
+                 data_seed: int = 0) -> Callable:
+  """(key, client_count, round) -> (ids [slots], mask [slots], overflow int32): the
+  cohort drawn from `key` (sampling 'cyclic': group round mod b of
+  participation.cyclic_groups, by the data seed) and dealt to the devices; with
+  resident state everyone, each in its home slot (`home`: home_slots' result)."""
   if resident:
     home_ids, home_mask, _ = home
-    return lambda key, client_count: (jnp.asarray(home_ids), jnp.asarray(home_mask),
-                                      jnp.int32(0))
+    return lambda key, client_count, r: (jnp.asarray(home_ids), jnp.asarray(home_mask),
+                                         jnp.int32(0))
+  if sampling == "cyclic":
+    groups = participation.cyclic_groups(num_clients, clients_per_round, data_seed)
 
-  def sample(key, client_count):
+    def cyclic(key, client_count, r):
+      ids = jnp.asarray(groups)[r % groups.shape[0]]
+      ids, mask = deal_by_size(ids, jnp.ones_like(ids, bool), client_count, n_dev, slots)
+      return ids, mask, jnp.int32(0)
+    return cyclic
+
+  def sample(key, client_count, r):
     cohort = sample_cohort(key, num_clients, clients_per_round, sampling, capacity)
     ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, slots)
     return ids, mask, cohort.overflow

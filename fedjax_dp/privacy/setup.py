@@ -29,6 +29,9 @@ class Privacy:
   event_table: Any = None          # np [SCORE_GRID, orders]: central DP's round RDP at controller
                                    # outputs k / (SCORE_GRID - 1) (adaptive noise)
   stop_in_round: bool = False      # central DP: a round that would pass target_epsilon is skipped
+  strategy: Any = None             # a correlated-noise mechanism's Strategy
+                                   # (privacy/mechanisms/correlated.py), built for the run
+  participation: Any = None        # placement/participation.Participation: the sampler's schema
   event_multipliers: tuple = ()    # float64: the accounted multiplier of each event a round can
                                    # release (RoundStats.event indexes it): one with static
                                    # noise, central DP's SCORE_GRID tabulated ones with a schedule

@@ -20,6 +20,7 @@ from fedjax_dp.errors import ConfigError
 from fedjax_dp.privacy import boundary, mechanisms
 from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.recipes import flat
+from fedjax_dp.recipes import privacy as privacy_setup
 from fedjax_dp.recipes.plugins import load_plugins
 from fedjax_dp.adversary import attacks
 
@@ -65,6 +66,7 @@ def check_run(cfg: Config, raw: dict[str, Any], refuse_unread: bool = True):
   _check_registered(cfg)
   _check_kept_noise(cfg, raw)
   _check_mechanism(cfg, raw)
+  _check_participation(cfg)
   _check_attack_placement(cfg)
   recipe = _check_stages(cfg)
   _check_client_state_store(cfg)
@@ -158,6 +160,31 @@ def _check_mechanism(cfg: Config, raw: dict[str, Any]) -> None:
       raise ConfigError(f"config key 'noise_multiplier' = {cfg.noise_multiplier:g} with "
                         f"accountant 'pld': PLD needs a multiplier >= {PLD_MIN_NOISE_MULTIPLIER:g}"
                         f"{' (z / 2 under local DP)' if local else ''}; use accountant 'rdp'")
+
+
+def _check_participation(cfg: Config) -> None:
+  """A mechanism against the sampler's participation schema (placement/participation.py)."""
+  mechanism = mechanisms.get_mechanism(cfg.dp)
+  if mechanism.needs_random_cohorts and cfg.sampling == "cyclic":
+    raise ConfigError(f"config key 'sampling' = 'cyclic' with dp {cfg.dp!r}: its accountant "
+                      "amplifies by random cohorts, which a fixed schedule does not give; use "
+                      "dp 'bandmf' (mf_bands 1 is independent noise, accounted without "
+                      "amplification) or sampling 'poisson' or 'fixed'")
+  if mechanism.strategy_for is None:
+    return
+  for key, bad, why in (("adaptive_clipping", True, "its count query is not yet charged "
+                         "beside the correlated noise"),
+                        ("clip_parts", "tiers", "the tiers' noise scales would be ignored by "
+                         "the strategy's isotropic noise")):
+    if getattr(cfg, key) == bad:
+      raise ConfigError(f"config key {key!r} = {bad!r} with dp {cfg.dp!r}: {why}")
+  schedule = privacy_setup.participation_of(cfg)
+  if cfg.mf_bands is not None and cfg.mf_bands > min(schedule.min_sep, cfg.rounds):
+    raise ConfigError(
+        f"config key 'mf_bands' = {cfg.mf_bands} with dp {cfg.dp!r}: at most the rounds "
+        f"({cfg.rounds}) and the sampler's separation of a client's rounds, min_sep = "
+        f"{schedule.min_sep} (sampling {cfg.sampling!r}; 'cyclic' separates them by "
+        "num_clients / clients_per_round)")
 
 
 def _check_attack_placement(cfg: Config) -> None:
@@ -276,6 +303,7 @@ _SETUP_KEYS_READ = {
        for k in ("convergence_measure", "convergence_lambda", "convergence_window", "noise_ema")},
     "convergence_beta": (lambda c: _private(c) and c.noise_schedule == "convergence",
                          f"noise_schedule 'convergence' {_DP_ON}"),
+    "mf_bands": (lambda c: "mf_bands" in mechanisms.get_mechanism(c.dp).reads, "dp 'bandmf'"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
               "partition 'dirichlet' or 'dirichlet_client'"),

@@ -25,6 +25,7 @@ from fedjax_dp.privacy import noise_control
 from fedjax_dp.privacy import mechanisms
 from fedjax_dp.privacy.mechanisms.base import SCORE_GRID, CohortSampling, poisson_rate_used
 from fedjax_dp.privacy.setup import Privacy
+from fedjax_dp.recipes import flat
 
 
 def sampling_rate(cfg: Config) -> float:
@@ -86,6 +87,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     z_accounted = accounting.effective_noise_multiplier(
         clip_layout.part_noise_multipliers(layout, z_update) + [2.0 * count_stddev])
   event = event_rdp(cfg, z_accounted)
+  strategy, schedule = _strategy(cfg, mechanism)
   table = None
   multipliers = (z_accounted,)
   if mechanism.noises_sum and cfg.noise_schedule != "static" and z > 0:
@@ -97,8 +99,31 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
                  target_epsilon=cfg.target_epsilon,
                  delta=cfg.delta, adaptive=cfg.adaptive_clipping, count_stddev=count_stddev,
                  schedule=cfg.noise_schedule, event_table=table, event_multipliers=multipliers,
+                 strategy=strategy, participation=schedule,
                  stop_in_round=(mechanism.noises_sum and cfg.target_epsilon is not None
                                 and (cfg.clip_parts == "tiers" or cfg.noise_schedule != "static")))
+
+
+def participation_of(cfg: Config):
+  """The sampler's participation schema (placement/participation.py): the function
+  the cohort sampler is built from, so the accountant reads what the run enforces."""
+  from fedjax_dp.placement import participation
+  return participation.schema(cfg.sampling, cfg.num_clients, cfg.clients_per_round, cfg.rounds)
+
+
+def _strategy(cfg: Config, mechanism):
+  """(a correlated-noise mechanism's Strategy for this run, the participation) or
+  (None, the participation)."""
+  schedule = participation_of(cfg)
+  if mechanism.strategy_for is None:
+    return None, schedule
+  settings = {k: getattr(cfg, k) for k in mechanism.reads}
+  settings["server_momentum"] = (cfg.server_momentum if
+                                 flat.server_optimizer_name(cfg) == "momentum" else 0.0)
+  try:
+    return mechanism.strategy_for(settings, schedule, cfg.rounds), schedule
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def clip_count_stddev(cfg: Config, accounted_multiplier: float) -> float:
@@ -131,7 +156,8 @@ def noise_multiplier_for(cfg: Config) -> float:
   if cfg.noise_multiplier is not None:
     return cfg.noise_multiplier
   aim = cfg.target_epsilon * (1.0 - 1e-5 - 3e-7 * cfg.rounds)
+  # a mechanism charged once per run (correlated noise: one Gaussian) composes once
+  times = 1 if mechanisms.get_mechanism(cfg.dp).charged_once else cfg.rounds
   return accounting.calibrate_noise_multiplier(
       aim, sampling_rate(cfg), cfg.rounds, cfg.delta,
-      epsilon_fn=lambda z: accounting.epsilon_np(cfg.rounds * event_rdp(cfg, z),
-                                                 cfg.delta)[0])
+      epsilon_fn=lambda z: accounting.epsilon_np(times * event_rdp(cfg, z), cfg.delta)[0])

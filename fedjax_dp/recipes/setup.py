@@ -24,7 +24,7 @@ from fedjax_dp.config.schema import data_seed
 class Population(NamedTuple):
   num_clients: int
   clients_per_round: int       # the cohort size, or under Poisson sampling its expectation
-  sampling: str                # 'fixed' | 'poisson'
+  sampling: str                # 'fixed' | 'poisson' | 'cyclic' (placement/participation.py)
   max_cohort: int | None       # Poisson draws' room (None: the default margin)
 
 

@@ -89,7 +89,8 @@ def privacy_report(cfg: Config, sim: Simulation, state, plog: dict | None = None
   from it. `stopped_by_budget`: whether a budget ended the run before `rounds`
   (run_experiment knows; default: whether a round was skipped for it)."""
   assumed = False
-  if plog is None and assume and get_mechanism(cfg.dp).private and sim.privacy.schedule == "static":
+  if plog is None and assume and get_mechanism(cfg.dp).private and \
+      sim.privacy.schedule == "static" and not get_mechanism(cfg.dp).charged_once:
     plog = _assumed_log(cfg, sim, state)
     assumed = True
     if get_mechanism(cfg.dp).noises_sum and not _log_matches_ledger(cfg, plog, state):
@@ -321,7 +322,12 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
         "note": "the noised clipped-count query is accounted: the updates' noise "
                 "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
                 "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"}
-  events = privacy_log.noise_events(plog) if plog is not None else None
+  # a correlated-noise run is one Gaussian charged in shares: no per-round events
+  once = get_mechanism(cfg.dp).charged_once
+  if once:
+    from fedjax_dp.experiment.reports.correlated_report import correlated_section
+    report["correlated_noise"] = correlated_section(cfg, sim, rounds)
+  events = privacy_log.noise_events(plog) if plog is not None and not once else None
   if events is not None:
     report["noise_events"] = [{"accounted_noise_multiplier": m, "rounds": n}
                               for m, n in events]
@@ -330,7 +336,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
           "the rounds ran at different accounted multipliers (a noise schedule, or a resume "
           "that calibrated the rounds after it to what was left of target_epsilon); every "
           "figure composes each round at its own")
-  if cfg.accountant == "pld" and z > 0 and rounds > 0:
+  if cfg.accountant == "pld" and z > 0 and rounds > 0 and not once:
     if events is None:
       report["pld_epsilon"] = None
       report["pld_note"] = ("no PLD figure: the run resumed from a checkpoint without the "
@@ -340,10 +346,11 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
       # each released round's composed multiplier (tiers: less than z), as the ledger charges
       add_pld(report, lambda: pld_epsilon_composed(sampling_rate(cfg), events, cfg.delta),
               "rdp ledger in the round; final figure by dp-accounting's PLD")
-  if cfg.sampling == "poisson":
+  if cfg.sampling == "poisson" and not once:   # (correlated noise is not amplified)
     report["q_configured"] = cfg.clients_per_round / cfg.num_clients
     report["q_note"] = ("q is the rate the sampler really draws with (float32 "
                         "uniforms on a 2^-23 grid), which the accountant charges")
+  if cfg.sampling == "poisson":
     report["published_cohort_sizes"] = (
         "expected only: bytes_up, bytes_down and participations count clients_per_round per "
         "round, and unclipped_fraction is over that expected cohort (so it can pass 1); the "

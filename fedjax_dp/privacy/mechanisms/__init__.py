@@ -3,6 +3,9 @@
   no_privacy        'none'     the uploads as they are, FedAvg's weighted mean
   central_gaussian  'central'  the trusted server clips and noises the sum (DP-FedAvg)
   local_gaussian    'local'    each client clips and noises its own report
+  tree              'tree'     DP-FTRL: the server's noise correlated across rounds by
+  bandmf            'bandmf'   a tree, a banded or a buffered Toeplitz factorization
+  blt               'blt'      (correlated.py holds their shared round half)
 
 and TopkSDP-FL's noise on the kept coordinates, by the config's `kept_noise` name
 (kept_noise.py: 'paper', 'multiplier'), which sits on the client beside any of them.
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 from fedjax_dp.privacy.mechanisms.base import (DIVIDES_BY, Admission, CohortSampling, Mechanism,
                                                Plan, RoundSetup)
-from fedjax_dp.privacy.mechanisms import central_gaussian, kept_noise, local_gaussian, no_privacy
+from fedjax_dp.privacy.mechanisms import (bandmf, blt, central_gaussian, kept_noise,
+                                          local_gaussian, no_privacy, tree)
 from fedjax_dp.privacy.mechanisms.kept_noise import KeptNoise
 
 __all__ = ["DIVIDES_BY", "KEPT_NOISE", "MECHANISMS", "Admission", "CohortSampling", "KeptNoise",
@@ -28,6 +32,9 @@ MECHANISMS: dict[str, Mechanism] = {
     "none": no_privacy.no_privacy(),
     "central": central_gaussian.central_gaussian(),
     "local": local_gaussian.local_gaussian(),
+    "tree": tree.tree(),
+    "bandmf": bandmf.bandmf(),
+    "blt": blt.blt(),
 }
 
 # the config's kept_noise names ('none': no kept noise, no bundle)

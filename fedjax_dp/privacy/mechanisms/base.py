@@ -123,21 +123,31 @@ class Mechanism(NamedTuple):
                                     # cannot run them, in one line, or None
   describe: Callable | None = None  # (CohortSampling) -> the report's "mechanism",
                                     # "guarantee" and "neighbouring" lines
-  init_state: Callable | None = None  # (num_clients, clip_norm) -> its state slot
-                                      # (None: initial_state's PrivacyState)
+  init_state: Callable | None = None  # (num_clients, clip_norm, params, privacy) -> its state
+                                      # slot (None: initial_state's PrivacyState)
   recipe_prefix: str = ""           # of the recipe's name (dp_fedavg, ldp_fedavg)
+  strategy_for: Callable | None = None  # (settings, participation.Participation, rounds) ->
+                                        # its correlated-noise Strategy, built at set-up
+                                        # (privacy/mechanisms/correlated.py); None: no strategy
+  charged_once: bool = False        # event_rdp is the whole run's, which the rounds charge in
+                                    # shares (a calibration composes it once, not per round)
+  needs_random_cohorts: bool = False  # its accounting amplifies by random cohorts (poisson,
+                                      # fixed): a scheduled participation (cyclic) is refused
+  reads: tuple = ()                 # the config keys of its own (read only under it)
   releases: tuple = ()              # ((summary.json path, status, says), ...): what its report
                                     # lines publish that is not the accountant's figures
                                     # (privacy.** is covered otherwise; statuses of
                                     # fedjax_dp/stage.py), looked up first for its runs
 
 
-def initial_state(mechanism: Mechanism | None, num_clients: int, clip_norm: float):
-  """Round 0's slot of `mechanism` (None: no privacy): its own init_state, else an
-  empty ledger (one per client with per_client_ledgers) and the configured clip norm."""
+def initial_state(mechanism: Mechanism | None, num_clients: int, clip_norm: float,
+                  params=None, privacy=None):
+  """Round 0's slot of `mechanism` (None: no privacy): its own init_state (given the
+  model's parameters and the run's privacy/setup.Privacy), else an empty ledger (one
+  per client with per_client_ledgers) and the configured clip norm."""
   from fedjax_dp.privacy import accounting
   if mechanism is not None and mechanism.init_state is not None:
-    return mechanism.init_state(num_clients, clip_norm)
+    return mechanism.init_state(num_clients, clip_norm, params, privacy)
   shape = (num_clients,) if mechanism is not None and mechanism.per_client_ledgers else ()
   return PrivacyState(accounting.init_ledger(shape=shape), jnp.float32(clip_norm))
 

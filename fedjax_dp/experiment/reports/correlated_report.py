@@ -1,0 +1,38 @@
+"""The privacy report's section for correlated noise (tree, BandMF, BLT;
+privacy/mechanisms/correlated.py): the strategy, the participation the sampler
+enforced, the sensitivity and noise it sets, and how the ledger charged the one
+Gaussian mechanism the run is."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def correlated_section(cfg, sim, rounds: int) -> dict:
+  """summary.json privacy.correlated_noise."""
+  strategy, schedule = sim.privacy.strategy, sim.privacy.participation
+  z = sim.noise_multiplier
+  sens = math.sqrt(strategy.sensitivity2)
+  errors = ({} if strategy.round_rms is None else {
+      "round_noise_rms": z * sens * strategy.round_rms * cfg.clip_norm,
+      "prefix_sum_error_rms": z * sens * strategy.prefix_rms * cfg.clip_norm,
+      "errors_are": "expected over the noise, before dividing by clients_per_round: a "
+                    "round's noise on the sum (root mean square over rounds and per "
+                    "coordinate), and the error of the noisy prefix sums the model follows"})
+  return {"strategy": strategy.says,
+          "participation": {"sampling": schedule.sampling, "min_sep": schedule.min_sep,
+                            "max_participations": schedule.max_participations,
+                            "from": "the cohort sampler's schedule "
+                                    "(placement/participation.py), not a key of its own"},
+          "sensitivity": sens,
+          "noise_std": z * sens * cfg.clip_norm,
+          "noise_std_is": "the std of the strategy's noise rows Z: z sensitivity clip_norm; "
+                          "round t adds (C^-1 Z)_t to the clipped sum",
+          **errors,
+          "charged_share": float(np.sum(strategy.charges[:rounds])),
+          "accounting": ("the whole run is one Gaussian mechanism of multiplier z on a query "
+                         "of sensitivity 1 (the strategy's sensitivity is in the noise); the "
+                         "ledger charges it in shares as the released rounds' sensitivity "
+                         "grows (charged_share of it so far, 1 after the last round)")}

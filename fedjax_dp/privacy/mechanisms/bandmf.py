@@ -1,0 +1,77 @@
+"""BandMF (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix Factorization"):
+DP-FTRL's matrix mechanism with a lower-triangular strategy of `mf_bands` bands,
+column-normalised, optimised by jax-privacy for the run's rounds and the server
+optimizer's workload (prefix sums, or momentum SGD's with server momentum).
+
+With at most `bands` <= min_sep (the sampler's separation of one client's
+participations), the columns a client touches do not overlap, so C's sensitivity
+is sqrt(k) for k participations (jax-privacy's banded.minsep_sensitivity_squared):
+the noise std is z sqrt(k) C and the run one Gaussian of multiplier z. With one
+band it is independent Gaussian noise, accounted without amplification. Round t
+charges its participation's share when one can start (a participation every
+min_sep rounds: the (j+1)-th after round j min_sep). The noise keeps `bands`
+model-sized buffers (privacy/mechanisms/correlated.py).
+
+The optimised strategy is cached on disk by its parameters (strategy_cache.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_dp.privacy.mechanisms import correlated, strategy_cache
+
+
+def bands_for(settings: dict, participation) -> int:
+  """mf_bands, or (null) as many as the participation's separation allows (at most
+  the rounds, and MAX_DEFAULT_BANDS)."""
+  bands = settings.get("mf_bands")
+  return int(bands) if bands else min(participation.min_sep, settings["rounds"], MAX_DEFAULT_BANDS)
+
+
+MAX_DEFAULT_BANDS = 32    # optimisation time grows with them; papers use b <= min_sep
+
+
+def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strategy:
+  """The run's BandMF strategy: optimised (or read from the cache), its sensitivity
+  under the participation, and the per-round charges."""
+  from jax_privacy.matrix_factorization import banded
+  bands = bands_for({**settings, "rounds": rounds}, participation)
+  if bands > participation.min_sep:
+    raise ValueError(f"config key 'mf_bands' = {bands} with dp 'bandmf': at most the "
+                     f"participation's separation min_sep = {participation.min_sep} "
+                     f"(sampling {participation.sampling!r}; 'cyclic' separates a client's "
+                     "rounds by num_clients / clients_per_round)")
+  momentum = float(settings.get("server_momentum") or 0.0)
+  params = strategy_cache.bandmf_params(rounds, bands, momentum)
+  strategy = banded.ColumnNormalizedBanded(params=params)
+  k = participation.max_participations
+  # the (j+1)-th participation can start after round j min_sep: the first j min_sep + 1
+  # rounds hold at most j + 1 (jax-privacy counts them)
+  points = sorted({min(rounds, j * participation.min_sep + 1) for j in range(k)} | {rounds})
+  sens2 = [float(banded.minsep_sensitivity_squared(strategy, participation.min_sep, None, n=p))
+           for p in points]
+  inverse = _inverse(params)
+  return correlated.Strategy(
+      "bandmf", inverse, sens2[-1], correlated.charges_from_prefixes(rounds, points, sens2),
+      f"BandMF, {bands} band{'s' * (bands > 1)} optimised for {rounds} rounds"
+      f"{f' and server momentum {momentum:g}' if momentum else ''} (mean error of the "
+      f"{'momentum SGD' if momentum else 'prefix-sum'} workload)",
+      *correlated.error_factors(inverse, rounds))
+
+
+def _inverse(params: np.ndarray):
+  """C^{-1} streamed (jax-privacy's Algorithm 9), float32 buffers in the round."""
+  import jax.numpy as jnp
+  from jax_privacy.matrix_factorization import banded
+  return banded.ColumnNormalizedBanded(
+      params=jnp.asarray(params, jnp.float32)).inverse_as_streaming_matrix()
+
+
+def bandmf():
+  return correlated.mechanism(
+      "bandmf", strategy_for,
+      "BandMF (DP-FTRL with a banded matrix factorization; user level): each client's update "
+      "clipped to L2 norm clip_norm by the server, the sum noised with the strategy's "
+      "correlated noise z sens clip_norm (C^-1 xi)_t, divided by clients_per_round",
+      reads=("mf_bands",))

@@ -1,0 +1,205 @@
+"""Correlated-noise DP (issue 42): DP-FTRL's tree, BandMF and BLT in the compiled
+round, with participation the sampler enforces ('cyclic').
+
+Checked against independent references: the applied noise's covariance across
+rounds, measured by the differential method (the same keys with the configured
+noise and with a negligible one), against C^{-1} C^{-T} of the strategy
+materialised by jax-privacy (BandMF, BLT) or written from the tree's definition;
+the sensitivity against a brute force over every participation pattern; the
+epsilon against dp-accounting; the sampler's schedule against its schema."""
+
+import itertools
+import json
+import math
+
+import dp_accounting
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.linalg import block_diag
+
+import fedjax_dp
+from fedjax_dp.errors import ConfigError
+from fedjax_dp.placement import participation
+from fedjax_dp.privacy.mechanisms import correlated, tree
+
+ROUNDS, CLIENTS, PER_ROUND = 12, 40, 10      # cyclic: b = 4 groups, 3 participations each
+SMALL = {"dataset": "digits", "num_clients": CLIENTS, "clients_per_round": PER_ROUND,
+         "sampling": "cyclic", "rounds": ROUNDS, "eval_every": ROUNDS, "hidden": [16],
+         "devices": 1, "clip_norm": 1.0}
+
+
+@pytest.fixture(autouse=True)
+def strategy_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("FEDJAX_DP_CACHE", str(tmp_path / "cache"))
+
+
+def tree_matrix(length: int) -> np.ndarray:
+  """The binary tree's completed-node matrix over `length` rounds, from its
+  definition: round c (1-based) releases the sum of rounds c - 2^tz(c) + 1 .. c."""
+  c_mat = np.zeros((length, length))
+  for c in range(1, length + 1):
+    low = c & -c
+    c_mat[c - 1, c - low:c] = 1.0
+  return c_mat
+
+
+def strategy_matrix(sim) -> np.ndarray:
+  """C of the run's strategy, materialised by jax-privacy (BandMF, BLT) or from the
+  tree's definition (restarted every min_sep rounds)."""
+  from jax_privacy.matrix_factorization import banded, buffered_toeplitz
+  from fedjax_dp.privacy.mechanisms import strategy_cache
+  p = sim.privacy
+  name = p.strategy.name
+  if name == "tree":
+    b = p.participation.min_sep
+    return block_diag(*[tree_matrix(min(b, ROUNDS - s)) for s in range(0, ROUNDS, b)])
+  if name == "bandmf":
+    params = strategy_cache.bandmf_params(ROUNDS, p.participation.min_sep, 0.0)
+    return np.asarray(banded.ColumnNormalizedBanded(params=jnp.asarray(params)).materialize(),
+                      np.float64)
+  decay, scale = strategy_cache.blt_params(ROUNDS, p.participation.min_sep,
+                                           p.participation.max_participations)
+  with jax.enable_x64():
+    blt = buffered_toeplitz.BufferedToeplitz.build(buf_decay=decay, output_scale=scale)
+    return np.asarray(blt.materialize(ROUNDS), np.float64)
+
+
+def model_changes(sim, key) -> np.ndarray:
+  """[rounds, params]: each round's model change, from run key `key` (a
+  measurement, never released: same_draws)."""
+  state = sim.init_state()._replace(key=jnp.asarray(key))   # a fresh buffer: donated
+  flat = lambda s: np.concatenate([np.ravel(np.asarray(x, np.float64))
+                                   for x in jax.tree.leaves(s.params)])
+  out, last = [], flat(state)
+  for _ in range(ROUNDS):
+    state, _ = sim.run_rounds(state, 1, same_draws=True)
+    now = flat(state)
+    out.append(now - last)
+    last = now
+  return np.stack(out)
+
+
+@pytest.mark.parametrize("dp", ["tree", "bandmf", "blt"])
+def test_the_applied_noise_has_the_strategys_covariance_across_rounds(dp):
+  """The differential method: the same run key with noise multiplier 2 and 1e-6
+  (the clients' learning rate 1e-12, so their updates do not move the models
+  apart); each round's model change is then the noise over clients_per_round.
+  Its covariance across rounds, over ~19,000 coordinates, is
+  (z sens C)^2 C_s^{-1} C_s^{-T}: C_s materialised independently of the round's
+  streaming code, sens^2 by brute force (below)."""
+  from fedjax_dp.experiment.setup import setup
+  cfg = {**SMALL, "dp": dp, "lr": 1e-12, "hidden": [256]}
+  sims = [setup(fedjax_dp.make_config({**cfg, "noise_multiplier": z}))[2] for z in (2.0, 1e-6)]
+  key = np.asarray(sims[0].init_state().key)
+  noise = (model_changes(sims[0], key) - model_changes(sims[1], key)) * PER_ROUND  # [n, d]
+  std = sims[0].privacy.strategy.noise_std(2.0, 1.0)
+  c_inv = np.linalg.inv(strategy_matrix(sims[0]))
+  want = std ** 2 * c_inv @ c_inv.T
+  got = noise @ noise.T / noise.shape[1]
+  assert noise.shape[1] > 18_000
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))
+  np.testing.assert_allclose(got / scale, want / scale, atol=0.05)
+  assert np.max(np.abs(np.diag(got) / np.diag(want) - 1)) < 0.05
+
+
+def worst_sensitivity2(c_mat: np.ndarray, min_sep: int) -> float:
+  """max over every participation pattern with rounds at least min_sep apart of
+  ||sum of C's columns at those rounds||^2 (brute force)."""
+  n = c_mat.shape[0]
+  best = 0.0
+  for k in range(1, math.ceil(n / min_sep) + 1):
+    for rounds in itertools.combinations(range(n), k):
+      if all(b - a >= min_sep for a, b in zip(rounds, rounds[1:])):
+        best = max(best, float(np.sum(np.square(c_mat[:, list(rounds)].sum(axis=1)))))
+  return best
+
+
+@pytest.mark.parametrize("dp", ["tree", "bandmf", "blt"])
+def test_the_sensitivity_is_the_worst_participation_pattern(dp):
+  """sens^2 equals the brute force over every min-sep pattern (BLT: jax-privacy's
+  Toeplitz bound, at least the brute force; the tree: restarted every min_sep
+  rounds, so a pattern of one participation per tree), and each client's own
+  cyclic schedule is among them."""
+  from fedjax_dp.experiment.setup import setup
+  sim = setup(fedjax_dp.make_config({**SMALL, "dp": dp, "noise_multiplier": 1.0}))[2]
+  c_mat, s = strategy_matrix(sim), sim.privacy.strategy
+  b = sim.privacy.participation.min_sep
+  assert (b, sim.privacy.participation.max_participations) == (4, 3)
+  brute = worst_sensitivity2(c_mat, b)
+  if dp == "blt":
+    assert brute <= s.sensitivity2 * (1 + 1e-6) and s.sensitivity2 < 1.05 * brute
+  else:
+    assert s.sensitivity2 == pytest.approx(brute, rel=1e-6)
+  cyclic = max(np.sum(np.square(c_mat[:, g::b].sum(axis=1))) for g in range(b))
+  assert cyclic <= s.sensitivity2 * (1 + 1e-6)
+  assert np.sum(s.charges) == pytest.approx(1.0) and np.all(s.charges >= 0)
+
+
+@pytest.mark.parametrize("dp", ["tree", "bandmf", "blt"])
+def test_the_epsilon_is_dp_accountings_gaussian_and_the_ledger_covers_each_prefix(dp, tmp_path):
+  """The run's epsilon is dp-accounting's RDP epsilon of one Gaussian of multiplier
+  z (the strategy's sensitivity is in the noise); after each round the ledger holds
+  at least the Gaussian of the released rounds' sensitivity (brute force on C's
+  leading block)."""
+  z = 1.5
+  out = str(tmp_path / dp)
+  fedjax_dp.run({**SMALL, "dp": dp, "noise_multiplier": z}, out=out, progress=False,
+                log=lambda m: None)
+  report = json.load(open(f"{out}/summary.json"))["privacy"]
+  acc = dp_accounting.rdp.RdpAccountant(
+      [float(a) for a in fedjax_dp.privacy.accounting.DEFAULT_ORDERS])
+  acc.compose(dp_accounting.GaussianDpEvent(z))
+  assert report["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-5)
+  assert report["correlated_noise"]["charged_share"] == pytest.approx(1.0)
+  from fedjax_dp.experiment.setup import setup
+  sim = setup(fedjax_dp.make_config({**SMALL, "dp": dp, "noise_multiplier": z}))[2]
+  c_mat, s = strategy_matrix(sim), sim.privacy.strategy
+  b = sim.privacy.participation.min_sep
+  for t in range(1, ROUNDS + 1):
+    released = worst_sensitivity2(c_mat[:t, :t], b)
+    assert np.sum(s.charges[:t]) * s.sensitivity2 >= released - 1e-6
+
+
+def test_the_cyclic_sampler_enforces_its_schema():
+  """The round's sampler (placement/cohort.make_sampler, as build_simulation makes
+  it) trains each client every b = num_clients / clients_per_round rounds exactly,
+  ceil(rounds / b) times: the schema participation.schema gives the accountant."""
+  from fedjax_dp.placement import cohort
+  sample = cohort.make_sampler(resident=False, num_clients=CLIENTS,
+                               clients_per_round=PER_ROUND, sampling="cyclic",
+                               capacity=PER_ROUND, n_dev=2, slots=PER_ROUND, data_seed=7)
+  seen = {c: [] for c in range(CLIENTS)}
+  for r in range(19):
+    ids, mask, overflow = sample(jax.random.PRNGKey(r), jnp.ones(CLIENTS, jnp.int32),
+                                 jnp.int32(r))
+    assert bool(jnp.all(mask)) and int(overflow) == 0 and len(set(np.asarray(ids))) == PER_ROUND
+    for c in np.asarray(ids):
+      seen[int(c)].append(r)
+  schema = participation.schema("cyclic", CLIENTS, PER_ROUND, 19)
+  assert schema == participation.Participation("cyclic", 4, 5)
+  for rounds in seen.values():
+    assert 4 <= len(rounds) <= schema.max_participations and set(np.diff(rounds)) == {4}
+
+
+def test_refusals_are_one_line():
+  base = {**SMALL, "noise_multiplier": 1.0}
+  with pytest.raises(ConfigError, match="'sampling' = 'cyclic' with dp 'central'"):
+    fedjax_dp.make_config({**base, "dp": "central"})
+  with pytest.raises(ConfigError, match="'mf_bands' = 5 with dp 'bandmf': at most the rounds"):
+    fedjax_dp.make_config({**base, "dp": "bandmf", "mf_bands": 5})
+  with pytest.raises(ConfigError, match="'mf_bands' = 2 is read by nothing"):
+    fedjax_dp.make_config({**base, "dp": "blt", "mf_bands": 2})
+  with pytest.raises(ConfigError, match="needs num_clients \\(40\\) a multiple"):
+    fedjax_dp.make_config({**base, "dp": "tree", "clients_per_round": 7})
+  with pytest.raises(ConfigError, match="'adaptive_clipping' = True with dp 'tree'"):
+    fedjax_dp.make_config({**base, "dp": "tree", "adaptive_clipping": True})
+
+
+def test_charges_from_prefixes_charge_each_stretch_when_it_opens():
+  got = correlated.charges_from_prefixes(6, [1, 3, 6], [1.0, 2.0, 4.0])
+  np.testing.assert_allclose(got, [0.25, 0.25, 0.0, 0.5, 0.0, 0.0])
+  with pytest.raises(ValueError, match="must rise to rounds 6"):
+    correlated.charges_from_prefixes(6, [1, 3], [1.0, 2.0])
+  assert tree.levels(1) == 1 and tree.levels(4) == 3 and tree.levels(7) == 3
