@@ -203,3 +203,64 @@ def test_charges_from_prefixes_charge_each_stretch_when_it_opens():
   with pytest.raises(ValueError, match="must rise to rounds 6"):
     correlated.charges_from_prefixes(6, [1, 3], [1.0, 2.0])
   assert tree.levels(1) == 1 and tree.levels(4) == 3 and tree.levels(7) == 3
+
+
+@pytest.mark.slow   # four runs: make test-slow (CI runs it)
+@pytest.mark.parametrize("dp", ["tree", "blt"])
+def test_a_run_stopped_mid_strategy_resumes_bit_for_bit(dp, tmp_path):
+  """The noise buffers are in the checkpointed round state: a run stopped at round 6
+  of 12 (Ctrl-C) and resumed ends with the uninterrupted run's model and epsilon,
+  bit for bit; a resume with other rounds (another strategy) is refused."""
+  from fedjax_dp.callbacks import Callback
+  from fedjax_dp.errors import RunError
+  values = {**SMALL, "dp": dp, "noise_multiplier": 2.0, "checkpoint_every": 2}
+  quiet = dict(progress=False, log=lambda m: None)
+  fedjax_dp.run(values, out=str(tmp_path / "whole"), **quiet)
+
+  def stop_at_6(ctx, stats):
+    if ctx.round == 6:
+      raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    fedjax_dp.run(values, out=str(tmp_path / "cut"), callbacks=[Callback(after_chunk=stop_at_6)],
+                  **quiet)
+  with pytest.raises(RunError, match="strategy was built for 12 rounds"):
+    fedjax_dp.run({**values, "rounds": 16}, out=str(tmp_path / "cut"), resume=True, **quiet)
+  fedjax_dp.run(values, out=str(tmp_path / "cut"), resume=True, **quiet)
+  a, b = (json.load(open(tmp_path / d / "summary.json")) for d in ("whole", "cut"))
+  assert a["privacy"]["epsilon"] == b["privacy"]["epsilon"]
+  for x, y in zip(*(jax.tree.leaves(fedjax_dp.load_params(str(tmp_path / d)))
+                    for d in ("whole", "cut"))):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_sweep_replicas_draw_their_own_correlated_noise():
+  """A sweep's seeds run as vmapped replicas of one program (Simulation.run_replicas):
+  each replica carries its own noise buffers and draws its own noise (its release's
+  key), and ends where its seed run alone ends (batched matmuls round apart by
+  about 1e-7)."""
+  from fedjax_dp.experiment.setup import setup
+  sim = setup(fedjax_dp.make_config({**SMALL, "dp": "bandmf", "noise_multiplier": 2.0}))[2]
+  seeds = [sim.with_seed(s) for s in (0, 1)]
+  alone = [s.run_rounds(s.init_state(), 4)[0] for s in seeds]
+  stack = lambda trees: jax.tree.map(lambda *a: jnp.stack(a), *trees)
+  both, _ = sim.run_replicas(sim.to_working(stack([s.init_state() for s in seeds])),
+                             stack([s.hparams for s in seeds]), 4)
+  for r, single in enumerate(alone):
+    for x, y in zip(jax.tree.leaves((single.params, single.privacy.noise)),
+                    jax.tree.leaves((both.params, both.privacy.noise))):
+      np.testing.assert_allclose(np.asarray(y[r]), np.asarray(x), rtol=1e-4, atol=1e-6)
+  first = [np.ravel(np.asarray(jax.tree.leaves(a.privacy.noise)[1])) for a in alone]
+  assert not np.allclose(first[0], first[1])
+
+
+def test_account_plans_the_runs_epsilon(tmp_path):
+  """fedjax-dp account --config's plan equals the finished run's summary.json epsilon
+  (calibrated to a target: the run's float32 ledger composing the strategy's shares)."""
+  from fedjax_dp.experiment import plan_privacy
+  values = {**SMALL, "dp": "tree", "target_epsilon": 6.0}
+  fedjax_dp.run(values, out=str(tmp_path / "r"), progress=False, log=lambda m: None)
+  ran = json.load(open(tmp_path / "r" / "summary.json"))["privacy"]["epsilon"]
+  planned = plan_privacy.plan(fedjax_dp.make_config(values))
+  assert planned["epsilon"] == pytest.approx(ran, rel=1e-12, abs=0) and ran <= 6.0
+  assert planned["correlated_noise"]["sensitivity"] == pytest.approx(3.0)
+  assert "one Gaussian of multiplier" in plan_privacy.format_plan(planned)

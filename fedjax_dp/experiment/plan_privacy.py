@@ -7,7 +7,8 @@ multipliers, the mechanism's per-round event), composed as the run's float32 led
 composes them (accounting.compose, rounding up at every step) and stopped where the
 run stops (budget_rounds, or the in-round check against the budget), so that a
 finished run's summary.json reports the same epsilon (tests/test_plan_privacy.py runs
-both). What the round's data decides (a noise schedule, the analyzer's tiers,
+both). Correlated noise (tree, BandMF, BLT) is one Gaussian over the run, charged in
+the strategy's shares. What the round's data decides (a noise schedule, the analyzer's tiers,
 per-client budgets or per-cluster noise) cannot be planned and is refused in one line."""
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ def _ledger(cfg: Config, event, rounds: int, limit: float | None) -> tuple[np.nd
   return np.asarray(ledger, np.float64), int(k)
 
 
+def _shares_ledger(event, charges) -> np.ndarray:
+  """The ledger [orders] of a correlated-noise run (privacy/mechanisms/correlated.py):
+  round t composes event x charges[t], in float32, as its round does."""
+  import jax
+  import jax.numpy as jnp
+  event32 = jnp.asarray(accounting.event_to_float32(event))
+  shares = jnp.asarray(charges, jnp.float32)
+  step = lambda ledger, share: (accounting.compose(ledger, event32 * share), None)
+  ledger, _ = jax.jit(lambda s: jax.lax.scan(step, jnp.zeros_like(event32), s))(shares)
+  return np.asarray(ledger, np.float64)
+
+
 def _charged(cfg: Config, privacy) -> tuple[np.ndarray, int]:
   """The ledger a full run of `cfg` ends with, and its compositions (rounds released,
   or a client's participations in every round): central DP stops where budget_rounds
@@ -89,6 +102,8 @@ def _charged(cfg: Config, privacy) -> tuple[np.ndarray, int]:
   from fedjax_dp.experiment.target_epsilon import budget_rounds
   from fedjax_dp.recipes.hparams import budget_limit
   last = budget_rounds(cfg)   # also the run's one-line error for an unreachable target
+  if get_mechanism(cfg.dp).charged_once:
+    return _shares_ledger(privacy.event_rdp, privacy.strategy.charges), last
   in_round = (get_mechanism(cfg.dp).per_client_ledgers or privacy.stop_in_round)
   limit = (float(budget_limit(cfg.target_epsilon))
            if in_round and cfg.target_epsilon is not None else None)
@@ -121,10 +136,17 @@ def plan(cfg: Config, model=None) -> dict:
          "accounted_noise_multiplier": z_acc, "delta": cfg.delta,
          "rdp_epsilon": _finite(rdp_eps), "order": order if math.isfinite(rdp_eps) else None,
          "epsilon": _finite(rdp_eps), "epsilon_accountant": "rdp"}
+  if privacy.strategy is not None:
+    schedule = privacy.participation
+    out["correlated_noise"] = {
+        "strategy": privacy.strategy.says, "sensitivity": math.sqrt(privacy.strategy.sensitivity2),
+        "min_sep": schedule.min_sep, "max_participations": schedule.max_participations,
+        "noise_std": privacy.strategy.noise_std(privacy.noise_multiplier, cfg.clip_norm)}
   if mechanism.per_client_ledgers:
     out["epsilon_is"] = "a client's that takes part in every round"
     out["expected_participations"] = cfg.rounds * cfg.clients_per_round / cfg.num_clients
-  if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0:
+  if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0 and \
+      not mechanism.charged_once:
     _add_pld(out, cfg, z_acc, charged)
   return out
 
@@ -154,11 +176,17 @@ def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int) -> None:
 def format_plan(res: dict) -> str:
   """The plan in a few lines: what is charged, the noise, the epsilon."""
   z, z_acc = res["noise_multiplier"], res["accounted_noise_multiplier"]
+  q = "" if res["sampling"] == "cyclic" else f" (q = {res['q']:.6g})"
   lines = [f"dp {res['dp']}: {res['sampling']} cohorts of {res['clients_per_round']} of "
-           f"{res['num_clients']} (q = {res['q']:.6g}), {res['rounds']} rounds; neighbours: "
+           f"{res['num_clients']}{q}, {res['rounds']} rounds; neighbours: "
            f"{res['neighbouring']}",
            f"noise multiplier {z:.6g} ({res['noise_multiplier_source']})"
            + ("" if math.isclose(z, z_acc) else f", accounted as {z_acc:.6g}")]
+  if "correlated_noise" in res:
+    c = res["correlated_noise"]
+    lines.append(f"{c['strategy']}: sensitivity {c['sensitivity']:.4g} over at most "
+                 f"{c['max_participations']} participations {c['min_sep']} rounds apart, noise "
+                 f"std {c['noise_std']:.4g}; the run is one Gaussian of multiplier {z:.6g}")
   if res["rounds_charged"] < res["rounds"]:
     who = "a client in every round" if "epsilon_is" in res else "the run"
     lines.append(f"target_epsilon {res['target_epsilon']:g} stops {who} after "

@@ -49,11 +49,18 @@ RELEASE_NEUTRAL_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "dev
                         "client_state_store", "client_state_dir")
 
 
+# Keys added after the digest's form was fixed, left out at their default so that
+# every release made before them keeps its run key (its draws, its golden results)
+LATER_KEYS = {"mf_bands": None}
+
+
 def rounds_shape_the_rounds(cfg: Config) -> bool:
   """Whether a round's computation reads `rounds`: a learning-rate schedule over
-  the run, or a noise multiplier calibrated to reach target_epsilon in `rounds`."""
-  return cfg.lr_schedule != "constant" or (get_mechanism(cfg.dp).private
-                                           and cfg.noise_multiplier is None)
+  the run, a noise multiplier calibrated to reach target_epsilon in `rounds`, or a
+  correlated-noise strategy built for `rounds` (its matrix and sensitivity)."""
+  mechanism = get_mechanism(cfg.dp)
+  return cfg.lr_schedule != "constant" or (mechanism.private and cfg.noise_multiplier is None) \
+      or mechanism.strategy_for is not None
 
 
 def settings_digest(cfg: Config) -> str:
@@ -64,7 +71,8 @@ def settings_digest(cfg: Config) -> str:
   release extended: its first rounds compute and draw exactly the shorter run's,
   and its accountant covers every iterate, so publishing both reveals no more than
   the longer one, and `--resume --rounds` more gives the longer run bit for bit."""
-  settings = {k: v for k, v in cfg.to_dict().items() if k not in RELEASE_NEUTRAL_KEYS}
+  settings = {k: v for k, v in cfg.to_dict().items() if k not in RELEASE_NEUTRAL_KEYS
+              and not (k in LATER_KEYS and v == LATER_KEYS[k])}
   settings["data_seed"] = data_seed(cfg)
   del settings["plugins"]
   if cfg.plugins:   # the code of the stages they register, not where it lies

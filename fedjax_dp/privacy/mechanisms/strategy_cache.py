@@ -3,10 +3,10 @@
 An optimised strategy depends only on its parameters (rounds, bands or buffers,
 participation, workload) and the jax-privacy version: optimising BandMF for a
 thousand rounds takes minutes, so each is saved as .npz under
-$FEDJAX_DP_CACHE/strategies (default ~/.cache/fedjax-dp/strategies), written to a
+the cache's strategies/ folder (default ~/.cache/fedjax-dp/strategies), written to a
 temporary file and renamed (a crash never leaves a half-written strategy), and
-read back by the next run with the same parameters. Delete the folder to
-optimise afresh.
+read back by the next run with the same parameters (privacy/cache.py says where;
+FEDJAX_DP_CACHE=off keeps none). Delete the folder to optimise afresh.
 """
 
 from __future__ import annotations
@@ -21,24 +21,24 @@ import numpy as np
 VERSION = 1   # of this cache's layout
 
 
-def folder() -> str:
-  root = os.environ.get("FEDJAX_DP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                           "fedjax-dp")
-  return os.path.join(root, "strategies")
-
-
-def _path(kind: str, params: dict) -> str:
+def _path(kind: str, params: dict) -> str | None:
   import jax_privacy
+  from fedjax_dp.privacy import cache
+  root = cache.folder("strategies")
+  if root is None:
+    return None
   key = json.dumps({"kind": kind, "version": VERSION, "jax_privacy": jax_privacy.__version__,
                     **params}, sort_keys=True)
   digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-  return os.path.join(folder(), f"{kind}-{digest}.npz")
+  return os.path.join(root, f"{kind}-{digest}.npz")
 
 
 def cached(kind: str, params: dict, compute) -> dict[str, np.ndarray]:
   """{name: array} of the strategy `kind` with `params`: read from the cache, or
-  `compute()`d and saved there (atomically)."""
+  `compute()`d and saved there (atomically; FEDJAX_DP_CACHE=off: not kept)."""
   path = _path(kind, params)
+  if path is None:
+    return {k: np.asarray(v) for k, v in compute().items()}
   if os.path.exists(path):
     with np.load(path) as f:
       return {k: f[k] for k in f.files}

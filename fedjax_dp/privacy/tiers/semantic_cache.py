@@ -34,14 +34,9 @@ FORMAT = 1
 
 
 def cache_dir() -> str | None:
-  """The folder for trained networks, or None where FEDJAX_DP_CACHE=off."""
-  root = os.environ.get("FEDJAX_DP_CACHE")
-  if root is not None and root.strip().lower() == "off":
-    return None
-  if not root:
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    root = os.path.join(xdg, "fedjax-dp")
-  return os.path.join(root, "semantic")
+  """The folder for trained networks, or None where FEDJAX_DP_CACHE=off (privacy/cache.py)."""
+  from fedjax_dp.privacy import cache
+  return cache.folder("semantic")
 
 
 def model_key(seed: int, steps: int) -> str:
