@@ -183,8 +183,12 @@ def neighbour_scale(cfg) -> float:
   """The canary's audit_canary_scale in the multi-run audit's runs without it: 0
   (the canary absent) where the accountant charges adding or removing a client
   (central DP, Poisson sampling), -1 (its upload negated, 2 clip_norm away) where
-  it charges replacing one (fixed-size cohorts, local DP)."""
-  return -1.0 if get_mechanism(cfg.dp).per_client_ledgers or cfg.sampling == "fixed" else 0.0
+  it charges replacing one (fixed-size cohorts, local DP); 0 (zero-out) under
+  correlated noise, whose accountant charges replacing a client's updates by zero."""
+  mechanism = get_mechanism(cfg.dp)
+  if mechanism.charged_once:
+    return 0.0
+  return -1.0 if mechanism.per_client_ledgers or cfg.sampling == "fixed" else 0.0
 
 
 def _check_runs(cfg, runs: int, confidence: float, out: str) -> None:

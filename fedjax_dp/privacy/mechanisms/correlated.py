@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dp.kernels import gaussian_noise
-from fedjax_dp.privacy import accounting
-from fedjax_dp.privacy.mechanisms.base import Admission, Mechanism, Plan, clip, everyone
+from fedjax_dp.privacy import accounting, clip_layout
+from fedjax_dp.privacy.mechanisms.base import (Admission, Mechanism, Plan, clip, everyone,
+                                               planned_scales)
 
 
 class Strategy(NamedTuple):
@@ -95,10 +96,11 @@ def charges_from_prefixes(rounds: int, points, sens2) -> np.ndarray:
 
 
 def _plan(strategy: Strategy, setup, state, hp) -> Plan:
-  """This round's share of the run's Gaussian RDP (zero where no charge falls)."""
+  """This round's share of the run's Gaussian RDP (zero where no charge falls), and
+  the noise's scale per clip part (1; the audit's test mode lowers it)."""
   charges = jnp.asarray(strategy.charges, jnp.float32)
   share = charges[jnp.minimum(state.round, charges.shape[0] - 1)]
-  return Plan(jnp.ones((1,), jnp.float32), hp["event_rdp"] * share, jnp.int32(0))
+  return Plan(planned_scales(setup, state, hp), hp["event_rdp"] * share, jnp.int32(0))
 
 
 def _release(strategy: Strategy, setup, delta, state, plan: Plan, adm, ids, participants,
@@ -107,9 +109,13 @@ def _release(strategy: Strategy, setup, delta, state, plan: Plan, adm, ids, part
   ledger composes the round's share (released every round, taken part or not)."""
   xi = gaussian_noise.gaussian_noise(delta, jax.random.fold_in(key, setup.noise_tag), 1.0)
   noise, stream = strategy.inverse.multiply_next(xi, state.privacy.noise)
-  std = strategy.noise_std(hp["update_noise"], clip_norm)
-  delta = jax.tree.map(lambda d, w: (d + std * w.astype(d.dtype)) / setup.expected_cohort,
-                       delta, noise)
+  stds = clip_layout.noise_std_per_leaf(setup.privacy.layout,
+                                        strategy.noise_std(hp["update_noise"], clip_norm), delta,
+                                        plan.scales)
+  leaves, treedef = jax.tree.flatten(delta)
+  delta = jax.tree.unflatten(treedef, [
+      (d + s * w.astype(d.dtype)) / setup.expected_cohort
+      for d, s, w in zip(leaves, stds, jax.tree.leaves(noise))])
   ledger = accounting.compose(state.privacy.ledger, plan.event)
   return delta, CorrelatedState(ledger, state.privacy.clip_norm, stream), jnp.int32(0)
 
