@@ -141,8 +141,8 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
   from fedjax_dp.adversary import audit as audit_lib
   from fedjax_dp.config.schema import data_seed
   values = _audit_values(config, undercharge)
-  if not 0 < confidence < 1:
-    raise RunError(f"fedjax-dp audit: --confidence {confidence}: a probability in (0, 1)")
+  if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+    raise RunError(f"fedjax-dp audit: --confidence {confidence!r}: a probability in (0, 1)")
   held_out = canaries if held_out is None else held_out
   if min(canaries, held_out) < audit_lib.MIN_CANARIES:
     raise RunError(f"fedjax-dp audit: --canaries {canaries} and --held-out {held_out}: at "
@@ -161,9 +161,11 @@ def audit(config, *, out: str, canaries: int, held_out: int | None = None,
                       "model's change with inserted and held-out canary directions",
             "canaries": canaries, "held_out": held_out,
             **audit_lib.estimate(inserted, outside, cfg.delta, bootstrap),
-            "one_run": audit_lib.one_run_bounds(inserted, outside, cfg.delta, confidence),
+            "one_run": audit_lib.one_run_bounds(inserted, outside, cfg.delta, confidence,
+                                                gaussian_release(cfg)),
             **({"all_iterates": _all_iterates(seen["result"], cfg.delta, bootstrap,
-                                              confidence)} if all_iterates else {}),
+                                              confidence, gaussian_release(cfg))}
+               if all_iterates else {}),
             "accounted_epsilon": privacy.get("epsilon"),
             "accountant": privacy.get("epsilon_accountant"),
             **_test_mode(undercharge)}
@@ -340,7 +342,16 @@ def _run_all(cfg, out: str, scales: np.ndarray, undercharge, log, progress):
   return stats, ledger, _accounted(first, seen), seen["rounds"]
 
 
-def _all_iterates(result, delta: float, bootstrap: int, confidence: float) -> dict:
+def gaussian_release(cfg) -> bool:
+  """Whether the release is one Gaussian mechanism, so that the f-DP refinement is a
+  bound: no subsampling (every client in every round, or a fixed schedule) and a
+  fixed clip (adaptive clipping's moves with the data)."""
+  full = cfg.clients_per_round == cfg.num_clients or cfg.sampling == "cyclic"
+  return full and not cfg.adaptive_clipping
+
+
+def _all_iterates(result, delta: float, bootstrap: int, confidence: float,
+                  gaussian: bool) -> dict:
   from fedjax_dp.adversary import audit as audit_lib
   inserted, outside = result()
   if not (np.all(np.isfinite(inserted)) and np.all(np.isfinite(outside))):
@@ -348,4 +359,4 @@ def _all_iterates(result, delta: float, bootstrap: int, confidence: float) -> di
                    "canaries (all_iterates)")
   return {"statistic": "each direction's largest cosine with one round's model change",
           **audit_lib.estimate(inserted, outside, delta, bootstrap),
-          "one_run": audit_lib.one_run_bounds(inserted, outside, delta, confidence)}
+          "one_run": audit_lib.one_run_bounds(inserted, outside, delta, confidence, gaussian)}

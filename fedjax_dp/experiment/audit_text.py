@@ -40,20 +40,30 @@ def format_report(report: dict) -> str:
 
 
 def _one_run_lines(bounds: dict, acc: float | None) -> list[str]:
-  """The one-run lower bound's lines (adversary/audit.one_run_bounds)."""
-  tpr = ", ".join(f"TPR {v:.3g} at FPR {f}" for f, v in bounds["tpr_at_fpr"].items())
-  attack = f"  attack: ROC area {bounds['auroc']:.3f}, {tpr}"
+  """The one-run lower bound's lines (adversary/audit.one_run_bounds): the bound, the
+  verdict from it alone, what these canaries could show at most, the f-DP figure as
+  what it is here, the attack's rates."""
+  tpr = ", ".join(f"TPR {v:.3g} at FPR {f}" for f, v in bounds["tpr_at_fpr"].items()
+                  if v is not None)
+  attack = f"  attack: AUROC {bounds['auroc']:.3f}" + (f", {tpr} (ROC hull, optimistic)"
+                                                        if tpr else "")
   if bounds["epsilon_one_run"] is None:
     return [f"  one-run lower bound: none ({bounds['why_none']})", attack]
-  said = (f"  one-run lower bound: epsilon >= {bounds['epsilon_one_run']:.3f} with confidence "
-          f"{bounds['confidence']:g} (Steinke et al. 2023; f-DP refinement "
-          f"{bounds['epsilon_one_run_fdp']:.3f}, a bound where the release is a Gaussian "
-          "mechanism's)")
-  if acc is None:
-    return [said, attack]
-  return [said, "  " + ("ABOVE the accounted epsilon: the accountant charged less than was "
-                        "released" if bounds["exceeds_accounted"] else
-                        "the lower bound is not above the accounted epsilon"), attack]
+  fdp = (f"f-DP refinement {bounds['epsilon_one_run_fdp']:.3f}, a bound here (one Gaussian "
+         "mechanism)" if bounds["fdp_is_a_bound_here"] else
+         f"f-DP figure {bounds['epsilon_one_run_fdp']:.3f} is the Gaussian-DP equivalent, not "
+         "a bound for this subsampled release")
+  lines = [f"  one-run lower bound: epsilon >= {bounds['epsilon_one_run']:.3f} with confidence "
+           f"{bounds['confidence']:g} (Steinke et al. 2023; {fdp})"]
+  if acc is not None:
+    lines.append("  " + ("ABOVE the accounted epsilon: the accountant charged less than was "
+                         "released" if bounds["exceeds_accounted"] else
+                         "the lower bound is not above the accounted epsilon"))
+    if bounds["largest_possible_bound"] <= acc:
+      lines.append(f"  too few canaries to tell: with every guess right the bound would be "
+                   f"{bounds['largest_possible_bound']:.3f}, not above the accounted epsilon "
+                   "(it falls as canaries x delta grows)")
+  return lines + [attack]
 
 
 def format_runs_report(report: dict) -> str:
