@@ -21,9 +21,10 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
                           AUC, TPR at 1 % FPR beside the bound the run's epsilon allows
   attack_attribute(run_dir, feature=, examples=, seed=, data=, model=)
                           attribute inference of a sensitive tabular column on a run's model
-  audit(config, out=, canaries=, held_out=, bootstrap=, all_iterates=)
-                          a run with canary clients and the one-shot empirical epsilon
-                          (with its 95 % interval) beside the accounted one
+  audit(config, out=, canaries=, held_out=, bootstrap=, all_iterates=, confidence=)
+                          a run with canary clients: the one-shot empirical epsilon
+                          (with its 95 % interval) and the one-run lower bounds at
+                          `confidence`, beside the accounted one
   audit_runs(config, out=, runs=, confidence=)
                           the multi-run audit of a tiny model: an epsilon lower bound
                           with its confidence, beside the accounted one

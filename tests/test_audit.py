@@ -497,7 +497,7 @@ def test_cli_audits_a_small_run_and_refuses_what_it_cannot_audit(tmp_path):
   assert "privacy audit: 20 canaries inserted, 20 held out" in done.stdout
   report = json.loads((tmp_path / "a" / "audit.json").read_text())
   assert report["canaries"] == 20 and report["accounted_epsilon"] > 0
-  assert "one-run lower bound: epsilon >= " in done.stdout and "attack: ROC area" in done.stdout
+  assert "one-run lower bound: epsilon >= " in done.stdout and "attack: AUROC" in done.stdout
   assert report["one_run"]["epsilon_one_run"] <= report["accounted_epsilon"]
   again = cli("--set", *keys, "--canaries", "20", "--out", str(tmp_path / "a"))
   assert again.returncode == 2 and "is not empty" in again.stderr
