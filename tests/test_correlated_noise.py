@@ -152,6 +152,13 @@ def test_the_epsilon_is_dp_accountings_gaussian_and_the_ledger_covers_each_prefi
       [float(a) for a in fedjax_dp.privacy.accounting.DEFAULT_ORDERS])
   acc.compose(dp_accounting.GaussianDpEvent(z))
   assert report["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-5)
+  # jax-privacy's own accountant of un-amplified DP-FTRL: one Gaussian release
+  from jax_privacy.accounting import accountants, analysis
+  single = analysis.SingleReleaseTrainingAccountant(accountants.RdpAccountantConfig(
+      orders=[float(a) for a in fedjax_dp.privacy.accounting.DEFAULT_ORDERS]))
+  params = analysis.DpParams(noise_multipliers=z, num_samples=CLIENTS, delta=1e-5,
+                             batch_size=PER_ROUND)
+  assert report["epsilon"] == pytest.approx(single.compute_epsilon(ROUNDS, params), rel=1e-5)
   assert report["correlated_noise"]["charged_share"] == pytest.approx(1.0)
   from fedjax_dp.experiment.setup import setup
   sim = setup(fedjax_dp.make_config({**SMALL, "dp": dp, "noise_multiplier": z}))[2]
