@@ -271,3 +271,43 @@ def test_account_plans_the_runs_epsilon(tmp_path):
   assert planned["epsilon"] == pytest.approx(ran, rel=1e-12, abs=0) and ran <= 6.0
   assert planned["correlated_noise"]["sensitivity"] == pytest.approx(3.0)
   assert "one Gaussian of multiplier" in plan_privacy.format_plan(planned)
+
+
+def test_what_the_audit_found_is_refused():
+  """An independent audit: a noise schedule scaled the decoded noise while the
+  ledger charged the configured one (26.7 released, 2.17 reported); rounds run past
+  the strategy's were charged nothing; a resume read only segments.jsonl; a sweep
+  over server momentum kept BandMF's first strategy while reporting another; kept
+  noise's chain amplified a schedule by sampling."""
+  from fedjax_dp.experiment.setup import setup
+  from fedjax_dp.recipes.hparams import StructureChange
+  base = {**SMALL, "noise_multiplier": 2.0}
+  with pytest.raises(ConfigError, match="'noise_schedule' = 'convergence' with dp 'tree'"):
+    fedjax_dp.make_config({**base, "dp": "tree", "noise_schedule": "convergence"})
+  with pytest.raises(ConfigError, match="'sampling' = 'cyclic' with kept_noise 'multiplier'"):
+    fedjax_dp.make_config({**SMALL, "algorithm": "topksdp", "s_local": 0.9,
+                           "index_selection": "random_k", "final_clip_l2": 0.5,
+                           "kept_noise": "multiplier", "kept_noise_multiplier": 1.0})
+  sim = setup(fedjax_dp.make_config({**base, "dp": "blt"}))[2]
+  state, _ = sim.run_rounds(sim.init_state(), ROUNDS - 2)
+  with pytest.raises(ConfigError, match="pass the 12 rounds dp 'blt'.s strategy was built for"):
+    sim.run_rounds(state, 3)
+  state, _ = sim.run_rounds(state, 2)   # up to its last round is fine
+  bandmf = setup(fedjax_dp.make_config({**base, "dp": "bandmf", "server_optimizer": "momentum",
+                                        "server_momentum": 0.9}))[2]
+  with pytest.raises(StructureChange, match="change the privacy set-up's structure"):
+    bandmf.with_hparams(server_momentum=0.5)
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
+  report = privacy_report(sim.cfg, sim, state, None)
+  assert "q" not in report and report["correlated_noise"]["charged_share"] == pytest.approx(1)
+
+
+def test_a_resume_with_other_rounds_is_refused_without_segments(tmp_path):
+  from fedjax_dp.errors import RunError
+  import os
+  values = {**SMALL, "dp": "tree", "noise_multiplier": 2.0, "rounds": 4, "eval_every": 4}
+  fedjax_dp.run(values, out=str(tmp_path / "r"), progress=False, log=lambda m: None)
+  os.remove(tmp_path / "r" / "segments.jsonl")
+  with pytest.raises(RunError, match="strategy was built for 4 rounds"):
+    fedjax_dp.run({**values, "rounds": 8}, out=str(tmp_path / "r"), resume=True,
+                  progress=False, log=lambda m: None)

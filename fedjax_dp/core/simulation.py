@@ -175,6 +175,7 @@ class Simulation:
                         f"{self.setup.execution.client_state_store!r} cannot be batched: its "
                         "host table is paged round by round for one run; run them one at a "
                         "time (replica_batch 1)")
+    self._check_strategy_rounds(states, num_rounds)
     return self.run_replica_chunk(states, self.store, hparams, num_rounds)
 
   def hparams_for(self, **overrides) -> dict:
@@ -262,6 +263,20 @@ class Simulation:
                         "init_state() (init_state(hparams) for hparams_for's), or pass "
                         "same_draws=True for a measurement that is not released")
 
+  def _check_strategy_rounds(self, state: SimState, num_rounds: int) -> None:
+    """A correlated-noise strategy is built for `rounds` rounds (its matrix, its
+    sensitivity, its charges): running past them would release rounds no charge
+    covers (ConfigError, nothing run)."""
+    strategy = self.privacy.strategy
+    if strategy is None:
+      return
+    end = int(np.max(np.asarray(state.round))) + num_rounds   # replicas: the furthest
+    if end > len(strategy.charges):
+      raise ConfigError(f"run_rounds: {num_rounds} rounds from round {end - num_rounds} pass "
+                        f"the {len(strategy.charges)} rounds dp {self.cfg.dp!r}'s strategy "
+                        "was built for (its matrix, sensitivity and charges): build a "
+                        "simulation with more rounds")
+
   def run_working(self, state: SimState, num_rounds: int,
                   hparams: dict | None = None) -> tuple[SimState, RoundStats]:
     """run_rounds on a state in the working layout (`to_working`), returned in it.
@@ -272,6 +287,7 @@ class Simulation:
       raise ConfigError("run_rounds: these hyperparameters were not made by this "
                         "simulation's hparams_for or with_hparams (an edited pytree can "
                         "change the noise applied without the RDP charged)")
+    self._check_strategy_rounds(state, num_rounds)
     hp = self.hparams if hparams is None else self.replicate(
         jax.tree.map(jnp.asarray, hparams))
     if self.paging is not None:   # the per-client state in a host table, round by round

@@ -176,7 +176,7 @@ def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int) -> None:
 def format_plan(res: dict) -> str:
   """The plan in a few lines: what is charged, the noise, the epsilon."""
   z, z_acc = res["noise_multiplier"], res["accounted_noise_multiplier"]
-  q = "" if res["sampling"] == "cyclic" else f" (q = {res['q']:.6g})"
+  q = "" if res["sampling"] == "cyclic" or "correlated_noise" in res else f" (q = {res['q']:.6g})"
   lines = [f"dp {res['dp']}: {res['sampling']} cohorts of {res['clients_per_round']} of "
            f"{res['num_clients']}{q}, {res['rounds']} rounds; neighbours: "
            f"{res['neighbouring']}",

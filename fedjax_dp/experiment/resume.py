@@ -116,7 +116,11 @@ def _check_strategy_rounds(out: str, cfg: Config) -> None:
   would continue one strategy's noise under another's accounting."""
   if not get_mechanism(cfg.dp).charged_once:
     return
-  ran = {g.get("rounds") for g in reporting.read_metrics(os.path.join(out, SEGMENTS))} - {None}
+  ran = {g.get("rounds") for g in reporting.read_metrics(os.path.join(out, SEGMENTS))}
+  path = os.path.join(out, "config.json")   # not yet rewritten by this resume
+  if os.path.exists(path):
+    ran.add(saved_config(path).rounds)
+  ran -= {None}
   if ran - {cfg.rounds}:
     raise RunError(f"--resume with rounds {cfg.rounds} under dp {cfg.dp!r}: the run's "
                    f"correlated-noise strategy was built for {sorted(ran)[0]} rounds (its "

@@ -170,14 +170,22 @@ def _check_participation(cfg: Config) -> None:
                       "amplifies by random cohorts, which a fixed schedule does not give; use "
                       "dp 'bandmf' (mf_bands 1 is independent noise, accounted without "
                       "amplification) or sampling 'poisson' or 'fixed'")
+  if cfg.sampling == "cyclic" and flat.kept_noise_of(cfg) is not None:
+    raise ConfigError(f"config key 'sampling' = 'cyclic' with kept_noise {cfg.kept_noise!r}: "
+                      "its report's chain amplifies by sampling and shuffling a random cohort, "
+                      "which a fixed schedule does not give; use sampling 'poisson' or 'fixed'")
   if mechanism.strategy_for is None:
     return
-  for key, bad, why in (("adaptive_clipping", True, "its count query is not yet charged "
-                         "beside the correlated noise"),
-                        ("clip_parts", "tiers", "the tiers' noise scales would be ignored by "
-                         "the strategy's isotropic noise")):
-    if getattr(cfg, key) == bad:
-      raise ConfigError(f"config key {key!r} = {bad!r} with dp {cfg.dp!r}: {why}")
+  for key, ok, why in (("adaptive_clipping", False, "its count query is not yet charged "
+                        "beside the correlated noise"),
+                       ("clip_parts", ("flat", "per_layer"), "the tiers' noise scales would be "
+                        "ignored by the strategy's isotropic noise"),
+                       ("noise_schedule", "static", "a schedule would scale each round's "
+                        "decoded noise, which is no longer the matrix mechanism its "
+                        "accountant charges")):
+    value = getattr(cfg, key)
+    if value != ok and not (isinstance(ok, tuple) and value in ok):
+      raise ConfigError(f"config key {key!r} = {value!r} with dp {cfg.dp!r}: {why}")
   schedule = privacy_setup.participation_of(cfg)
   if cfg.mf_bands is not None and cfg.mf_bands > min(schedule.min_sep, cfg.rounds):
     raise ConfigError(

@@ -110,9 +110,12 @@ def _settings_and_privacy(plan: RunPlan, overrides: dict, model, cache):
 
 
 def _structure(p: Privacy):
-  """What of a privacy set-up the compiled round is built around."""
+  """What of a privacy set-up the compiled round is built around (a correlated-noise
+  strategy's matrix too: BandMF's follows server momentum)."""
   layout = p.layout and p.layout._replace(noise_scales=p.layout.noise_scales is None)
-  return layout, p.stop_in_round, len(p.event_multipliers)
+  strategy = p.strategy and (p.strategy.says, p.strategy.sensitivity2,
+                             tuple(np.asarray(p.strategy.charges).tolist()))
+  return layout, p.stop_in_round, len(p.event_multipliers), strategy
 
 
 def _privacy_of(plan: RunPlan, cfg: Config, overrides: dict, model, cache) -> Privacy:

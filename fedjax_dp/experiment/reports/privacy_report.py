@@ -265,7 +265,9 @@ def _header(cfg: Config, sim: Simulation, rounds: int) -> dict:
       "noise_multiplier_source": "configured" if cfg.noise_multiplier is not None
                                  else f"calibrated to target_epsilon {cfg.target_epsilon:g}",
       "clip_norm": cfg.clip_norm, "clip_parts": cfg.clip_parts,
-      "sampling": cfg.sampling, "q": sampling_rate(cfg), "rounds_accounted": rounds,
+      "sampling": cfg.sampling, "rounds_accounted": rounds,
+      # the rate amplification by sampling charges (none for correlated noise)
+      **({} if get_mechanism(cfg.dp).charged_once else {"q": sampling_rate(cfg)}),
       "target_epsilon": cfg.target_epsilon,
       "accountant": "rdp (in-round ledger, dp-accounting's default orders)",
   }
