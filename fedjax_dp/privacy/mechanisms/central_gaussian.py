@@ -115,6 +115,7 @@ def describe(cohort: CohortSampling) -> dict[str, str]:
 
 def central_gaussian() -> Mechanism:
   return Mechanism("central", plan=plan, admit=admit, release=release, client=client,
-                   event_rdp=event_rdp, describe=describe, noises_sum=True, calibrates_to_target=True,
-                   boundary="server", divides_by="expected_cohort", releases_every_round=True,
-                   accountants=("rdp", "pld"), recipe_prefix="dp_", needs_random_cohorts=True)
+                   event_rdp=event_rdp, describe=describe, noises_sum=True,
+                   calibrates_to_target=True, boundary="server", divides_by="expected_cohort",
+                   releases_every_round=True, accountants=("rdp", "pld"), recipe_prefix="dp_",
+                   needs_random_cohorts=True)

@@ -36,8 +36,8 @@ import numpy as np
 
 from fedjax_dp.kernels import gaussian_noise
 from fedjax_dp.privacy import accounting, clip_layout
-from fedjax_dp.privacy.mechanisms.base import (Admission, Mechanism, Plan, clip, everyone,
-                                               planned_scales)
+from fedjax_dp.privacy.mechanisms import central_gaussian
+from fedjax_dp.privacy.mechanisms.base import Mechanism, Plan, everyone, planned_scales
 
 
 class Strategy(NamedTuple):
@@ -159,14 +159,10 @@ def mechanism(name: str, strategy_for: Callable, what: str, reads: tuple = (),
     return _release(setup.privacy.strategy, setup, delta, state, plan_, adm, ids, participants,
                     unclipped, key, clip_norm, hp)
 
-  def admit(setup, state, ids, mask, plan_, hp) -> Admission:
-    return everyone(setup, state, ids, mask, plan_, hp)
-
-  def client(setup, delta, cid, key, clip_norm, client_hp, scales, factor):
-    """The server's clip of one received upload (the noise is on the sum)."""
-    return clip(setup, delta, clip_norm)
-
-  return Mechanism(name, plan=plan, admit=admit, release=release, client=client,
+  # every drawn client takes part; the server clips each upload it receives, as central
+  # DP's (the noise is on the sum)
+  return Mechanism(name, plan=plan, admit=everyone, release=release,
+                   client=central_gaussian.client,
                    event_rdp=event_rdp, describe=describe_with(what), noises_sum=True,
                    calibrates_to_target=True, boundary="server", divides_by="expected_cohort",
                    releases_every_round=True, accountants=("rdp",), recipe_prefix="dp_",
