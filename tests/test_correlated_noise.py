@@ -311,3 +311,15 @@ def test_a_resume_with_other_rounds_is_refused_without_segments(tmp_path):
   with pytest.raises(RunError, match="strategy was built for 4 rounds"):
     fedjax_dp.run({**values, "rounds": 8}, out=str(tmp_path / "r"), resume=True,
                   progress=False, log=lambda m: None)
+
+
+def test_the_dp_ftrl_recipe_is_the_flat_configs():
+  """recipes.dp_ftrl(strategy, ...) is the config dp=<strategy> with its keys (mf_bands
+  only where the mechanism reads it), and runs through fedjax_dp.run."""
+  from fedjax_dp import recipes
+  setup_keys = {k: v for k, v in SMALL.items()}
+  got = recipes.dp_ftrl("bandmf", noise_multiplier=1.5, mf_bands=2).to_config(**setup_keys)
+  want = fedjax_dp.make_config({**SMALL, "dp": "bandmf", "noise_multiplier": 1.5, "mf_bands": 2})
+  assert got.to_dict() == want.to_dict()
+  assert recipes.dp_ftrl("tree").to_config(**setup_keys).mf_bands is None
+  assert "dp_ftrl" in recipes.NAMED

@@ -73,6 +73,7 @@ NAMED = {
     "dynamic_dp": (recipes.dynamic_dp(target_epsilon=8.0, tier_source="given"),
                    dict(dp="central", target_epsilon=8.0, clip_norm=0.1, clip_parts="tiers",
                         noise_schedule="convergence", convergence_measure="norm_diff")),
+    "dp_ftrl": (recipes.dp_ftrl("blt", noise_multiplier=1.5), dict(dp="blt", noise_multiplier=1.5)),
 }
 
 

@@ -12,7 +12,8 @@
                 shuffle, downlink_topk, central_dp / local_dp, noise_schedule, ...
   catalogue.py  the named recipes (NAMED): fedavg, fedavgm, fedadam, fedprox,
                 scaffold, moon, fedadmm, feddyn, contrastive, topksdp, solo,
-                dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp
+                dp_fedavg (central DP), ldp_fedavg (local DP), dynamic_dp, dp_ftrl
+                (correlated noise)
   flat.py       from_config: a Config read as a recipe (the run's; build_simulation)
   serial.py     to_dict / from_dict: a recipe as registered names and keyword arguments
   setup.py      run_setup: the rest of the run (Population, LocalTraining, Execution,
@@ -34,9 +35,9 @@ reproduces it; `to_config` refuses a recipe whose stages its keys cannot express
 """
 
 from fedjax_dp.recipes.base import RECIPE_KEYS, SETUP_KEYS, Choice, Recipe, compose
-from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dynamic_dp, fedadam,
-                                         fedadmm, fedavg, fedavgm, feddyn, fedprox, ldp_fedavg,
-                                         moon, scaffold, solo, topksdp)
+from fedjax_dp.recipes.catalogue import (NAMED, contrastive, dp_fedavg, dp_ftrl, dynamic_dp,
+                                         fedadam, fedadmm, fedavg, fedavgm, feddyn, fedprox,
+                                         ldp_fedavg, moon, scaffold, solo, topksdp)
 from fedjax_dp.recipes.flat import from_config
 from fedjax_dp.recipes.serial import from_dict, to_dict
 from fedjax_dp.recipes.setup import (Adversary, Execution, LocalTraining, Population, RunSetup,

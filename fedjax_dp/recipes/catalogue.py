@@ -10,6 +10,7 @@ z a noise multiplier.
 
 from __future__ import annotations
 
+from fedjax_dp.privacy import mechanisms
 from fedjax_dp.recipes import stages as st
 from fedjax_dp.recipes.base import Recipe, compose
 
@@ -170,6 +171,23 @@ def dynamic_dp(noise_multiplier: float | None = None, target_epsilon: float | No
                         convergence_beta=convergence_beta, noise_ema=noise_ema))
 
 
+def dp_ftrl(strategy: str = "bandmf", noise_multiplier: float | None = 1.0,
+            clip_norm: float = 1.0, target_epsilon: float | None = None, delta: float = 1e-5,
+            mf_bands: int | None = None, server_lr: float = 1.0) -> Recipe:
+  """DP-FTRL with correlated noise (Kairouz et al. 2021; BandMF, Choquette-Choo et al.
+  2023; BLT, Dvijotham et al. 2024): `strategy` 'tree', 'bandmf' or 'blt'; each
+  update clipped to C by the server, the sum noised with z sens C (C^-1 xi)_t, the
+  run one Gaussian of multiplier z under the participation the sampler enforces
+  (run it with sampling='cyclic' for a schedule; mf_bands: BandMF's bands)."""
+  reads = mechanisms.get_mechanism(strategy).reads
+  keys = {"mf_bands": mf_bands} if "mf_bands" in reads else {}
+  return compose("dp_ftrl", st.sgd(server_lr),
+                 st.correlated_dp(strategy, noise_multiplier=noise_multiplier,
+                                  clip_norm=clip_norm, target_epsilon=target_epsilon,
+                                  delta=delta, **keys),
+                 st.noise_schedule("static"))
+
+
 NAMED = {f.__name__: f for f in (fedavg, fedavgm, fedadam, fedprox, scaffold, moon, fedadmm,
                                  feddyn, contrastive, topksdp, solo, dp_fedavg, ldp_fedavg,
-                                 dynamic_dp)}
+                                 dynamic_dp, dp_ftrl)}

@@ -125,6 +125,15 @@ def local_dp(**keys) -> Slot:
   return _mechanism("local", keys)
 
 
+def correlated_dp(strategy: str = "bandmf", **keys) -> Slot:
+  """DP-FTRL: each upload clipped to clip_norm by the server, the sum noised with
+  noise correlated across rounds by `strategy` ('tree', 'bandmf', 'blt';
+  privacy/mechanisms/correlated.py), the run one Gaussian (keys: noise_multiplier or
+  target_epsilon, clip_norm, delta, clip_parts, mf_bands). The participation is the
+  set-up's sampling ('cyclic' for a schedule)."""
+  return _mechanism(strategy, keys)
+
+
 def noise_schedule(kind: str = "convergence", **keys) -> Slot:
   """The noise planner (noise_control.PLANNERS): 'convergence' lowers the noise as
   the released updates settle, 'weighted' per sensitivity tier (keys:
