@@ -323,3 +323,20 @@ def test_the_dp_ftrl_recipe_is_the_flat_configs():
   assert got.to_dict() == want.to_dict()
   assert recipes.dp_ftrl("tree").to_config(**setup_keys).mf_bands is None
   assert "dp_ftrl" in recipes.NAMED
+
+
+def test_the_pld_figure_is_dp_accountings_for_the_one_gaussian(tmp_path):
+  """accountant pld: the run's epsilon is dp-accounting's PLD of the Gaussian of
+  multiplier z (below the RDP ledger's), and account --config plans the same."""
+  from fedjax_dp.experiment import plan_privacy
+  from fedjax_dp.privacy.planning import PLD_DISCRETISATION
+  values = {**SMALL, "dp": "tree", "noise_multiplier": 1.5, "accountant": "pld"}
+  fedjax_dp.run(values, out=str(tmp_path / "r"), progress=False, log=lambda m: None)
+  report = json.load(open(tmp_path / "r" / "summary.json"))["privacy"]
+  acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETISATION)
+  acc.compose(dp_accounting.GaussianDpEvent(1.5))
+  assert report["epsilon_accountant"] == "pld"
+  assert report["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+  assert report["epsilon"] < report["rdp_epsilon"]
+  planned = plan_privacy.plan(fedjax_dp.make_config(values))
+  assert planned["epsilon"] == pytest.approx(report["epsilon"], rel=1e-12)

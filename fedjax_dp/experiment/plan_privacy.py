@@ -145,9 +145,13 @@ def plan(cfg: Config, model=None) -> dict:
   if mechanism.per_client_ledgers:
     out["epsilon_is"] = "a client's that takes part in every round"
     out["expected_participations"] = cfg.rounds * cfg.clients_per_round / cfg.num_clients
-  if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0 and \
-      not mechanism.charged_once:
-    _add_pld(out, cfg, z_acc, charged)
+  if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0:
+    if mechanism.charged_once:   # the one Gaussian the run's ledger holds at its end
+      from fedjax_dp.privacy.mechanisms.correlated import charged_multiplier
+      _add_pld(out, cfg, charged_multiplier(z_acc, privacy.strategy, charged), 1,
+               gaussian=True)
+    else:
+      _add_pld(out, cfg, z_acc, charged)
   return out
 
 
@@ -155,15 +159,17 @@ def _finite(x: float) -> float | None:
   return float(x) if math.isfinite(x) else None   # JSON has no Infinity: no noise, no figure
 
 
-def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int) -> None:
-  """PLD's figure where the run reports it (the smaller of the two is the epsilon)."""
+def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int, gaussian: bool = False) -> None:
+  """PLD's figure where the run reports it (the smaller of the two is the epsilon);
+  `gaussian`: one Gaussian of multiplier z_acc (correlated noise)."""
   from fedjax_dp.errors import AccountError
   from fedjax_dp.privacy.planning import pld_epsilon, pld_epsilon_composed
   local = get_mechanism(cfg.dp).per_client_ledgers
-  if not local and cfg.sampling != "poisson":
+  if not (local or gaussian) and cfg.sampling != "poisson":
     return
   try:   # local DP: the most frequent client's participations, replace one (z / 2)
-    pld = (pld_epsilon(1.0, z_acc / 2, rounds, cfg.delta) if local else
+    pld = (pld_epsilon(1.0, z_acc, 1, cfg.delta) if gaussian else
+           pld_epsilon(1.0, z_acc / 2, rounds, cfg.delta) if local else
            pld_epsilon_composed(out["q"], [(z_acc, rounds)], cfg.delta))
   except AccountError as e:
     out["pld_note"] = f"no PLD figure: {e}"

@@ -149,7 +149,7 @@ def _check_mechanism(cfg: Config, raw: dict[str, Any]) -> None:
                       f"allowed values are {', '.join(mechanism.accountants)}")
   if cfg.accountant != "pld":
     return
-  if mechanism.noises_sum and cfg.sampling == "fixed":
+  if mechanism.noises_sum and cfg.sampling == "fixed" and not mechanism.charged_once:
     raise ConfigError("config key 'accountant' = 'pld': dp-accounting's PLD has no "
                       "fixed-size (without replacement) sampling; use accountant 'rdp' or "
                       "sampling 'poisson'")

@@ -36,3 +36,12 @@ def correlated_section(cfg, sim, rounds: int) -> dict:
                          "of sensitivity 1 (the strategy's sensitivity is in the noise); the "
                          "ledger charges it in shares as the released rounds' sensitivity "
                          "grows (charged_share of it so far, 1 after the last round)")}
+
+
+def correlated_pld(cfg, sim, rounds: int) -> float:
+  """dp-accounting's PLD epsilon of the Gaussian the ledger holds after `rounds`
+  rounds (privacy/mechanisms/correlated.charged_multiplier)."""
+  from fedjax_dp.privacy.mechanisms.correlated import charged_multiplier
+  from fedjax_dp.privacy.planning import pld_epsilon
+  z = charged_multiplier(sim.noise_multiplier, sim.privacy.strategy, rounds)
+  return pld_epsilon(1.0, z, 1, cfg.delta)

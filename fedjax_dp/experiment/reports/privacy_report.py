@@ -327,8 +327,11 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
   # a correlated-noise run is one Gaussian charged in shares: no per-round events
   once = get_mechanism(cfg.dp).charged_once
   if once:
-    from fedjax_dp.experiment.reports.correlated_report import correlated_section
+    from fedjax_dp.experiment.reports.correlated_report import correlated_pld, correlated_section
     report["correlated_noise"] = correlated_section(cfg, sim, rounds)
+    if cfg.accountant == "pld" and z > 0 and rounds > 0:
+      add_pld(report, lambda: correlated_pld(cfg, sim, rounds),
+              "rdp ledger in the round; final figure by dp-accounting's PLD of the one Gaussian")
   events = privacy_log.noise_events(plog) if plog is not None and not once else None
   if events is not None:
     report["noise_events"] = [{"accounted_noise_multiplier": m, "rounds": n}

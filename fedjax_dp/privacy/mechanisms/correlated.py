@@ -128,6 +128,14 @@ def _init_state(num_clients: int, clip_norm: float, params, privacy) -> Correlat
                          privacy.strategy.inverse.init_multiply(shapes))
 
 
+def charged_multiplier(z: float, strategy: Strategy, rounds: int) -> float:
+  """The multiplier of the one Gaussian charged after `rounds` rounds: the ledger
+  holds share x alpha / (2 z^2), a Gaussian of multiplier z / sqrt(share) (z after
+  the last round), for the PLD figure of the report and the plan."""
+  share = float(np.sum(strategy.charges[:rounds]))
+  return z / float(np.sqrt(share)) if share > 0 else float("inf")
+
+
 def event_rdp(z: float, cohort) -> np.ndarray:
   """RDP of the whole run at multiplier z: one Gaussian of sensitivity 1 (the
   strategy's sensitivity is in the noise's std); infinite without noise."""
@@ -165,6 +173,6 @@ def mechanism(name: str, strategy_for: Callable, what: str, reads: tuple = (),
                    client=central_gaussian.client,
                    event_rdp=event_rdp, describe=describe_with(what), noises_sum=True,
                    calibrates_to_target=True, boundary="server", divides_by="expected_cohort",
-                   releases_every_round=True, accountants=("rdp",), recipe_prefix="dp_",
+                   releases_every_round=True, accountants=("rdp", "pld"), recipe_prefix="dp_",
                    strategy_for=strategy_for, init_state=_init_state, reads=reads,
                    check=check, charged_once=True)
