@@ -22,11 +22,10 @@ import numpy as np
 from fedjax_dp.privacy.mechanisms import correlated, strategy_cache
 
 
-def bands_for(settings: dict, participation) -> int:
+def bands_for(mf_bands: int | None, participation, rounds: int) -> int:
   """mf_bands, or (null) as many as the participation's separation allows (at most
   the rounds, and MAX_DEFAULT_BANDS)."""
-  bands = settings.get("mf_bands")
-  return int(bands) if bands else min(participation.min_sep, settings["rounds"], MAX_DEFAULT_BANDS)
+  return int(mf_bands) if mf_bands else min(participation.min_sep, rounds, MAX_DEFAULT_BANDS)
 
 
 MAX_DEFAULT_BANDS = 32    # optimisation time grows with them; papers use b <= min_sep
@@ -36,12 +35,8 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
   """The run's BandMF strategy: optimised (or read from the cache), its sensitivity
   under the participation, and the per-round charges."""
   from jax_privacy.matrix_factorization import banded
-  bands = bands_for({**settings, "rounds": rounds}, participation)
-  if bands > participation.min_sep:
-    raise ValueError(f"config key 'mf_bands' = {bands} with dp 'bandmf': at most the "
-                     f"participation's separation min_sep = {participation.min_sep} "
-                     f"(sampling {participation.sampling!r}; 'cyclic' separates a client's "
-                     "rounds by num_clients / clients_per_round)")
+  # bands above min_sep: the config's checks refuse them, jax-privacy's sensitivity too
+  bands = bands_for(settings.get("mf_bands"), participation, rounds)
   momentum = float(settings.get("server_momentum") or 0.0)
   params = strategy_cache.bandmf_params(rounds, bands, momentum)
   strategy = banded.ColumnNormalizedBanded(params=params)
