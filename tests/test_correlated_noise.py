@@ -340,3 +340,18 @@ def test_the_pld_figure_is_dp_accountings_for_the_one_gaussian(tmp_path):
   assert report["epsilon"] < report["rdp_epsilon"]
   planned = plan_privacy.plan(fedjax_dp.make_config(values))
   assert planned["epsilon"] == pytest.approx(report["epsilon"], rel=1e-12)
+
+
+def test_the_noise_ratio_from_the_report_is_the_runs():
+  """The CLI's divergence advice reads the noise from summary.json once the run is
+  gone: for correlated noise the same ratio the run said before round 1 (it quoted
+  z / m, without the strategy's sensitivity and rows)."""
+  from fedjax_dp.experiment import noise_note
+  from fedjax_dp.experiment.reports.privacy_report import privacy_report
+  from fedjax_dp.experiment.setup import setup
+  sim = setup(fedjax_dp.make_config({**SMALL, "dp": "tree", "noise_multiplier": 2.0}))[2]
+  state, _ = sim.run_rounds(sim.init_state(), 2)
+  report = privacy_report(sim.cfg, sim, state, None)
+  want = noise_note.mean_update_ratio(sim.cfg, 2.0, sim.privacy.strategy)
+  assert noise_note.reported_ratio(sim.cfg, report) == pytest.approx(want, rel=1e-12)
+  assert want > 2.0 / PER_ROUND * 2.9   # sensitivity 3: three trees of 4 rounds, 3 levels each

@@ -47,7 +47,7 @@ def _run(args) -> int:
   out = os.path.abspath(args.out)
   if summary.get("diverged"):
     from fedjax_dp.experiment import divergence, noise_note
-    ratio = noise_note.mean_update_ratio(cfg, summary["privacy"].get("noise_multiplier"))
+    ratio = noise_note.reported_ratio(cfg, summary["privacy"])
     print(f"error: {divergence.message(summary['diverged'], out, divergence.advice(ratio))}",
           file=sys.stderr)
     return divergence.DIVERGED

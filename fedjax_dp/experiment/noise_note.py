@@ -31,6 +31,17 @@ def mean_update_ratio(cfg, noise_multiplier: float | None, strategy=None) -> flo
   return None
 
 
+def reported_ratio(cfg, privacy: dict) -> float | None:
+  """mean_update_ratio from a run's privacy report (summary.json), where the
+  simulation is gone: correlated noise's from its section's round_noise_rms (the
+  same figure, z sens clip_norm times the rounds' RMS factor), else from the
+  noise multiplier."""
+  rms = (privacy.get("correlated_noise") or {}).get("round_noise_rms")
+  if rms is not None:
+    return rms / (cfg.clip_norm * cfg.clients_per_round)
+  return mean_update_ratio(cfg, privacy.get("noise_multiplier"))
+
+
 def lines(cfg, noise_multiplier: float | None, calibrated: bool, strategy=None) -> list[str]:
   """The run's noise line, and its warning where the noise swamps the clip."""
   ratio = mean_update_ratio(cfg, noise_multiplier, strategy)
