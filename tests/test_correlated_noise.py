@@ -169,27 +169,6 @@ def test_the_epsilon_is_dp_accountings_gaussian_and_the_ledger_covers_each_prefi
     assert np.sum(s.charges[:t]) * s.sensitivity2 >= released - 1e-6
 
 
-def test_the_cyclic_sampler_enforces_its_schema():
-  """The round's sampler (placement/cohort.make_sampler, as build_simulation makes
-  it) trains each client every b = num_clients / clients_per_round rounds exactly,
-  ceil(rounds / b) times: the schema participation.schema gives the accountant."""
-  from fedjax_dp.placement import cohort
-  sample = cohort.make_sampler(resident=False, num_clients=CLIENTS,
-                               clients_per_round=PER_ROUND, sampling="cyclic",
-                               capacity=PER_ROUND, n_dev=2, slots=PER_ROUND, data_seed=7)
-  seen = {c: [] for c in range(CLIENTS)}
-  for r in range(19):
-    ids, mask, overflow = sample(jax.random.PRNGKey(r), jnp.ones(CLIENTS, jnp.int32),
-                                 jnp.int32(r))
-    assert bool(jnp.all(mask)) and int(overflow) == 0 and len(set(np.asarray(ids))) == PER_ROUND
-    for c in np.asarray(ids):
-      seen[int(c)].append(r)
-  schema = participation.schema("cyclic", CLIENTS, PER_ROUND, 19)
-  assert schema == participation.Participation("cyclic", 4, 5)
-  for rounds in seen.values():
-    assert 4 <= len(rounds) <= schema.max_participations and set(np.diff(rounds)) == {4}
-
-
 def test_refusals_are_one_line():
   base = {**SMALL, "noise_multiplier": 1.0}
   with pytest.raises(ConfigError, match="'sampling' = 'cyclic' with dp 'central'"):

@@ -74,10 +74,6 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
     raise ConfigError(
         f"config key 'max_cohort' = {cfg.max_cohort}: must be >= clients_per_round "
         f"({cfg.clients_per_round})")
-  if cfg.sampling == "cyclic" and cfg.num_clients % cfg.clients_per_round:
-    raise ConfigError(f"config key 'sampling' = 'cyclic': needs num_clients ({cfg.num_clients}) "
-                      f"a multiple of clients_per_round ({cfg.clients_per_round}): every round "
-                      "trains one whole group")
   if cfg.lr_min > cfg.lr:
     raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
   if cfg.audit_canaries >= cfg.num_clients:

@@ -36,12 +36,20 @@ FEDERATION = section("federation", [
         at_least=1, limit="<= num_clients"),
     Key("sampling", "fixed",
         "fixed: uniform without replacement; poisson: each client with q = clients_per_round / "
-        "num_clients; cyclic: the clients split once into num_clients / clients_per_round "
-        "groups, round t trains group t mod groups (each client every groups rounds: the "
-        "participation correlated noise is accounted for)",
-        choices=("fixed", "poisson", "cyclic")),
+        "num_clients; cyclic: the clients split once into b = num_clients / clients_per_round "
+        "groups, round t trains group t mod b; cyclic_poisson: min_separation groups, round t "
+        "draws each client of group t mod min_separation with q = clients_per_round "
+        "min_separation / num_clients; balls_in_bins: each client in a secret random bin of "
+        "num_clients / clients_per_round, round t trains bin t mod bins; min_sep: each client "
+        "who sat out the last min_separation - 1 rounds is drawn with the probability that "
+        "makes clients_per_round the steady cohort (docs: Correlated noise)",
+        choices=("fixed", "poisson", "cyclic", "cyclic_poisson", "balls_in_bins", "min_sep")),
+    Key("min_separation", None,
+        "sampling cyclic_poisson: its groups (a client's group trains every min_separation "
+        "rounds); min_sep: the rounds a client waits between participations",
+        at_least=1, nullable=int, limit="<= num_clients / clients_per_round"),
     Key("max_cohort", None,
-        "Poisson cohort capacity (overflow counted in summary.json); null: mean + 4 sd",
+        "random cohorts' capacity (overflow counted in summary.json); null: mean + 4 sd",
         at_least=1, nullable=int, limit=">= clients_per_round"),
     Key("partition", "dirichlet", "how examples are split over clients",
         choices=("iid", "dirichlet", "shards", "quantity", "dirichlet_client")),

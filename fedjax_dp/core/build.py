@@ -20,10 +20,10 @@ from fedjax_dp.core import upload_stages
 from fedjax_dp.core.client_phase import ClientStages
 from fedjax_dp.core.evaluate import make_evaluate
 from fedjax_dp.core.state import (BYZANTINE, BYZANTINE_DRAW, CLIP_COUNT_NOISE, COHORT_SAMPLING,
-                                  LOCAL_NOISE, SERVER_NOISE, SimState, init_state)
+                                  LOCAL_NOISE, SAMPLER_INIT, SERVER_NOISE, SimState, init_state)
 from fedjax_dp.models import Model
 from fedjax_dp.placement import cohort as cohort_lib
-from fedjax_dp.placement import paged_state
+from fedjax_dp.placement import paged_state, participation
 from fedjax_dp.placement.executor import Executor, plan_executor
 from fedjax_dp.placement.store import FederatedStore, default_max_cohort
 from fedjax_dp.adversary import audit
@@ -88,11 +88,11 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
       uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
                                                   poisoned_offset))
-  home, sample = _sampler(pop, store.client_count, n_dev, slots, capacity,
-                          resident=executor.resident and not paged,
-                          data_seed=setup.adversary.data_seed)
-  round_fn = make_round(setup, recipe, mesh, stages, dp, sample)
-  paging = _paging(sample, mesh, setup) if paged else None
+  home, sampler = _sampler(pop, setup.training.rounds, store.client_count, n_dev, slots,
+                           capacity, resident=executor.resident and not paged,
+                           data_seed=setup.adversary.data_seed)
+  round_fn = make_round(setup, recipe, mesh, stages, dp, sampler)
+  paging = _paging(sampler, mesh, setup) if paged else None
 
   run_chunk, run_replica_chunk = _compiled_chunks(round_fn, ex.matmul_precision)
   replicated = NamedSharding(mesh, P())
@@ -100,6 +100,7 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
   hp = jax.device_put(jax.tree.map(jnp.asarray, plan.hparams), replicated)
   layouts = _layouts(mesh, home, pop.num_clients, executor.table_rows)
   return Simulation(plan=plan, model=model, store=store, mesh=mesh, cohort_capacity=slots,
+                    sampler=sampler,
                     client_parallelism=executor.parallelism, run_chunk=run_chunk,
                     run_replica_chunk=run_replica_chunk,
                     evaluate=make_evaluate(model, task, ex.matmul_precision), hparams=hp,
@@ -112,27 +113,34 @@ def _cohort_room(population: recipes.Population, n_dev: int) -> tuple[int, int]:
   """(capacity, slots): the most clients a round's cohort can hold (fixed-size: m;
   Poisson: max_cohort or the default margin), and that rounded up to whole devices."""
   p = population
-  capacity = (p.clients_per_round if p.sampling in ("fixed", "cyclic") else
-              p.max_cohort or default_max_cohort(p.num_clients, p.clients_per_round))
+  capacity = (p.max_cohort or default_max_cohort(p.num_clients, p.clients_per_round)
+              if p.sampling in participation.RANDOM_COHORTS else p.clients_per_round)
   return capacity, int(math.ceil(capacity / n_dev) * n_dev)
 
 
-def _sampler(population: recipes.Population, client_count, n_dev: int, slots: int,
+def _sampler(population: recipes.Population, rounds: int, client_count, n_dev: int, slots: int,
              capacity: int, resident: bool, data_seed: int):
-  """(home slots or None, the cohort sampler): resident, each client's slot is fixed."""
-  home = (cohort_lib.home_slots(population.num_clients, client_count, n_dev, slots)
-          if resident else None)
-  return home, cohort_lib.make_sampler(
-      resident=home is not None, num_clients=population.num_clients,
-      clients_per_round=population.clients_per_round, sampling=population.sampling,
-      capacity=capacity, n_dev=n_dev, slots=slots, home=home, data_seed=data_seed)
+  """(home slots or None, the cohort sampler of the participation schema the
+  accountant reads): resident, each client's slot is fixed."""
+  p = population
+  home = cohort_lib.home_slots(p.num_clients, client_count, n_dev, slots) if resident else None
+  schema = participation.schema(p.sampling, p.num_clients, p.clients_per_round, rounds,
+                                p.min_separation)
+  return home, cohort_lib.make_sampler(resident=home is not None, schema=schema,
+                                       capacity=capacity, n_dev=n_dev, slots=slots, home=home,
+                                       data_seed=data_seed)
 
 
-def _paging(sample: Callable, mesh: Mesh, setup: recipes.RunSetup):
+def _paging(sampler: cohort_lib.Sampler, mesh: Mesh, setup: recipes.RunSetup):
   """The host or disk table of per-client state (placement/paged_state.py)."""
   ex = setup.execution
+  if not sampler.ahead:
+    raise ConfigError(f"config key 'client_state_store' = {ex.client_state_store!r} with "
+                      f"sampling {setup.population.sampling!r}: the paged table draws a round's "
+                      "cohort ahead of the round, and this sampler's depends on the rounds "
+                      "before; use client_state_store 'device' or another sampling")
   return paged_state.make_paging(
-      partial(_round_cohort, sample), mesh, setup.population.num_clients,
+      partial(_round_cohort, sampler), mesh, setup.population.num_clients,
       kind=ex.client_state_store, dtype=ex.client_state_dtype, directory=ex.client_state_dir)
 
 
@@ -250,8 +258,10 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
       executor=executor)
 
 
-def _round_cohort(sample: Callable, key, r, client_count):
-  """The ids and mask round r of run key `key` draws (as round_fn does)."""
-  ids, mask, _ = sample(jax.random.fold_in(jax.random.fold_in(key, r), COHORT_SAMPLING),
-                        client_count, r)
+def _round_cohort(sampler: cohort_lib.Sampler, key, r, client_count):
+  """The ids and mask round r of run key `key` draws (as round_fn does; a sampler
+  whose state is its init's alone, Sampler.ahead)."""
+  ids, mask, _, _ = sampler.draw(
+      jax.random.fold_in(jax.random.fold_in(key, r), COHORT_SAMPLING), client_count, r,
+      sampler.init(jax.random.fold_in(key, SAMPLER_INIT)))
   return ids, mask

@@ -27,7 +27,7 @@ from fedjax_dp.training import server_stages as server_stages_lib
 
 
 def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
-               stages: ClientStages, dp: dp_round.DPRound, sample: Callable) -> Callable:
+               stages: ClientStages, dp: dp_round.DPRound, sampler) -> Callable:
   """round_fn(state, store, hp) -> (state, RoundStats): one round of the stages."""
   state_spec = stages.executor.client_state_spec
   phase = jax.shard_map(
@@ -60,8 +60,9 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
     server optimizer; the ledger composes what the round applied."""
     round_key = jax.random.fold_in(state.key, state.round)
     plan = dp.plan(state, hp)
-    ids, mask, overflow = sample(jax.random.fold_in(round_key, COHORT_SAMPLING),
-                                 store.client_count, state.round)
+    ids, mask, overflow, sampler_state = sampler.draw(
+        jax.random.fold_in(round_key, COHORT_SAMPLING), store.client_count, state.round,
+        state.sampler)
     adm = dp.admit(state, ids, mask, plan, hp)
     clip_norm = dp.clip_norm(state, hp)
     delta, stats, client_state, contrib_sum, agg_slots = phase(
@@ -87,7 +88,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
     return state._replace(round=state.round + 1, params=params, server_opt_state=opt_state,
                           participations=state.participations + stats.participants,
                           cohort_overflow=state.cohort_overflow + overflow, privacy=privacy,
-                          client_state=client_state,
+                          client_state=client_state, sampler=sampler_state,
                           server_state=server_state), stats
   return round_fn
 

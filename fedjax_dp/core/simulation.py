@@ -94,6 +94,7 @@ class Simulation:
   # the release's inputs (data, own model and loss, tiers, budgets): with the config,
   # the run key's identity (recipes/release_identity.py)
   inputs_digest: str = ""
+  sampler: Any = None         # the cohort sampler (placement/cohort.Sampler): its init state
 
   # the plan's parts, by the names the reports and callbacks read
   cfg = property(lambda self: self.plan.cfg, doc="The run's settings (config.json).")
@@ -132,7 +133,8 @@ class Simulation:
     key = (secret_run_key() if self.setup.noise_seed == "secret" else
            release_identity.run_key(cfg, self.inputs_digest))
     state = init_state(self.setup, self.recipe, self.model, key,
-                       self.paging and self.paging.make_table, self.privacy)
+                       self.paging and self.paging.make_table, self.privacy,
+                       self.sampler and self.sampler.init)
     if hparams is not None:
       state = state._replace(privacy=state.privacy._replace(
           clip_norm=jnp.asarray(hparams["clip_norm"], jnp.float32)))

@@ -33,6 +33,7 @@ DOWNLINK = 8
 BYZANTINE = 9
 BYZANTINE_DRAW = 10   # byzantine_draw 'round': who is malicious this round
 MODEL_INIT = 2**20  # folded into the run key itself; config keeps rounds below it
+SAMPLER_INIT = 2**20 + 1   # folded into the run key: the sampler's state (its bins)
 
 
 class SimState(NamedTuple):
@@ -47,6 +48,8 @@ class SimState(NamedTuple):
   cohort_overflow: jax.Array  # int32: Poisson draws dropped for lack of cohort room
   privacy: Any                # the mechanism's slot (privacy/mechanisms/base.PrivacyState:
                               # the RDP ledger or ledgers, the next round's clip norm)
+  sampler: Any = ()           # the cohort sampler's (placement/cohort.Sampler): () for most;
+                              # balls_in_bins' bins, min_sep's last rounds [num_clients]
 
 
 class RoundStats(NamedTuple):
@@ -102,13 +105,15 @@ def secret_run_key() -> jax.Array:
 
 
 def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model,
-               run_key: jax.Array, client_table=None, privacy=None) -> SimState:
+               run_key: jax.Array, client_table=None, privacy=None,
+               sampler_init=None) -> SimState:
   """Round 0's state with `run_key` (release_identity.run_key). The model's
   initialisation is the seed's alone (it reads no data). `client_table(one_client_row)
   -> client_state` holds the per-client rows (default: a dense [num_clients, ...]
   device table; a HostTable for client_state_store host/disk, placement/paged_state.py).
   `privacy` (privacy/setup.Privacy) for a mechanism whose slot holds more than the
-  ledger (a correlated-noise strategy's buffers)."""
+  ledger (a correlated-noise strategy's buffers). `sampler_init(key) -> state`: the
+  cohort sampler's (placement/cohort.Sampler.init; default none)."""
   num_clients = setup.population.num_clients
   params = model.init(jax.random.fold_in(jax.random.PRNGKey(setup.seed), MODEL_INIT))
   server_opt = recipe.server_optimizer_fn()
@@ -132,4 +137,6 @@ def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model
                   key=run_key, participations=jnp.int32(0),
                   cohort_overflow=jnp.int32(0),
                   privacy=initial_state(mechanism, num_clients, setup.clip_norm, params,
-                                        privacy))
+                                        privacy),
+                  sampler=(() if sampler_init is None else
+                           sampler_init(jax.random.fold_in(run_key, SAMPLER_INIT))))

@@ -141,15 +141,17 @@ def plan(cfg: Config, model=None) -> dict:
     out["correlated_noise"] = {
         "strategy": privacy.strategy.says, "sensitivity": math.sqrt(privacy.strategy.sensitivity2),
         "min_sep": schedule.min_sep, "max_participations": schedule.max_participations,
-        "noise_std": privacy.strategy.noise_std(privacy.noise_multiplier, cfg.clip_norm)}
+        "noise_std": privacy.strategy.noise_std(privacy.noise_multiplier, cfg.clip_norm),
+        **({} if privacy.strategy.sampled is None else
+           {"amplified_q": privacy.strategy.sampled})}
   if mechanism.per_client_ledgers:
     out["epsilon_is"] = "a client's that takes part in every round"
     out["expected_participations"] = cfg.rounds * cfg.clients_per_round / cfg.num_clients
   if cfg.accountant == "pld" and math.isfinite(rdp_eps) and charged > 0:
-    if mechanism.charged_once:   # the one Gaussian the run's ledger holds at its end
-      from fedjax_dp.privacy.mechanisms.correlated import charged_multiplier
-      _add_pld(out, cfg, charged_multiplier(z_acc, privacy.strategy, charged), 1,
-               gaussian=True)
+    if mechanism.charged_once:   # what the run's ledger holds at its end
+      from fedjax_dp.privacy.mechanisms.correlated import charged_steps
+      q, z_charged, steps = charged_steps(z_acc, privacy.strategy, charged)
+      _add_pld(out, cfg, z_charged, steps, q=q)
     else:
       _add_pld(out, cfg, z_acc, charged)
   return out
@@ -159,16 +161,17 @@ def _finite(x: float) -> float | None:
   return float(x) if math.isfinite(x) else None   # JSON has no Infinity: no noise, no figure
 
 
-def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int, gaussian: bool = False) -> None:
+def _add_pld(out: dict, cfg: Config, z_acc: float, rounds: int, q: float | None = None) -> None:
   """PLD's figure where the run reports it (the smaller of the two is the epsilon);
-  `gaussian`: one Gaussian of multiplier z_acc (correlated noise)."""
+  `q`: `rounds` Poisson-subsampled Gaussians of rate q (correlated noise's charge,
+  correlated.charged_steps; q = 1 one Gaussian)."""
   from fedjax_dp.errors import AccountError
   from fedjax_dp.privacy.planning import pld_epsilon, pld_epsilon_composed
   local = get_mechanism(cfg.dp).per_client_ledgers
-  if not (local or gaussian) and cfg.sampling != "poisson":
+  if not (local or q is not None) and cfg.sampling != "poisson":
     return
   try:   # local DP: the most frequent client's participations, replace one (z / 2)
-    pld = (pld_epsilon(1.0, z_acc, 1, cfg.delta) if gaussian else
+    pld = (pld_epsilon(q, z_acc, rounds, cfg.delta) if q is not None else
            pld_epsilon(1.0, z_acc / 2, rounds, cfg.delta) if local else
            pld_epsilon_composed(out["q"], [(z_acc, rounds)], cfg.delta))
   except AccountError as e:
@@ -190,9 +193,12 @@ def format_plan(res: dict) -> str:
            + ("" if math.isclose(z, z_acc) else f", accounted as {z_acc:.6g}")]
   if "correlated_noise" in res:
     c = res["correlated_noise"]
-    lines.append(f"{c['strategy']}: sensitivity {c['sensitivity']:.4g} over at most "
+    how = (f"each a Poisson-subsampled Gaussian (q = {c['amplified_q']:.6g}) of multiplier "
+           f"{z:.6g}" if "amplified_q" in c else f"the run is one Gaussian of multiplier {z:.6g}")
+    per = " per participation" if "amplified_q" in c else ""
+    lines.append(f"{c['strategy']}: sensitivity {c['sensitivity']:.4g}{per} over at most "
                  f"{c['max_participations']} participations {c['min_sep']} rounds apart, noise "
-                 f"std {c['noise_std']:.4g}; the run is one Gaussian of multiplier {z:.6g}")
+                 f"std {c['noise_std']:.4g}; {how}")
   if res["rounds_charged"] < res["rounds"]:
     who = "a client in every round" if "epsilon_is" in res else "the run"
     lines.append(f"target_epsilon {res['target_epsilon']:g} stops {who} after "

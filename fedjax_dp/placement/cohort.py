@@ -1,9 +1,9 @@
 """The cohort on the devices: who trains this round, and on which device.
 
-  make_sampler(...)     (key, client_count, round) -> (ids [slots], mask [slots],
-                        overflow): the round's cohort (store.sample_cohort, or
-                        participation.cyclic_groups' group of the round), dealt to the
-                        devices by size (deal_by_size)
+  make_sampler(...)     Sampler(init, draw): the cohort of the participation schema
+                        (placement/participation.py) the accountant reads; draw(key,
+                        client_count, round, state) -> (ids [slots], mask [slots],
+                        overflow, state), dealt to the devices by size (deal_by_size)
   resident_layout(...)  the per-client table in client order <-> resident order
                         (each device holds the rows of the clients it trains)
   sharded_layout(...)   the per-client table in client order <-> blocks of ids
@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from functools import partial
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dp.placement import participation
-from fedjax_dp.placement.store import sample_cohort
+from fedjax_dp.placement.store import Cohort, sample_cohort
 
 
 def deal_by_size(ids: jax.Array, mask: jax.Array, client_count: jax.Array, n_dev: int,
@@ -54,31 +55,102 @@ def home_slots(num_clients: int, client_count, n_dev: int, slots: int):
   return home_ids, home_mask, home_pos
 
 
-def make_sampler(*, resident: bool, num_clients: int, clients_per_round: int, sampling: str,
-                 capacity: int, n_dev: int, slots: int, home=None,
-                 data_seed: int = 0) -> Callable:
-  """(key, client_count, round) -> (ids [slots], mask [slots], overflow int32): the
-  cohort drawn from `key` (sampling 'cyclic': group round mod b of
-  participation.cyclic_groups, by the data seed) and dealt to the devices; with
-  resident state everyone, each in its home slot (`home`: home_slots' result)."""
+class Sampler(NamedTuple):
+  """A cohort sampler: what persists across its rounds is in its state (SimState.sampler)."""
+  init: Callable        # (key) -> state: () for most; balls_in_bins' bins [num_clients],
+                        # min_sep's last round taken part [num_clients] (warm started)
+  draw: Callable        # (key, client_count, round, state) -> (ids [slots], mask [slots],
+                        # overflow int32, state): round `round`'s cohort, dealt to the devices
+  ahead: bool = True    # a round's cohort follows from its key and the init key alone
+                        # (paged client state draws it ahead); min_sep's does not
+
+
+def make_sampler(*, resident: bool, schema: participation.Participation, capacity: int,
+                 n_dev: int, slots: int, home=None, data_seed: int = 0) -> Sampler:
+  """The sampler `schema` describes (placement/participation.py, the same schema the
+  accountant reads), dealt to the devices; with resident state everyone, each in
+  its home slot (`home`: home_slots' result)."""
   if resident:
     home_ids, home_mask, _ = home
-    return lambda key, client_count, r: (jnp.asarray(home_ids), jnp.asarray(home_mask),
-                                         jnp.int32(0))
-  if sampling == "cyclic":
-    groups = participation.cyclic_groups(num_clients, clients_per_round, data_seed)
+    return _stateless(lambda key, client_count, r: (jnp.asarray(home_ids), jnp.asarray(home_mask),
+                                                    jnp.int32(0)))
+  s = schema
+  if s.sampling in ("fixed", "poisson"):
+    return _stateless(lambda key, client_count, r: _dealt(
+        sample_cohort(key, s.num_clients, s.clients_per_round, s.sampling, capacity),
+        client_count, n_dev, slots))
+  if s.sampling in ("cyclic", "cyclic_poisson"):
+    groups = jnp.asarray(participation.cyclic_groups(s.num_clients, s.min_sep, data_seed))
+    q = 1.0 if s.sampling == "cyclic" else s.sampling_prob
+    return _stateless(lambda key, client_count, r: _dealt(
+        _within(key, groups[r % s.min_sep], q, capacity), client_count, n_dev, slots))
+  if s.sampling == "balls_in_bins":
+    def init(key):
+      return jax.random.randint(key, (s.num_clients,), 0, s.min_sep, jnp.int32)
 
-    def cyclic(key, client_count, r):
-      ids = jnp.asarray(groups)[r % groups.shape[0]]
-      ids, mask = deal_by_size(ids, jnp.ones_like(ids, bool), client_count, n_dev, slots)
-      return ids, mask, jnp.int32(0)
-    return cyclic
+    def draw(key, client_count, r, bins):
+      return (*_dealt(_members(bins == r % s.min_sep, capacity), client_count, n_dev, slots),
+              bins)
+    return Sampler(init, draw)
+  if s.sampling == "min_sep":
+    return Sampler(partial(_min_sep_init, s), partial(_min_sep_draw, s, capacity, n_dev, slots),
+                   ahead=False)
+  raise ValueError(f"unknown sampling {s.sampling!r}")
 
-  def sample(key, client_count, r):
-    cohort = sample_cohort(key, num_clients, clients_per_round, sampling, capacity)
-    ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, slots)
-    return ids, mask, cohort.overflow
-  return sample
+
+def _stateless(draw: Callable) -> Sampler:
+  return Sampler(lambda key: (), lambda key, client_count, r, state: (
+      *draw(key, client_count, r), state))
+
+
+def _dealt(cohort: Cohort, client_count, n_dev: int, slots: int):
+  ids, mask = deal_by_size(cohort.ids, cohort.mask, client_count, n_dev, slots)
+  return ids, mask, cohort.overflow
+
+
+def _members(joined: jax.Array, capacity: int, ids: jax.Array | None = None) -> Cohort:
+  """The clients where `joined` [clients] (or ids[joined]), in `capacity` slots;
+  those beyond it counted in overflow."""
+  (pos,) = jnp.nonzero(joined, size=capacity, fill_value=0)
+  total = joined.sum(dtype=jnp.int32)
+  chosen = pos if ids is None else ids[pos]
+  return Cohort(chosen.astype(jnp.int32), jnp.arange(capacity) < total,
+                jnp.maximum(total - capacity, 0))
+
+
+def _within(key, group: jax.Array, q: float, capacity: int) -> Cohort:
+  """Each client of `group` [size] with probability q (1: all of them)."""
+  if q >= 1.0:
+    pad = capacity - group.shape[0]
+    return Cohort(jnp.pad(group, (0, pad)), jnp.arange(capacity) < group.shape[0],
+                  jnp.int32(0))
+  return _members(jax.random.bernoulli(key, q, group.shape), capacity, group)
+
+
+MIN_SEP_NEVER = -(2**30)   # min_sep's "last took part" of a client that has not
+
+
+def _min_sep_init(s: participation.Participation, key) -> jax.Array:
+  """int32 [num_clients]: the round each client last took part, warm started at the
+  process's steady state (jax-privacy's BMinSepSampling): with probability
+  (b - 1) p / (1 + (b - 1) p) a client took part in one of the b - 1 rounds before
+  round 0, uniformly, so the first cohorts are already of the steady size."""
+  b, p = s.min_sep, s.sampling_prob
+  held, when = jax.random.split(key)
+  recent = jax.random.bernoulli(held, (b - 1) * p / (1 + (b - 1) * p), (s.num_clients,))
+  last = -jax.random.randint(when, (s.num_clients,), 1, max(b, 2), jnp.int32)
+  return jnp.where(recent & (b > 1), last, MIN_SEP_NEVER)
+
+
+def _min_sep_draw(s: participation.Participation, capacity: int, n_dev: int, slots: int,
+                  key, client_count, r, last):
+  """Each client who sat out the last b - 1 rounds joins with probability p; who
+  joins (within the cohort's room) takes part now."""
+  eligible = r - last >= s.min_sep
+  joined = eligible & jax.random.bernoulli(key, s.sampling_prob, (s.num_clients,))
+  cohort = _members(joined, capacity)
+  took = jnp.zeros((s.num_clients,), bool).at[cohort.ids].max(cohort.mask)
+  return (*_dealt(cohort, client_count, n_dev, slots), jnp.where(took, r, last))
 
 
 def resident_layout(mesh: Mesh, home) -> dict:

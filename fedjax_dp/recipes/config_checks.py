@@ -17,6 +17,7 @@ from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, _coerce, parse_c
                               parse_set, read_config_file)
 from fedjax_dp.data import DATASETS, TABULAR
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.placement.participation import RANDOM_COHORTS, TAKES_SEPARATION
 from fedjax_dp.privacy import boundary, mechanisms
 from fedjax_dp.privacy.mechanisms import kept_noise
 from fedjax_dp.recipes import flat
@@ -163,17 +164,25 @@ def _check_mechanism(cfg: Config, raw: dict[str, Any]) -> None:
 
 
 def _check_participation(cfg: Config) -> None:
-  """A mechanism against the sampler's participation schema (placement/participation.py)."""
+  """The sampling's participation schema (placement/participation.py), then a
+  mechanism against it."""
+  try:
+    schema = privacy_setup.participation_of(cfg)
+  except ValueError as e:
+    key = "min_separation" if cfg.min_separation is not None else "sampling"
+    raise ConfigError(f"config key {key!r} = {getattr(cfg, key)!r}: {e}") from None
   mechanism = mechanisms.get_mechanism(cfg.dp)
-  if mechanism.needs_random_cohorts and cfg.sampling == "cyclic":
-    raise ConfigError(f"config key 'sampling' = 'cyclic' with dp {cfg.dp!r}: its accountant "
-                      "amplifies by random cohorts, which a fixed schedule does not give; use "
-                      "dp 'bandmf' (mf_bands 1 is independent noise, accounted without "
-                      "amplification) or sampling 'poisson' or 'fixed'")
-  if cfg.sampling == "cyclic" and flat.kept_noise_of(cfg) is not None:
-    raise ConfigError(f"config key 'sampling' = 'cyclic' with kept_noise {cfg.kept_noise!r}: "
-                      "its report's chain amplifies by sampling and shuffling a random cohort, "
-                      "which a fixed schedule does not give; use sampling 'poisson' or 'fixed'")
+  if mechanism.needs_random_cohorts and schema.min_sep > 1:
+    raise ConfigError(f"config key 'sampling' = {cfg.sampling!r} with dp {cfg.dp!r}: its "
+                      "accountant amplifies by a cohort drawn at random from all clients each "
+                      "round, which a separated schedule does not give; use dp 'bandmf' "
+                      "(mf_bands 1 is independent noise; sampling 'cyclic_poisson' is "
+                      "amplified) or sampling 'poisson' or 'fixed'")
+  if schema.min_sep > 1 and flat.kept_noise_of(cfg) is not None:
+    raise ConfigError(f"config key 'sampling' = {cfg.sampling!r} with kept_noise "
+                      f"{cfg.kept_noise!r}: its report's chain amplifies by sampling and "
+                      "shuffling a cohort drawn at random from all clients, which a separated "
+                      "schedule does not give; use sampling 'poisson' or 'fixed'")
   if mechanism.strategy_for is None:
     return
   for key, ok, why in (("adaptive_clipping", False, "its count query is not yet charged "
@@ -186,7 +195,7 @@ def _check_participation(cfg: Config) -> None:
     value = getattr(cfg, key)
     if value != ok and not (isinstance(ok, tuple) and value in ok):
       raise ConfigError(f"config key {key!r} = {value!r} with dp {cfg.dp!r}: {why}")
-  schedule = privacy_setup.participation_of(cfg)
+  schedule = schema
   if cfg.mf_bands is not None and cfg.mf_bands > min(schedule.min_sep, cfg.rounds):
     raise ConfigError(
         f"config key 'mf_bands' = {cfg.mf_bands} with dp {cfg.dp!r}: at most the rounds "
@@ -343,7 +352,10 @@ _SETUP_KEYS_READ = {
     "label_column": (lambda c: c.dataset == "csv", "dataset 'csv'"),
     "tier_map_path": (lambda c: c.dataset in ("csv", "breast_cancer"),
                       "dataset 'csv' or 'breast_cancer'"),
-    "max_cohort": (lambda c: c.sampling == "poisson", "sampling 'poisson'"),
+    "max_cohort": (lambda c: c.sampling in RANDOM_COHORTS,
+                   f"sampling {', '.join(map(repr, RANDOM_COHORTS))}"),
+    "min_separation": (lambda c: c.sampling in TAKES_SEPARATION,
+                       f"sampling {' or '.join(map(repr, TAKES_SEPARATION))}"),
     "client_state_dtype": (lambda c: c.client_state_store in ("host", "disk"),
                            "client_state_store 'host' or 'disk'"),
     "client_state_dir": (lambda c: c.client_state_store == "disk", "client_state_store 'disk'"),

@@ -108,7 +108,8 @@ def participation_of(cfg: Config):
   """The sampler's participation schema (placement/participation.py): the function
   the cohort sampler is built from, so the accountant reads what the run enforces."""
   from fedjax_dp.placement import participation
-  return participation.schema(cfg.sampling, cfg.num_clients, cfg.clients_per_round, cfg.rounds)
+  return participation.schema(cfg.sampling, cfg.num_clients, cfg.clients_per_round, cfg.rounds,
+                              cfg.min_separation)
 
 
 def _strategy(cfg: Config, mechanism):
@@ -137,7 +138,8 @@ def clip_count_stddev(cfg: Config, accounted_multiplier: float) -> float:
 
 
 def cohort_sampling(cfg: Config) -> CohortSampling:
-  return CohortSampling(cfg.sampling, cfg.clients_per_round, cfg.num_clients)
+  return CohortSampling(cfg.sampling, cfg.clients_per_round, cfg.num_clients,
+                        participation_of(cfg))
 
 
 def event_rdp(cfg: Config, noise_multiplier: float) -> np.ndarray:

@@ -24,8 +24,9 @@ from fedjax_dp.config.schema import data_seed
 class Population(NamedTuple):
   num_clients: int
   clients_per_round: int       # the cohort size, or under Poisson sampling its expectation
-  sampling: str                # 'fixed' | 'poisson' | 'cyclic' (placement/participation.py)
-  max_cohort: int | None       # Poisson draws' room (None: the default margin)
+  sampling: str                # placement/participation.SAMPLINGS
+  max_cohort: int | None       # random cohorts' room (None: the default margin)
+  min_separation: int | None = None   # sampling cyclic_poisson's groups, min_sep's separation
 
 
 class LocalTraining(NamedTuple):
@@ -72,7 +73,8 @@ class RunSetup(NamedTuple):
 def run_setup(cfg: Config) -> RunSetup:
   """The set-up `cfg` describes (the recipe is from_config(cfg)'s)."""
   return RunSetup(
-      Population(cfg.num_clients, cfg.clients_per_round, cfg.sampling, cfg.max_cohort),
+      Population(cfg.num_clients, cfg.clients_per_round, cfg.sampling, cfg.max_cohort,
+                 cfg.min_separation),
       LocalTraining(cfg.local_epochs, cfg.batch_size, cfg.lr_schedule, cfg.rounds,
                     cfg.momentum),
       Execution(cfg.devices, cfg.client_parallelism, cfg.client_batch, cfg.matmul_precision,

@@ -24,6 +24,8 @@ def correlated_section(cfg, sim, rounds: int) -> dict:
   return {"strategy": strategy.says,
           "participation": {"sampling": schedule.sampling, "min_sep": schedule.min_sep,
                             "max_participations": schedule.max_participations,
+                            **({} if schedule.sampling_prob is None else
+                               {"sampling_prob": schedule.sampling_prob}),
                             "from": "the cohort sampler's schedule "
                                     "(placement/participation.py), not a key of its own"},
           "sensitivity": sens,
@@ -32,16 +34,27 @@ def correlated_section(cfg, sim, rounds: int) -> dict:
                           "round t adds (C^-1 Z)_t to the clipped sum",
           **errors,
           "charged_share": float(np.sum(strategy.charges[:rounds])),
-          "accounting": ("the whole run is one Gaussian mechanism of multiplier z on a query "
-                         "of sensitivity 1 (the strategy's sensitivity is in the noise); the "
-                         "ledger charges it in shares as the released rounds' sensitivity "
-                         "grows (charged_share of it so far, 1 after the last round)")}
+          "accounting": _accounting(strategy, schedule)}
+
+
+def _accounting(strategy, schedule) -> str:
+  if strategy.sampled is not None:
+    return (f"amplified (Choquette-Choo et al. 2023; jax-privacy's amplified_bandmf_event): "
+            f"each of a client's {schedule.max_participations} participations, one column of "
+            "the strategy (sensitivity 1, in the noise), is a Poisson-subsampled Gaussian of "
+            f"multiplier z at rate q = {strategy.sampled:.8g} (the rate the sampler draws "
+            "with); the ledger charges one as each cycle of min_sep rounds starts")
+  return ("the whole run is one Gaussian mechanism of multiplier z on a query of sensitivity "
+          "1 (the strategy's sensitivity is in the noise); the ledger charges it in shares as "
+          "the released rounds' sensitivity grows (charged_share of it so far, 1 after the "
+          "last round)")
 
 
 def correlated_pld(cfg, sim, rounds: int) -> float:
-  """dp-accounting's PLD epsilon of the Gaussian the ledger holds after `rounds`
-  rounds (privacy/mechanisms/correlated.charged_multiplier)."""
-  from fedjax_dp.privacy.mechanisms.correlated import charged_multiplier
+  """dp-accounting's PLD epsilon of what the ledger holds after `rounds` rounds (one
+  Gaussian, or amplified the cycles' subsampled Gaussians;
+  privacy/mechanisms/correlated.charged_steps)."""
+  from fedjax_dp.privacy.mechanisms.correlated import charged_steps
   from fedjax_dp.privacy.planning import pld_epsilon
-  z = charged_multiplier(sim.noise_multiplier, sim.privacy.strategy, rounds)
-  return pld_epsilon(1.0, z, 1, cfg.delta)
+  return pld_epsilon(*charged_steps(sim.noise_multiplier, sim.privacy.strategy, rounds),
+                     cfg.delta)

@@ -40,19 +40,28 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
   momentum = float(settings.get("server_momentum") or 0.0)
   params = strategy_cache.bandmf_params(rounds, bands, momentum)
   strategy = banded.ColumnNormalizedBanded(params=params)
-  k = participation.max_participations
-  # the (j+1)-th participation can start after round j min_sep: the first j min_sep + 1
-  # rounds hold at most j + 1 (jax-privacy counts them)
-  points = sorted({min(rounds, j * participation.min_sep + 1) for j in range(k)} | {rounds})
-  sens2 = [float(banded.minsep_sensitivity_squared(strategy, participation.min_sep, None, n=p))
-           for p in points]
+  k, b = participation.max_participations, participation.min_sep
+  sampled = correlated.amplified(participation)
+  if sampled is not None:
+    # amplified: each participation is one column (norm 1), charged as its cycle starts
+    points = [min(rounds, (j + 1) * b) for j in range(k)]
+    sens2 = [float(banded.minsep_sensitivity_squared(strategy, b, 1, n=rounds))] * k
+    charges = correlated.charges_from_prefixes(rounds, points, np.arange(1.0, k + 1))
+  else:
+    # the (j+1)-th participation can start after round j min_sep: the first j min_sep + 1
+    # rounds hold at most j + 1 (jax-privacy counts them)
+    points = sorted({min(rounds, j * b + 1) for j in range(k)} | {rounds})
+    sens2 = [float(banded.minsep_sensitivity_squared(strategy, b, None, n=p)) for p in points]
+    charges = correlated.charges_from_prefixes(rounds, points, sens2)
   inverse = _inverse(params)
   return correlated.Strategy(
-      "bandmf", inverse, sens2[-1], correlated.charges_from_prefixes(rounds, points, sens2),
+      "bandmf", inverse, sens2[-1], charges,
       f"BandMF, {bands} band{'s' * (bands > 1)} optimised for {rounds} rounds"
       f"{f' and server momentum {momentum:g}' if momentum else ''} (mean error of the "
-      f"{'momentum SGD' if momentum else 'prefix-sum'} workload)",
-      *correlated.error_factors(inverse, rounds))
+      f"{'momentum SGD' if momentum else 'prefix-sum'} workload)"
+      + (f", amplified by cyclic Poisson sampling (q = {sampled[0]:.6g} in a client's "
+         f"group's rounds, {k} cycles)" if sampled else ""),
+      *correlated.error_factors(inverse, rounds), sampled=sampled and sampled[0])
 
 
 def _inverse(params: np.ndarray):
@@ -69,4 +78,4 @@ def bandmf():
       "BandMF (DP-FTRL with a banded matrix factorization; user level): each client's update "
       "clipped to L2 norm clip_norm by the server, the sum noised with the strategy's "
       "correlated noise z sens clip_norm (C^-1 xi)_t, divided by clients_per_round",
-      reads=("mf_bands",))
+      reads=("mf_bands",), amplifies=True)

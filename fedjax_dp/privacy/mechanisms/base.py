@@ -50,9 +50,10 @@ DIVIDES_BY = ("examples", "participants", "expected_cohort")
 
 class CohortSampling(NamedTuple):
   """How a round's cohort is drawn, as the accountant sees it."""
-  sampling: str            # 'poisson' | 'fixed'
+  sampling: str            # placement/participation.SAMPLINGS
   clients_per_round: int
   num_clients: int
+  participation: Any = None   # the sampler's schema (placement/participation.Participation)
 
 
 class RoundSetup(NamedTuple):

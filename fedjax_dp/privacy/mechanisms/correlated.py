@@ -37,7 +37,8 @@ import numpy as np
 from fedjax_dp.kernels import gaussian_noise
 from fedjax_dp.privacy import accounting, clip_layout
 from fedjax_dp.privacy.mechanisms import central_gaussian
-from fedjax_dp.privacy.mechanisms.base import Mechanism, Plan, everyone, planned_scales
+from fedjax_dp.privacy.mechanisms.base import (Mechanism, Plan, everyone, planned_scales,
+                                               poisson_rate_used)
 
 
 class Strategy(NamedTuple):
@@ -54,6 +55,10 @@ class Strategy(NamedTuple):
                                    # over Z's (None: not computed, error_factors)
   prefix_rms: float | None = None  # sqrt(mean_t ||(A C_s^{-1})_t||^2), A the prefix sums: the
                                    # RMS error of the noisy prefix sums (the model's), over Z's
+  sampled: float | None = None   # amplified (BandMF under cyclic_poisson): the rate q a client
+                                 # is drawn with in its group's rounds; each of its
+                                 # participations is then a Poisson-subsampled Gaussian,
+                                 # sensitivity2 one participation's, charged as its cycle starts
 
   def noise_std(self, z, clip_norm):
     """The std of Z's rows: z sens C."""
@@ -128,38 +133,69 @@ def _init_state(num_clients: int, clip_norm: float, params, privacy) -> Correlat
                          privacy.strategy.inverse.init_multiply(shapes))
 
 
-def charged_multiplier(z: float, strategy: Strategy, rounds: int) -> float:
-  """The multiplier of the one Gaussian charged after `rounds` rounds: the ledger
-  holds share x alpha / (2 z^2), a Gaussian of multiplier z / sqrt(share) (z after
-  the last round), for the PLD figure of the report and the plan."""
-  share = float(np.sum(strategy.charges[:rounds]))
-  return z / float(np.sqrt(share)) if share > 0 else float("inf")
+def charged_steps(z: float, strategy: Strategy, rounds: int) -> tuple[float, float, int]:
+  """(q, multiplier, steps): what the ledger holds after `rounds` rounds as `steps`
+  Poisson-subsampled Gaussians of rate q (privacy/planning.pld_epsilon's
+  arguments), for the PLD figure of the report and the plan. Unamplified, one
+  Gaussian: the ledger holds share x alpha / (2 z^2), multiplier z / sqrt(share) (z
+  after the last round), q = 1; amplified, the cycles charged so far at z."""
+  charged = np.asarray(strategy.charges[:rounds])
+  if strategy.sampled is not None:
+    return strategy.sampled, z, int(np.count_nonzero(charged))
+  share = float(np.sum(charged))
+  return 1.0, (z / float(np.sqrt(share)) if share > 0 else float("inf")), 1
 
 
-def event_rdp(z: float, cohort) -> np.ndarray:
-  """RDP of the whole run at multiplier z: one Gaussian of sensitivity 1 (the
-  strategy's sensitivity is in the noise's std); infinite without noise."""
-  if z == 0:
-    return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
-  return accounting.gaussian_rdp(float(z))
+def amplified(cohort) -> tuple[float, int] | None:
+  """(q, participations) where the sampler amplifies (cyclic_poisson: Poisson inside
+  each group's rounds; Choquette-Choo et al. 2023, as jax-privacy's
+  amplified_bandmf_event accounts it), else None. q: the rate the sampler really
+  draws with (jax.random.bernoulli's float32 grid)."""
+  schema = getattr(cohort, "participation", cohort)   # a CohortSampling or the schema
+  if schema is None or schema.sampling != "cyclic_poisson":
+    return None
+  return poisson_rate_used(schema.sampling_prob), schema.max_participations
 
 
-def describe_with(what: str) -> Callable:
+def event_rdp_with(amplifies: bool) -> Callable:
+  def event_rdp(z: float, cohort) -> np.ndarray:
+    """RDP of the whole run at multiplier z: one Gaussian of sensitivity 1 (the
+    strategy's sensitivity is in the noise's std), or amplified its participations'
+    Poisson-subsampled Gaussians; infinite without noise."""
+    if z == 0:
+      return np.full(len(accounting.DEFAULT_ORDERS), np.inf)
+    sampled = amplified(cohort) if amplifies else None
+    if sampled is not None:
+      q, k = sampled
+      return k * accounting.poisson_gaussian_rdp(q, float(z))
+    return accounting.gaussian_rdp(float(z))
+  return event_rdp
+
+
+def describe_with(what: str, amplifies: bool) -> Callable:
   def describe(cohort) -> dict[str, str]:
-    neighbouring = ("zero-out one client (its clipped updates replaced by zero; the "
-                    "participation schedule is public): sensitivity clip_norm per "
-                    "participation, summed through the strategy")
+    if amplifies and amplified(cohort) is not None:
+      neighbouring = ("zero-out one client (its clipped updates replaced by zero; its group is "
+                      "public, whether it is drawn in its group's rounds is not): sensitivity "
+                      "clip_norm per participation, through one column of the strategy")
+      how = "amplified by the Poisson draw inside each group's rounds"
+    else:
+      neighbouring = ("zero-out one client (its clipped updates replaced by zero; the "
+                      "participation schedule is public): sensitivity clip_norm per "
+                      "participation, summed through the strategy")
+      how = "with no amplification by sampling"
     return {"mechanism": what, "guarantee": f"the accountant's epsilon below, for {neighbouring} "
-                                            "neighbours, with no amplification by sampling",
+                                            f"neighbours, {how}",
             "neighbouring": neighbouring}
   return describe
 
 
 def mechanism(name: str, strategy_for: Callable, what: str, reads: tuple = (),
-              check: Callable | None = None) -> Mechanism:
+              check: Callable | None = None, amplifies: bool = False) -> Mechanism:
   """A correlated-noise mechanism: `strategy_for(settings, participation, rounds)`
   builds its Strategy at set-up (privacy/setup.Privacy.strategy); the round's
-  functions read it from there."""
+  functions read it from there. `amplifies`: its strategy is banded within the
+  sampler's separation, so cyclic_poisson's draws amplify it (BandMF)."""
   def plan(setup, state, hp):
     return _plan(setup.privacy.strategy, setup, state, hp)
 
@@ -171,7 +207,8 @@ def mechanism(name: str, strategy_for: Callable, what: str, reads: tuple = (),
   # DP's (the noise is on the sum)
   return Mechanism(name, plan=plan, admit=everyone, release=release,
                    client=central_gaussian.client,
-                   event_rdp=event_rdp, describe=describe_with(what), noises_sum=True,
+                   event_rdp=event_rdp_with(amplifies), describe=describe_with(what, amplifies),
+                   noises_sum=True,
                    calibrates_to_target=True, boundary="server", divides_by="expected_cohort",
                    releases_every_round=True, accountants=("rdp", "pld"), recipe_prefix="dp_",
                    strategy_for=strategy_for, init_state=_init_state, reads=reads,
