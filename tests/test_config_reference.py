@@ -146,7 +146,8 @@ def test_config_lists_every_key_with_default_allowed_and_meaning():
           if line and not line.startswith("#")}
   assert sorted(rows) == sorted(KEYS)
   assert rows["rounds"].split()[:2] == ["rounds", "50"] and "1..1048575" in rows["rounds"]
-  assert "fixed, poisson, cyclic  -- fixed: uniform without replacement" in rows["sampling"]
+  assert ("fixed, poisson, cyclic, cyclic_poisson, balls_in_bins, min_sep  -- fixed: uniform "
+          "without replacement") in rows["sampling"]
   assert rows["s_local"].split()[1:4] == ["0", "(topksdp:", "0.9)"]
 
 
