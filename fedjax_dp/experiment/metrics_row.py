@@ -19,9 +19,12 @@ from fedjax_dp.recipes.flat import kept_noise_of
 
 def expected_cohorts_only(cfg: Config) -> bool:
   """Under central DP with Poisson sampling the realised cohort sizes are private
-  (add/remove-one neighbours change them): what the run publishes about
-  participation counts the expected cohort, clients_per_round per round that ran."""
-  return get_mechanism(cfg.dp).noises_sum and cfg.sampling == "poisson"
+  (add/remove-one neighbours change them), and under cyclic Poisson sampling they
+  tell about the draws amplified BandMF's accountant takes as secret: what the run
+  publishes about participation counts the expected cohort, clients_per_round per
+  round that ran."""
+  from fedjax_dp.placement.participation import SECRET_DRAWS
+  return get_mechanism(cfg.dp).noises_sum and cfg.sampling in SECRET_DRAWS
 
 
 def published_participations(cfg: Config, state) -> int:

@@ -40,6 +40,8 @@ SAMPLINGS = ("fixed", "poisson", "cyclic", "cyclic_poisson", "balls_in_bins", "m
 SEPARATED = ("cyclic", "cyclic_poisson", "balls_in_bins", "min_sep")   # b > 1 enforced
 RANDOM_COHORTS = ("poisson", "cyclic_poisson", "balls_in_bins", "min_sep")   # sized at random
 TAKES_SEPARATION = ("cyclic_poisson", "min_sep")   # the config's min_separation
+SECRET_DRAWS = ("poisson", "cyclic_poisson")   # amplification takes who was drawn as secret:
+                                               # the realised cohort sizes are not published
 
 
 class Participation(NamedTuple):

@@ -26,6 +26,7 @@ import numpy as np
 from fedjax_dp.experiment.reports import privacy_log
 from fedjax_dp.experiment import releases
 from fedjax_dp.config import Config
+from fedjax_dp.placement.participation import SECRET_DRAWS
 from fedjax_dp.data.registry import TABULAR
 from fedjax_dp.models import num_params
 from fedjax_dp.core.simulation import Simulation
@@ -355,11 +356,13 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
     report["q_configured"] = cfg.clients_per_round / cfg.num_clients
     report["q_note"] = ("q is the rate the sampler really draws with (float32 "
                         "uniforms on a 2^-23 grid), which the accountant charges")
-  if cfg.sampling == "poisson":
+  if cfg.sampling in SECRET_DRAWS:
     report["published_cohort_sizes"] = (
         "expected only: bytes_up, bytes_down and participations count clients_per_round per "
         "round, and unclipped_fraction is over that expected cohort (so it can pass 1); the "
-        "realised Poisson cohort sizes depend on who is in the data")
+        "realised Poisson cohort sizes depend on who is in the data" + (
+            "" if cfg.sampling == "poisson" else
+            " and tell about who was drawn, which the amplified accountant takes as secret"))
 
 
 def uses_dynamic_dp(cfg: Config) -> bool:
