@@ -21,6 +21,7 @@ from scipy.linalg import block_diag
 
 import fedjax_dp
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment.setup import setup as setup_run
 from fedjax_dp.placement import participation
 from fedjax_dp.privacy.mechanisms import correlated, tree
 
@@ -179,8 +180,10 @@ def test_refusals_are_one_line():
     fedjax_dp.make_config({**base, "dp": "blt", "mf_bands": 2})
   with pytest.raises(ConfigError, match="needs num_clients \\(40\\) a multiple"):
     fedjax_dp.make_config({**base, "dp": "tree", "clients_per_round": 7})
-  with pytest.raises(ConfigError, match="'adaptive_clipping' = True with dp 'tree'"):
-    fedjax_dp.make_config({**base, "dp": "tree", "adaptive_clipping": True})
+  with pytest.raises(ConfigError, match="config key 'clip_count_stddev' = 1: adaptive clipping "
+                     "beside correlated noise needs the count's std > z sqrt\\(k\\) = 1.732"):
+    setup_run(fedjax_dp.make_config(
+        {**base, "dp": "tree", "adaptive_clipping": True, "clip_count_stddev": 1.0}))
 
 
 def test_charges_from_prefixes_charge_each_stretch_when_it_opens():
@@ -334,3 +337,67 @@ def test_the_noise_ratio_from_the_report_is_the_runs():
   want = noise_note.mean_update_ratio(sim.cfg, 2.0, sim.privacy.strategy)
   assert noise_note.reported_ratio(sim.cfg, report) == pytest.approx(want, rel=1e-12)
   assert want > 2.0 / PER_ROUND * 2.9   # sensitivity 3: three trees of 4 rounds, 3 levels each
+
+
+@pytest.mark.parametrize("dp", ["tree", "bandmf", "blt"])
+def test_adaptive_clipping_charges_its_count_queries_beside_the_strategy(dp, tmp_path):
+  """Adaptive clipping beside correlated noise: the run's epsilon is dp-accounting's
+  composition of the strategy's Gaussian at the updates' multiplier z_u with k count
+  queries of std s (sensitivity 1 under zero-out), one per participation; that pair
+  is the calibrated z; after every round the ledger covers the released rounds'
+  sensitivity (brute force) and the count queries of the participations begun; the
+  clip norm moves."""
+  z = 1.5
+  out = str(tmp_path / dp)
+  fedjax_dp.run({**SMALL, "dp": dp, "noise_multiplier": z, "adaptive_clipping": True},
+                out=out, progress=False, log=lambda m: None)
+  report = json.load(open(f"{out}/summary.json"))["privacy"]
+  ad = report["adaptive_clipping"]
+  k = report["correlated_noise"]["participation"]["max_participations"]
+  z_u, s = ad["update_noise_multiplier"], ad["count_stddev"]
+  assert s == pytest.approx(max(PER_ROUND / 20, 2 * z * math.sqrt(k)))
+  orders = [float(a) for a in fedjax_dp.privacy.accounting.DEFAULT_ORDERS]
+  event = dp_accounting.ComposedDpEvent([
+      dp_accounting.GaussianDpEvent(z_u),
+      dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), k)])
+  want = dp_accounting.rdp.RdpAccountant(orders).compose(event).get_epsilon(1e-5)
+  assert report["epsilon"] == pytest.approx(want, rel=1e-5)
+  assert want == pytest.approx(dp_accounting.rdp.RdpAccountant(orders).compose(
+      dp_accounting.GaussianDpEvent(z)).get_epsilon(1e-5), rel=1e-5)
+  assert report["correlated_noise"]["noise_std"] == pytest.approx(
+      z_u * report["correlated_noise"]["sensitivity"])
+  assert ad["final_clip_norm"] != 1.0
+  from fedjax_dp.experiment.setup import setup
+  sim = setup(fedjax_dp.make_config({**SMALL, "dp": dp, "noise_multiplier": z,
+                                     "adaptive_clipping": True}))[2]
+  strategy, b = sim.privacy.strategy, sim.privacy.participation.min_sep
+  c_mat = strategy_matrix(sim)
+  sens2 = strategy.sensitivity2
+  for t in range(1, ROUNDS + 1):
+    charged = np.sum(strategy.charges[:t])
+    held = charged * (sens2 / z_u ** 2 + k / s ** 2)     # RDP / (alpha / 2) the ledger holds
+    released = worst_sensitivity2(c_mat[:t, :t], b) / z_u ** 2 + math.ceil(t / b) / s ** 2
+    assert held >= released * (1 - 1e-6), t   # C materialised in float32
+  assert np.sum(strategy.charges) == pytest.approx(1.0)
+
+
+def test_adaptive_clipping_under_amplified_bandmf_rides_in_each_participation():
+  """Amplified: the count query is released with its participation's column, by the
+  same draw, so each participation is one subsampled Gaussian of the pair's
+  multiplier (1/z^2 = 1/z_u^2 + 1/s^2), k of them (jax-privacy's amplified event)."""
+  from jax_privacy.experimental import accounting as jp_accounting
+  from fedjax_dp.experiment import plan_privacy
+  from fedjax_dp.privacy.mechanisms.base import poisson_rate_used
+  values = {**SMALL, "dp": "bandmf", "sampling": "cyclic_poisson", "min_separation": 2,
+            "noise_multiplier": 1.5, "adaptive_clipping": True}
+  cfg = fedjax_dp.make_config(values)
+  planned = plan_privacy.plan(cfg)
+  from fedjax_dp.experiment.setup import setup
+  p = setup(cfg)[2].privacy
+  assert (p.update_noise_multiplier ** -2 + p.count_stddev ** -2) ** -0.5 == pytest.approx(1.5)
+  assert p.count_stddev == pytest.approx(max(PER_ROUND / 20, 3.0))
+  event = jp_accounting.amplified_bandmf_event(1.5, ROUNDS, num_bands=2,
+                                               sampling_prob=poisson_rate_used(0.5))
+  orders = [float(a) for a in fedjax_dp.privacy.accounting.DEFAULT_ORDERS]
+  assert planned["epsilon"] == pytest.approx(
+      dp_accounting.rdp.RdpAccountant(orders).compose(event).get_epsilon(1e-5), rel=1e-5)

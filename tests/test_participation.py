@@ -16,6 +16,7 @@ import pytest
 
 import fedjax_dp
 from fedjax_dp.errors import ConfigError
+from fedjax_dp.experiment.setup import setup as setup_run
 from fedjax_dp.placement import cohort, participation
 from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy.mechanisms import correlated
@@ -159,7 +160,7 @@ def test_bandmf_under_cyclic_poisson_is_jax_privacys_amplified_bandmf(tmp_path, 
   assert report["correlated_noise"]["noise_std"] == pytest.approx(z, rel=1e-6)
   planned = plan_privacy.plan(fedjax_dp.make_config(values))
   assert planned["epsilon"] == pytest.approx(report["epsilon"], rel=1e-9)
-  sim = fedjax_dp.experiment.setup.setup(fedjax_dp.make_config(values))[2]
+  sim = setup_run(fedjax_dp.make_config(values))[2]
   s = sim.privacy.strategy
   assert np.count_nonzero(s.charges) == 4 and np.flatnonzero(s.charges).tolist() == [0, 3, 6, 9]
   for t in (1, 4, 7, 12):   # after t rounds: the cycles begun, amplified
@@ -237,7 +238,7 @@ def test_sampling_refusals_are_one_line():
        "'client_state_store' = 'host' with sampling 'min_sep'")):
     with pytest.raises(ConfigError, match=match):
       cfg = fedjax_dp.make_config({**base, **extra})
-      fedjax_dp.experiment.setup.setup(cfg)
+      setup_run(cfg)
 
 
 def test_min_sep_state_resumes_and_replicas_differ(tmp_path):
@@ -254,3 +255,29 @@ def test_min_sep_state_resumes_and_replicas_differ(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert np.asarray(one.sampler).shape == (N,)
   assert int(np.max(np.asarray(one.sampler))) == 11
+
+
+def test_a_secret_key_restart_draws_the_same_bins_with_its_key(tmp_path):
+  """audit: a noise_seed 'secret' run restarted without a checkpoint took its saved
+  run key back but kept bins drawn from a fresh one: the same noise over other
+  cohorts, whose difference exposes the clients' sums. The sampler's state now
+  comes with the key."""
+  import os
+  values = {**SMALL, "dp": "bandmf", "sampling": "balls_in_bins", "noise_multiplier": 1.0,
+            "noise_seed": "secret", "checkpoint_every": 0, "eval_every": 1}
+  out = tmp_path / "s"
+  fedjax_dp.run(values, out=str(out), progress=False, log=lambda m: None)
+  rows = lambda: [(r["bytes_up"], r["test_loss"]) for r in
+                  map(json.loads, open(out / "metrics.jsonl"))]
+  first = rows()
+  assert len({b for b, _ in first}) > 1   # the bins are uneven: the bytes tell the cohorts
+  os.remove(out / "summary.json")
+  fedjax_dp.run(values, out=str(out), progress=False, log=lambda m: None, resume=True)
+  assert rows() == first
+
+
+def test_central_dp_is_refused_with_any_sampling_but_its_own():
+  for sampling, b in (("cyclic_poisson", 1), ("min_sep", 1), ("balls_in_bins", None)):
+    with pytest.raises(ConfigError, match=f"'sampling' = '{sampling}' with dp 'central'"):
+      fedjax_dp.make_config({**SMALL, "dp": "central", "noise_multiplier": 1.0,
+                             "sampling": sampling, "min_separation": b})

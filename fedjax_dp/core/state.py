@@ -138,5 +138,11 @@ def init_state(setup: "recipes.RunSetup", recipe: "recipes.Recipe", model: Model
                   cohort_overflow=jnp.int32(0),
                   privacy=initial_state(mechanism, num_clients, setup.clip_norm, params,
                                         privacy),
-                  sampler=(() if sampler_init is None else
-                           sampler_init(jax.random.fold_in(run_key, SAMPLER_INIT))))
+                  sampler=sampler_state(sampler_init, run_key))
+
+
+def sampler_state(sampler_init, run_key: jax.Array):
+  """The cohort sampler's state for run key `run_key` (() without a sampler): a state
+  given another run key must take this with it, or its rounds would repeat their
+  noise under other cohorts."""
+  return () if sampler_init is None else sampler_init(jax.random.fold_in(run_key, SAMPLER_INIT))

@@ -141,7 +141,7 @@ def plan(cfg: Config, model=None) -> dict:
     out["correlated_noise"] = {
         "strategy": privacy.strategy.says, "sensitivity": math.sqrt(privacy.strategy.sensitivity2),
         "min_sep": schedule.min_sep, "max_participations": schedule.max_participations,
-        "noise_std": privacy.strategy.noise_std(privacy.noise_multiplier, cfg.clip_norm),
+        "noise_std": privacy.strategy.noise_std(privacy.update_noise_multiplier, cfg.clip_norm),
         **({} if privacy.strategy.sampled is None else
            {"amplified_q": privacy.strategy.sampled})}
   if mechanism.per_client_ledgers:

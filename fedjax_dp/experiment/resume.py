@@ -16,6 +16,7 @@ import numpy as np
 
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
+from fedjax_dp.core.state import sampler_state
 from fedjax_dp.recipes.privacy import noise_multiplier_for
 from fedjax_dp.experiment import checkpoint as ckpt
 from fedjax_dp.experiment import reporting
@@ -139,7 +140,10 @@ def _restore_secret_key(out: str, sim: Simulation, state):
                      "noise_seed 'secret' a restart would release its rounds again under new "
                      "noise, which no epsilon covers; start a new run") from None
     return state
-  return state._replace(key=sim.replicate(jax.numpy.asarray(key)))
+  key = jax.numpy.asarray(key)
+  # the sampler's state (balls_in_bins' bins, min_sep's table) is drawn from the run key too
+  return state._replace(key=sim.replicate(key), sampler=sim.replicate(
+      sampler_state(sim.sampler and sim.sampler.init, key)))
 
 
 def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> None:

@@ -172,22 +172,22 @@ def _check_participation(cfg: Config) -> None:
     key = "min_separation" if cfg.min_separation is not None else "sampling"
     raise ConfigError(f"config key {key!r} = {getattr(cfg, key)!r}: {e}") from None
   mechanism = mechanisms.get_mechanism(cfg.dp)
-  if mechanism.needs_random_cohorts and schema.min_sep > 1:
+  # (even at min_separation 1, where the law is Poisson's: the rate, the published cohort
+  # sizes and the reports read 'poisson')
+  if mechanism.needs_random_cohorts and cfg.sampling not in ("fixed", "poisson"):
     raise ConfigError(f"config key 'sampling' = {cfg.sampling!r} with dp {cfg.dp!r}: its "
                       "accountant amplifies by a cohort drawn at random from all clients each "
                       "round, which a separated schedule does not give; use dp 'bandmf' "
                       "(mf_bands 1 is independent noise; sampling 'cyclic_poisson' is "
                       "amplified) or sampling 'poisson' or 'fixed'")
-  if schema.min_sep > 1 and flat.kept_noise_of(cfg) is not None:
+  if cfg.sampling not in ("fixed", "poisson") and flat.kept_noise_of(cfg) is not None:
     raise ConfigError(f"config key 'sampling' = {cfg.sampling!r} with kept_noise "
                       f"{cfg.kept_noise!r}: its report's chain amplifies by sampling and "
                       "shuffling a cohort drawn at random from all clients, which a separated "
                       "schedule does not give; use sampling 'poisson' or 'fixed'")
   if mechanism.strategy_for is None:
     return
-  for key, ok, why in (("adaptive_clipping", False, "its count query is not yet charged "
-                        "beside the correlated noise"),
-                       ("clip_parts", ("flat", "per_layer"), "the tiers' noise scales would be "
+  for key, ok, why in (("clip_parts", ("flat", "per_layer"), "the tiers' noise scales would be "
                         "ignored by the strategy's isotropic noise"),
                        ("noise_schedule", "static", "a schedule would scale each round's "
                         "decoded noise, which is no longer the matrix mechanism its "

@@ -12,6 +12,7 @@ config's DP keys).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import numpy as np
@@ -23,6 +24,7 @@ from fedjax_dp.privacy import accounting
 from fedjax_dp.privacy import clip_layout
 from fedjax_dp.privacy import noise_control
 from fedjax_dp.privacy import mechanisms
+from fedjax_dp.privacy.mechanisms import correlated
 from fedjax_dp.privacy.mechanisms.base import SCORE_GRID, CohortSampling, poisson_rate_used
 from fedjax_dp.privacy.setup import Privacy
 from fedjax_dp.recipes import flat
@@ -73,7 +75,20 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
   # per-part bounds with isotropic noise compose to one Gaussian with multiplier z
   z_accounted = accounting.effective_noise_multiplier(
       clip_layout.part_noise_multipliers(layout, z)) if z > 0 else 0.0
-  if cfg.adaptive_clipping and z > 0:
+  strategy, schedule = _strategy(cfg, mechanism)
+  if cfg.adaptive_clipping and z > 0 and strategy is not None:
+    # correlated noise: k_c count queries of std s beside the strategy's Gaussian
+    # (privacy/mechanisms/correlated.py), composed to one Gaussian of multiplier z
+    k_c = correlated.count_queries(strategy, schedule)
+    count_stddev = cfg.clip_count_stddev or max(cfg.clients_per_round / 20.0,
+                                                2.0 * z * math.sqrt(k_c))
+    try:
+      z_update = correlated.update_noise_multiplier(z, count_stddev, k_c)
+    except ValueError as e:
+      raise ConfigError(f"config key 'clip_count_stddev' = {count_stddev:g}: {e}") from None
+    z_accounted = (z_update ** -2 + k_c / count_stddev ** 2) ** -0.5
+    strategy = correlated.with_count_charges(strategy, schedule, cfg.rounds)
+  elif cfg.adaptive_clipping and z > 0:
     # the count query is one more Gaussian on the same record (sensitivity 1/2,
     # multiplier 2 s); the updates' noise is raised so that the pair composes to
     # z_accounted, whatever the parts' weights (tiers: z_accounted = z / sqrt(S))
@@ -87,7 +102,6 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     z_accounted = accounting.effective_noise_multiplier(
         clip_layout.part_noise_multipliers(layout, z_update) + [2.0 * count_stddev])
   event = event_rdp(cfg, z_accounted)
-  strategy, schedule = _strategy(cfg, mechanism)
   table = None
   multipliers = (z_accounted,)
   if mechanism.noises_sum and cfg.noise_schedule != "static" and z > 0:

@@ -13,7 +13,7 @@ import numpy as np
 def correlated_section(cfg, sim, rounds: int) -> dict:
   """summary.json privacy.correlated_noise."""
   strategy, schedule = sim.privacy.strategy, sim.privacy.participation
-  z = sim.noise_multiplier
+  z = sim.privacy.update_noise_multiplier   # the noise applied (adaptive clipping: above z)
   sens = math.sqrt(strategy.sensitivity2)
   errors = ({} if strategy.round_rms is None else {
       "round_noise_rms": z * sens * strategy.round_rms * cfg.clip_norm,
@@ -58,3 +58,17 @@ def correlated_pld(cfg, sim, rounds: int) -> float:
   from fedjax_dp.privacy.planning import pld_epsilon
   return pld_epsilon(*charged_steps(sim.noise_multiplier, sim.privacy.strategy, rounds),
                      cfg.delta)
+
+
+def count_note(sim) -> str:
+  """How adaptive clipping's count query is accounted beside correlated noise
+  (privacy/mechanisms/correlated.count_queries)."""
+  from fedjax_dp.privacy.mechanisms.correlated import count_queries
+  strategy = sim.privacy.strategy
+  k = count_queries(strategy, sim.privacy.participation)
+  per = ("with each participation's column in its subsampled Gaussian" if strategy.sampled
+         else f"{k} of them, one per participation, with the strategy's Gaussian")
+  return ("the noised clipped-count query is accounted: the count's (count_stddev, sensitivity "
+          f"1 under zero-out neighbours) composes, {per}, so that with the updates' noise "
+          "(update_noise_multiplier) it is one Gaussian of accounted_noise_multiplier; the "
+          "ledger's shares also cover the participations begun")

@@ -23,7 +23,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from fedjax_dp.experiment.reports import privacy_log
+from fedjax_dp.experiment.reports import correlated_report, privacy_log
 from fedjax_dp.experiment import releases
 from fedjax_dp.config import Config
 from fedjax_dp.placement.participation import SECRET_DRAWS
@@ -322,17 +322,19 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
         "update_noise_multiplier": sim.privacy.update_noise_multiplier,
         "accounted_noise_multiplier": sim.privacy.accounted_noise_multiplier,
         "final_clip_norm": float(state.privacy.clip_norm),
-        "note": "the noised clipped-count query is accounted: the updates' noise "
-                "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
-                "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"}
+        "note": ("the noised clipped-count query is accounted: the updates' noise "
+                 "(update_noise_multiplier on each clip part) and the count's (count_stddev, "
+                 "sensitivity 1/2) compose to one Gaussian with accounted_noise_multiplier"
+                 if sim.privacy.strategy is None else correlated_report.count_note(sim))}
   # a correlated-noise run is one Gaussian charged in shares: no per-round events
   once = get_mechanism(cfg.dp).charged_once
   if once:
-    from fedjax_dp.experiment.reports.correlated_report import correlated_pld, correlated_section
-    report["correlated_noise"] = correlated_section(cfg, sim, rounds)
+    report["correlated_noise"] = correlated_report.correlated_section(cfg, sim, rounds)
     if cfg.accountant == "pld" and z > 0 and rounds > 0:
-      add_pld(report, lambda: correlated_pld(cfg, sim, rounds),
-              "rdp ledger in the round; final figure by dp-accounting's PLD of the one Gaussian")
+      add_pld(report, lambda: correlated_report.correlated_pld(cfg, sim, rounds),
+              "rdp ledger in the round; final figure by dp-accounting's PLD of " + (
+                  "the participations' subsampled Gaussians" if sim.privacy.strategy.sampled
+                  else "the one Gaussian"))
   events = privacy_log.noise_events(plog) if plog is not None and not once else None
   if events is not None:
     report["noise_events"] = [{"accounted_noise_multiplier": m, "rounds": n}
@@ -352,7 +354,7 @@ def _central_section(report: dict, cfg: Config, sim: Simulation, state, plog, ro
       # each released round's composed multiplier (tiers: less than z), as the ledger charges
       add_pld(report, lambda: pld_epsilon_composed(sampling_rate(cfg), events, cfg.delta),
               "rdp ledger in the round; final figure by dp-accounting's PLD")
-  if cfg.sampling == "poisson" and not once:   # (correlated noise is not amplified)
+  if cfg.sampling == "poisson" and not once:   # (correlated noise: its section says its q)
     report["q_configured"] = cfg.clients_per_round / cfg.num_clients
     report["q_note"] = ("q is the rate the sampler really draws with (float32 "
                         "uniforms on a 2^-23 grid), which the accountant charges")

@@ -122,7 +122,11 @@ def _release(strategy: Strategy, setup, delta, state, plan: Plan, adm, ids, part
       (d + s * w.astype(d.dtype)) / setup.expected_cohort
       for d, s, w in zip(leaves, stds, jax.tree.leaves(noise))])
   ledger = accounting.compose(state.privacy.ledger, plan.event)
-  return delta, CorrelatedState(ledger, state.privacy.clip_norm, stream), jnp.int32(0)
+  if setup.privacy.adaptive:   # the released count moves next round's clip
+    clip_norm = clip_layout.adaptive_clip_norm(
+        clip_norm, unclipped - 0.5 * participants, jax.random.fold_in(key, setup.count_tag),
+        setup.expected_cohort, hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
+  return delta, CorrelatedState(ledger, clip_norm, stream), jnp.int32(0)
 
 
 def _init_state(num_clients: int, clip_norm: float, params, privacy) -> CorrelatedState:
@@ -131,6 +135,39 @@ def _init_state(num_clients: int, clip_norm: float, params, privacy) -> Correlat
   shapes = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, jnp.float32), params)
   return CorrelatedState(accounting.init_ledger(), jnp.float32(clip_norm),
                          privacy.strategy.inverse.init_multiply(shapes))
+
+
+def count_queries(strategy: Strategy, participation) -> int:
+  """k_c: the count queries of adaptive clipping (Andrew et al. 2021) the accountant
+  composes with the strategy's Gaussian, for one client: one per participation
+  (std count_stddev, sensitivity 1 under zero-out: a client's centred bit moves by
+  at most 1); amplified, each rides in its participation's subsampled Gaussian with
+  the strategy's column (the same draw decides both), so 1 there."""
+  return 1 if strategy.sampled is not None else participation.max_participations
+
+
+def update_noise_multiplier(z: float, count_stddev: float, count_queries_: int) -> float:
+  """z_u, the updates' multiplier, so that the strategy's Gaussian and `count_queries_`
+  count queries compose to one Gaussian of multiplier z: 1/z^2 = 1/z_u^2 + k_c/s^2."""
+  rest = z ** -2 - count_queries_ / count_stddev ** 2
+  if rest <= 0:
+    raise ValueError(f"adaptive clipping beside correlated noise needs the count's std > z "
+                     f"sqrt(k) = {z * count_queries_ ** 0.5:g} ({count_queries_} "
+                     f"count quer{'ies' if count_queries_ > 1 else 'y'} of a client composed with "
+                     f"the strategy's Gaussian of multiplier z = {z:g})")
+  return rest ** -0.5
+
+
+def with_count_charges(strategy: Strategy, participation, rounds: int) -> Strategy:
+  """The strategy with charges that also cover adaptive clipping's count queries
+  after every round: the cumulative larger of its own shares and one participation
+  per cycle of min_sep rounds (1 / k as each begins), so that every prefix of the
+  ledger covers both whatever their weights, and the whole run is charged once."""
+  k, b = participation.max_participations, participation.min_sep
+  cycles = charges_from_prefixes(rounds, [min(rounds, (j + 1) * b) for j in range(k)],
+                                 np.arange(1.0, k + 1))
+  covered = np.maximum(np.cumsum(strategy.charges), np.cumsum(cycles))
+  return strategy._replace(charges=np.diff(np.concatenate([[0.0], covered])))
 
 
 def charged_steps(z: float, strategy: Strategy, rounds: int) -> tuple[float, float, int]:
