@@ -76,6 +76,9 @@ def _check_population(cfg: Config, raw: dict[str, Any]) -> None:
         f"({cfg.clients_per_round})")
   if cfg.lr_min > cfg.lr:
     raise ConfigError(f"config key 'lr_min' = {cfg.lr_min}: must be <= lr ({cfg.lr})")
+  if cfg.server_lr_min > cfg.server_lr:
+    raise ConfigError(f"config key 'server_lr_min' = {cfg.server_lr_min}: must be <= server_lr "
+                      f"({cfg.server_lr})")
   if cfg.audit_canaries >= cfg.num_clients:
     raise ConfigError(f"config key 'audit_canaries' = {cfg.audit_canaries}: must be below "
                       f"num_clients ({cfg.num_clients})")

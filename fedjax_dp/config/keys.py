@@ -86,6 +86,12 @@ ALGORITHM_AND_SERVER = section("algorithm and server", [
         choices=("auto", "sgd", "momentum", "adam"), feeds=("server_optimizer:*",)),
     Key("server_lr", 1.0, "server learning rate", above=0, feeds=("server_optimizer:*",),
         data=True),
+    Key("server_lr_schedule", "constant",
+        "the server learning rate by round: constant, or cosine decay over `rounds` to "
+        "server_lr_min (dp bandmf optimises its strategy for that workload)",
+        choices=("constant", "cosine"), feeds=("server_optimizer:*",)),
+    Key("server_lr_min", 0.0, "the server's cosine schedule's final learning rate", at_least=0,
+        limit="<= server_lr", feeds=("server_optimizer:*",), data=True),
     Key("server_momentum", 0.9, "the momentum server optimizer's momentum", at_least=0, below=1,
         feeds=("server_optimizer:*",), data=True),
     Key("server_beta1", 0.9, "the adam server optimizer's beta1", at_least=0, below=1,

@@ -154,7 +154,8 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
   publish other sums under the same cohorts and noise draws, and the noise
   would no longer hide their difference. With the same `rounds` a re-run
   repeats the first release bit for bit."""
-  if (cfg.lr_schedule == "constant" and not calibrating) or (not get_mechanism(cfg.dp).private
+  schedules = cfg.lr_schedule == cfg.server_lr_schedule == "constant"
+  if (schedules and not calibrating) or (not get_mechanism(cfg.dp).private
                                                             and kept_noise_of(cfg) is None):
     return   # nothing changes, or no noise to reuse
   released = _released_round(out)
@@ -166,7 +167,8 @@ def _check_rerun(out: str, cfg: Config, restored: int, calibrating: bool) -> Non
   for seg, seg_end in zip(segments, ends):
     if seg["from_round"] < released and seg_end > restored and seg["rounds"] != cfg.rounds:
       why = ("lr_schedule " + repr(cfg.lr_schedule) if cfg.lr_schedule != "constant"
-             else "the noise calibrated to target_epsilon")
+             else "server_lr_schedule " + repr(cfg.server_lr_schedule)
+             if cfg.server_lr_schedule != "constant" else "the noise calibrated to target_epsilon")
       head = (f"--resume: the run would restart from round {restored} (newer checkpoints are "
               f"unreadable or missing) but rounds up to {released} were already released, "
               f"some with rounds = {seg['rounds']}; re-running them with rounds = {cfg.rounds} "

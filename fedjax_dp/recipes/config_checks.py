@@ -322,6 +322,8 @@ _SETUP_KEYS_READ = {
                          f"noise_schedule 'convergence' {_DP_ON}"),
     "mf_bands": (lambda c: "mf_bands" in mechanisms.get_mechanism(c.dp).reads, "dp 'bandmf'"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
+    "server_lr_min": (lambda c: c.server_lr_schedule == "cosine",
+                      "server_lr_schedule 'cosine'"),
     "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
               "partition 'dirichlet' or 'dirichlet_client'"),
     "classes_per_client": (lambda c: c.partition == "shards", "partition 'shards'"),

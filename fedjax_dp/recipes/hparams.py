@@ -103,6 +103,8 @@ def round_hparams(cfg, privacy, recipe=None) -> dict[str, np.ndarray]:
   if cfg.lr_schedule == "cosine":
     alpha = cfg.lr_min / cfg.lr
     hp.update(lr_alpha=_f32(alpha), lr_span=_f32(1 - alpha))
+  if cfg.server_lr_schedule == "cosine":
+    hp["server_lr_alpha"] = _f32(cfg.server_lr_min / cfg.server_lr)
   if cfg.momentum > 0:
     hp["momentum"] = _f32(cfg.momentum)
   if server_optimizer_name(cfg) == "momentum":

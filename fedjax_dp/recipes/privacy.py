@@ -135,6 +135,12 @@ def _strategy(cfg: Config, mechanism):
   settings = {k: getattr(cfg, k) for k in mechanism.reads}
   settings["server_momentum"] = (cfg.server_momentum if
                                  flat.server_optimizer_name(cfg) == "momentum" else 0.0)
+  # the server's learning rate over the rounds, as the round applies it (1.0: constant)
+  if cfg.server_lr_schedule == "cosine":
+    from fedjax_dp.training.server import cosine_factor
+    settings["server_lr_decay"] = cfg.server_lr_min / cfg.server_lr
+    settings["server_lr_rates"] = cosine_factor(np.arange(cfg.rounds), cfg.rounds,
+                                                settings["server_lr_decay"])
   try:
     return mechanism.strategy_for(settings, schedule, cfg.rounds), schedule
   except ValueError as e:

@@ -51,7 +51,8 @@ RELEASE_NEUTRAL_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "dev
 
 # Keys added after the digest's form was fixed, left out at their default so that
 # every release made before them keeps its run key (its draws, its golden results)
-LATER_KEYS = {"mf_bands": None, "min_separation": None}
+LATER_KEYS = {"mf_bands": None, "min_separation": None, "server_lr_schedule": "constant",
+              "server_lr_min": 0.0}
 
 
 def rounds_shape_the_rounds(cfg: Config) -> bool:
@@ -59,7 +60,7 @@ def rounds_shape_the_rounds(cfg: Config) -> bool:
   the run, a noise multiplier calibrated to reach target_epsilon in `rounds`, or a
   correlated-noise strategy built for `rounds` (its matrix and sensitivity)."""
   mechanism = get_mechanism(cfg.dp)
-  return cfg.lr_schedule != "constant" or (mechanism.private and cfg.noise_multiplier is None) \
+  return cfg.lr_schedule != "constant" or cfg.server_lr_schedule != "constant" or (mechanism.private and cfg.noise_multiplier is None) \
       or mechanism.strategy_for is not None
 
 

@@ -36,6 +36,7 @@ class LocalTraining(NamedTuple):
   rounds: int
   momentum: float              # the client optimizer's momentum (0: none); the round reads
                                # it as data, SCAFFOLD's control-variate step as structure
+  server_lr_schedule: str = "constant"   # the server's: 'constant' | 'cosine' (over `rounds`)
 
 
 class Execution(NamedTuple):
@@ -76,7 +77,7 @@ def run_setup(cfg: Config) -> RunSetup:
       Population(cfg.num_clients, cfg.clients_per_round, cfg.sampling, cfg.max_cohort,
                  cfg.min_separation),
       LocalTraining(cfg.local_epochs, cfg.batch_size, cfg.lr_schedule, cfg.rounds,
-                    cfg.momentum),
+                    cfg.momentum, cfg.server_lr_schedule),
       Execution(cfg.devices, cfg.client_parallelism, cfg.client_batch, cfg.matmul_precision,
                 cfg.client_state_store, cfg.client_state_dtype, cfg.client_state_dir),
       Adversary(cfg.byzantine_fraction, cfg.byzantine_attack, cfg.byzantine_scale,

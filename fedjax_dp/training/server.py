@@ -3,9 +3,21 @@
   sgd:      w <- w - server_lr * g                      (server_lr = 1 is plain FedAvg)
   momentum: v <- server_momentum * v + g;  w <- w - server_lr * v   (FedAvgM)
   adam:     Adam(server_lr, beta1, beta2, eps) on g                 (FedAdam)
+
+server_lr_schedule 'cosine' multiplies server_lr in round t by cosine_factor(t):
+from 1 down to alpha = server_lr_min / server_lr over `rounds` (never 0 before the
+end); the round computes it in jax, a correlated-noise strategy's workload in numpy.
 """
 
+import numpy as np
 import optax
+
+
+def cosine_factor(t, rounds: int, alpha, xp=np):
+  """The server learning rate of round t (0-based) over server_lr: alpha + (1 -
+  alpha) (1 + cos(pi t / rounds)) / 2; `xp` numpy or jax.numpy."""
+  count = xp.minimum(t, rounds).astype(xp.float32 if xp is not np else np.float64)
+  return alpha + (1.0 - alpha) * 0.5 * (1.0 + xp.cos(xp.pi * count / rounds))
 
 
 def make_optimizer(name: str, lr, momentum=0.9, b1: float = 0.9, b2: float = 0.99,

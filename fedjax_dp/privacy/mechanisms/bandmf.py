@@ -38,7 +38,9 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
   # bands above min_sep: the config's checks refuse them, jax-privacy's sensitivity too
   bands = bands_for(settings.get("mf_bands"), participation, rounds)
   momentum = float(settings.get("server_momentum") or 0.0)
-  params = strategy_cache.bandmf_params(rounds, bands, momentum)
+  decay = settings.get("server_lr_decay")   # cosine to this fraction of server_lr, or None
+  params = strategy_cache.bandmf_params(rounds, bands, momentum, lr_decay=decay,
+                                        rates=settings.get("server_lr_rates"))
   strategy = banded.ColumnNormalizedBanded(params=params)
   k, b = participation.max_participations, participation.min_sep
   sampled = correlated.amplified(participation)
@@ -57,8 +59,10 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
   return correlated.Strategy(
       "bandmf", inverse, sens2[-1], charges,
       f"BandMF, {bands} band{'s' * (bands > 1)} optimised for {rounds} rounds"
-      f"{f' and server momentum {momentum:g}' if momentum else ''} (mean error of the "
-      f"{'momentum SGD' if momentum else 'prefix-sum'} workload)"
+      f"{f' and server momentum {momentum:g}' if momentum else ''}"
+      f"{f' and a cosine server learning rate to {decay:g} of server_lr' if decay is not None else ''}"
+      f" (mean error of the {'momentum SGD' if momentum or decay is not None else 'prefix-sum'} "
+      "workload)"
       + (f", amplified by cyclic Poisson sampling (q = {sampled[0]:.6g} in a client's "
          f"group's rounds, {k} cycles)" if sampled else ""),
       *correlated.error_factors(inverse, rounds), sampled=sampled and sampled[0])

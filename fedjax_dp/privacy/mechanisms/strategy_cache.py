@@ -56,21 +56,28 @@ def cached(kind: str, params: dict, compute) -> dict[str, np.ndarray]:
   return arrays
 
 
-def bandmf_params(rounds: int, bands: int, momentum: float, steps: int = 100) -> np.ndarray:
+def bandmf_params(rounds: int, bands: int, momentum: float, steps: int = 100,
+                  lr_decay: float | None = None, rates=None) -> np.ndarray:
   """float32 [rounds, bands]: jax-privacy's BandMF strategy for `rounds` rounds,
-  optimised for the mean squared error of the prefix sums under momentum SGD's
-  workload (plain prefix sums at momentum 0), from its default start."""
+  optimised for the mean squared error of the model's noise under momentum SGD's
+  workload with the server's learning rates `rates` [rounds] (over server_lr: a
+  cosine from 1 to `lr_decay`, training/server.cosine_factor, named by lr_decay in
+  the cache; plain prefix sums at momentum 0 and a constant rate), from its default
+  start."""
   def compute():
     import jax.numpy as jnp
     from jax_privacy.matrix_factorization import banded, streaming_matrix
-    workload = (streaming_matrix.momentum_sgd_matrix(momentum) if momentum else
-                streaming_matrix.prefix_sum())
+    lrs = None if lr_decay is None else jnp.asarray(rates, jnp.float32)
+    workload = (streaming_matrix.momentum_sgd_matrix(momentum, learning_rates=lrs)
+                if momentum or lrs is not None else streaming_matrix.prefix_sum())
     if bands == 1:   # one band: nothing to optimise (independent noise)
       return {"params": np.ones((rounds, 1), np.float32)}
     c = banded.optimize(rounds, bands=bands, A=workload, max_optimizer_steps=steps)
     return {"params": np.asarray(jnp.asarray(c.params), np.float32)}
-  return cached("bandmf", {"rounds": rounds, "bands": bands, "momentum": momentum,
-                           "steps": steps}, compute)["params"]
+  params = {"rounds": rounds, "bands": bands, "momentum": momentum, "steps": steps}
+  if lr_decay is not None:   # (absent for a constant rate: the cache's earlier entries hold)
+    params["lr_decay"] = lr_decay
+  return cached("bandmf", params, compute)["params"]
 
 
 def blt_params(rounds: int, min_sep: int, max_participations: int,
