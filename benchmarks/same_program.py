@@ -44,6 +44,9 @@ CONFIGS = {
     "kept_noise_multiplier": {"algorithm": "topksdp", "s_local": 0.9, "final_clip_l2": 0.5,
                               "index_selection": "random_k", "kept_noise": "multiplier",
                               "kept_noise_multiplier": 2.0},
+    # correlated noise (issue 42): the tree and BandMF on a cyclic schedule
+    "tree_cyclic": {"dp": "tree", "sampling": "cyclic", "noise_multiplier": 1.0},
+    "bandmf_cyclic": {"dp": "bandmf", "sampling": "cyclic", "noise_multiplier": 1.0},
 }
 BASE = {"dataset": "digits", "num_clients": 20, "clients_per_round": 10, "hidden": [32],
         "rounds": 4, "devices": 1}

@@ -80,10 +80,11 @@ def make_sampler(*, resident: bool, schema: participation.Participation, capacit
         sample_cohort(key, s.num_clients, s.clients_per_round, s.sampling, capacity),
         client_count, n_dev, slots))
   if s.sampling in ("cyclic", "cyclic_poisson"):
-    groups = jnp.asarray(participation.cyclic_groups(s.num_clients, s.min_sep, data_seed))
+    groups = participation.cyclic_groups(s.num_clients, s.min_sep, data_seed)
     q = 1.0 if s.sampling == "cyclic" else s.sampling_prob
     return _stateless(lambda key, client_count, r: _dealt(
-        _within(key, groups[r % s.min_sep], q, capacity), client_count, n_dev, slots))
+        _within(key, jnp.asarray(groups)[r % s.min_sep], q, capacity), client_count, n_dev,
+        slots))
   if s.sampling == "balls_in_bins":
     def init(key):
       return jax.random.randint(key, (s.num_clients,), 0, s.min_sep, jnp.int32)
@@ -120,6 +121,8 @@ def _members(joined: jax.Array, capacity: int, ids: jax.Array | None = None) -> 
 
 def _within(key, group: jax.Array, q: float, capacity: int) -> Cohort:
   """Each client of `group` [size] with probability q (1: all of them)."""
+  if q >= 1.0 and capacity == group.shape[0]:   # (sampling 'cyclic')
+    return Cohort(group, jnp.ones_like(group, bool), jnp.int32(0))
   if q >= 1.0:
     pad = capacity - group.shape[0]
     return Cohort(jnp.pad(group, (0, pad)), jnp.arange(capacity) < group.shape[0],

@@ -122,11 +122,12 @@ def _release(strategy: Strategy, setup, delta, state, plan: Plan, adm, ids, part
       (d + s * w.astype(d.dtype)) / setup.expected_cohort
       for d, s, w in zip(leaves, stds, jax.tree.leaves(noise))])
   ledger = accounting.compose(state.privacy.ledger, plan.event)
+  next_clip = state.privacy.clip_norm
   if setup.privacy.adaptive:   # the released count moves next round's clip
-    clip_norm = clip_layout.adaptive_clip_norm(
+    next_clip = clip_layout.adaptive_clip_norm(
         clip_norm, unclipped - 0.5 * participants, jax.random.fold_in(key, setup.count_tag),
         setup.expected_cohort, hp["target_quantile"], hp["clip_lr"], hp["count_stddev"])
-  return delta, CorrelatedState(ledger, clip_norm, stream), jnp.int32(0)
+  return delta, CorrelatedState(ledger, next_clip, stream), jnp.int32(0)
 
 
 def _init_state(num_clients: int, clip_norm: float, params, privacy) -> CorrelatedState:
