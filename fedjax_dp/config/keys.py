@@ -258,14 +258,15 @@ DIFFERENTIAL_PRIVACY = section("differential privacy", [
     Key("tier_noise_multipliers", (2.0, 1.0, 0.5, 0.25, 0.1),
         "noise factors of high, medium, low, public, metadata", feeds=("privacy:*",), data=True),
     Key("adaptive_clipping", False,
-        "move clip_norm towards a quantile of the update norms (central DP)",
+        "move clip_norm towards a quantile of the update norms (central DP; tree, bandmf, blt)",
         feeds=("adaptive_clip:*",)),
     Key("target_quantile", 0.5, "the quantile of update norms aimed at", at_least=0, at_most=1,
         feeds=("adaptive_clip:*",), data=True),
     Key("clip_lr", 0.2, "the geometric step of the clip norm", above=0, feeds=("adaptive_clip:*",),
         data=True),
     Key("clip_count_stddev", None,
-        "std of the unclipped count's noise; null: m/20, raised for small cohorts",
+        "std of the unclipped count's noise; null: m/20, raised for small cohorts (tree, "
+        "bandmf, blt: to z sqrt(k) for a client's k participations)",
         above=0, nullable=float, feeds=("adaptive_clip:*",), data=True),
     Key("audit_canaries", 0,
         "clients whose upload is a fixed random direction of norm clip_norm, for an empirical "

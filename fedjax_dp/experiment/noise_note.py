@@ -42,9 +42,14 @@ def reported_ratio(cfg, privacy: dict) -> float | None:
   return mean_update_ratio(cfg, privacy.get("noise_multiplier"))
 
 
-def lines(cfg, noise_multiplier: float | None, calibrated: bool, strategy=None) -> list[str]:
-  """The run's noise line, and its warning where the noise swamps the clip."""
-  ratio = mean_update_ratio(cfg, noise_multiplier, strategy)
+def lines(cfg, noise_multiplier: float | None, calibrated: bool, strategy=None,
+          update_noise: float | None = None, count_stddev: float = 0.0) -> list[str]:
+  """The run's noise line, and its warnings where the noise swamps the clip or, beside
+  correlated noise, adaptive clipping's count (`count_stddev`). `update_noise`: the
+  multiplier on the updates where adaptive clipping raised it above z (correlated
+  noise: the report's round_noise_rms is at it, noise_note.reported_ratio)."""
+  applied = update_noise if strategy is not None and update_noise else noise_multiplier
+  ratio = mean_update_ratio(cfg, applied, strategy)
   if ratio is None:
     return []
   where = (f"calibrated to target_epsilon {cfg.target_epsilon:g} over {cfg.rounds} rounds, "
@@ -59,4 +64,13 @@ def lines(cfg, noise_multiplier: float | None, calibrated: bool, strategy=None) 
     out.append(f"warning: the noise on the mean update (std {ratio:.3g} x clip_norm) is larger "
                "than the clipped updates themselves and will likely swamp them: more clients "
                "per round, a larger target_epsilon or fewer rounds lower it")
+  if strategy is not None and count_stddev > COUNT_WANDERS * cfg.clients_per_round:
+    out.append(f"warning: adaptive clipping's count noise (std {count_stddev:.3g}, "
+               f"{count_stddev / cfg.clients_per_round:.2f} of the cohort) grows with a "
+               "client's participations beside correlated noise: the clip norm will wander "
+               "more than it follows the target quantile; a separated sampling (fewer "
+               "participations) or a fixed clip_norm avoids it")
   return out
+
+
+COUNT_WANDERS = 0.25  # the count's noise std over the cohort above which the clip wanders

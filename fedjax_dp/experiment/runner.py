@@ -204,8 +204,8 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
   d = num_params(jax.tree.leaves(sim.init_state().params))
   log(header.line(cfg, sim.model.name, d, int(sim.mesh.devices.size),
                   sim.mesh.devices.flat[0].platform, start))
-  for line in noise_note.lines(cfg, sim.noise_multiplier, calibrating,
-                               sim.privacy.strategy):
+  for line in noise_note.lines(cfg, sim.noise_multiplier, calibrating, sim.privacy.strategy,
+                               sim.privacy.update_noise_multiplier, sim.privacy.count_stddev):
     log(line)
   return RunContext(cfg=cfg, out=out, sim=sim, ds=ds, parts=parts, task=task, log=log,
                     state=state, start=start, last=last, plog=plog, calibration=calibration,

@@ -77,16 +77,17 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
       clip_layout.part_noise_multipliers(layout, z)) if z > 0 else 0.0
   strategy, schedule = _strategy(cfg, mechanism)
   if cfg.adaptive_clipping and z > 0 and strategy is not None:
-    # correlated noise: k_c count queries of std s beside the strategy's Gaussian
-    # (privacy/mechanisms/correlated.py), composed to one Gaussian of multiplier z
+    # correlated noise: k_c count queries of std s (sensitivity 1/2) beside the
+    # strategy's Gaussian (privacy/mechanisms/correlated.py), composed to one Gaussian
+    # of multiplier z; the default s keeps z_u within 1.155 z, as central DP's
     k_c = correlated.count_queries(strategy, schedule)
     count_stddev = cfg.clip_count_stddev or max(cfg.clients_per_round / 20.0,
-                                                2.0 * z * math.sqrt(k_c))
+                                                z * math.sqrt(k_c))
     try:
       z_update = correlated.update_noise_multiplier(z, count_stddev, k_c)
     except ValueError as e:
       raise ConfigError(f"config key 'clip_count_stddev' = {count_stddev:g}: {e}") from None
-    z_accounted = (z_update ** -2 + k_c / count_stddev ** 2) ** -0.5
+    z_accounted = (z_update ** -2 + k_c / (2.0 * count_stddev) ** 2) ** -0.5
     strategy = correlated.with_count_charges(strategy, schedule, cfg.rounds)
   elif cfg.adaptive_clipping and z > 0:
     # the count query is one more Gaussian on the same record (sensitivity 1/2,

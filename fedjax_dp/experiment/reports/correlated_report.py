@@ -30,8 +30,12 @@ def correlated_section(cfg, sim, rounds: int) -> dict:
                                     "(placement/participation.py), not a key of its own"},
           "sensitivity": sens,
           "noise_std": z * sens * cfg.clip_norm,
-          "noise_std_is": "the std of the strategy's noise rows Z: z sensitivity clip_norm; "
-                          "round t adds (C^-1 Z)_t to the clipped sum",
+          "noise_std_is": ("the std of the strategy's noise rows Z: z sensitivity clip_norm; "
+                           "round t adds (C^-1 Z)_t to the clipped sum" + (
+                               "; with adaptive clipping z is the updates' multiplier "
+                               "(update_noise_multiplier) and these figures are at the initial "
+                               "clip_norm: round t's scale with its own clip norm"
+                               if cfg.adaptive_clipping else "")),
           **errors,
           "charged_share": float(np.sum(strategy.charges[:rounds])),
           "accounting": _accounting(strategy, schedule)}
@@ -69,6 +73,7 @@ def count_note(sim) -> str:
   per = ("with each participation's column in its subsampled Gaussian" if strategy.sampled
          else f"{k} of them, one per participation, with the strategy's Gaussian")
   return ("the noised clipped-count query is accounted: the count's (count_stddev, sensitivity "
-          f"1 under zero-out neighbours) composes, {per}, so that with the updates' noise "
+          f"1/2: zero-out neighbours zero a client's centred bit too) composes, {per}, so that "
+          "with the updates' noise "
           "(update_noise_multiplier) it is one Gaussian of accounted_noise_multiplier; the "
           "ledger's shares also cover the participations begun")

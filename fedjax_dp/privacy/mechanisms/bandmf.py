@@ -61,11 +61,18 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
       f"BandMF, {bands} band{'s' * (bands > 1)} optimised for {rounds} rounds"
       f"{f' and server momentum {momentum:g}' if momentum else ''}"
       f"{f' and a cosine server learning rate to {decay:g} of server_lr' if decay is not None else ''}"
-      f" (mean error of the {'momentum SGD' if momentum or decay is not None else 'prefix-sum'} "
-      "workload)"
+      f" (mean error of the {_workload(momentum, decay)} workload)"
       + (f", amplified by cyclic Poisson sampling (q = {sampled[0]:.6g} in a client's "
          f"group's rounds, {k} cycles)" if sampled else ""),
       *correlated.error_factors(inverse, rounds), sampled=sampled and sampled[0])
+
+
+def _workload(momentum: float, decay: float | None) -> str:
+  """The name of the workload the strategy is optimised for (the server optimizer's
+  linear part: Adam's is not linear, so under it this is SGD's)."""
+  if momentum:
+    return "momentum SGD"
+  return "prefix-sum" if decay is None else "decaying-rate SGD"
 
 
 def _inverse(params: np.ndarray):

@@ -141,19 +141,22 @@ def _init_state(num_clients: int, clip_norm: float, params, privacy) -> Correlat
 def count_queries(strategy: Strategy, participation) -> int:
   """k_c: the count queries of adaptive clipping (Andrew et al. 2021) the accountant
   composes with the strategy's Gaussian, for one client: one per participation
-  (std count_stddev, sensitivity 1 under zero-out: a client's centred bit moves by
-  at most 1); amplified, each rides in its participation's subsampled Gaussian with
-  the strategy's column (the same draw decides both), so 1 there."""
+  (std count_stddev; zero-out neighbours zero a client's contribution to every query,
+  its centred bit b - 1/2 included, so the count's sensitivity is 1/2, multiplier 2
+  s, as central DP's under add/remove); amplified, each rides in its participation's
+  subsampled Gaussian with the strategy's column (the same draw decides both), so 1
+  there."""
   return 1 if strategy.sampled is not None else participation.max_participations
 
 
 def update_noise_multiplier(z: float, count_stddev: float, count_queries_: int) -> float:
   """z_u, the updates' multiplier, so that the strategy's Gaussian and `count_queries_`
-  count queries compose to one Gaussian of multiplier z: 1/z^2 = 1/z_u^2 + k_c/s^2."""
-  rest = z ** -2 - count_queries_ / count_stddev ** 2
+  count queries (multiplier 2 s each) compose to one Gaussian of multiplier z:
+  1/z^2 = 1/z_u^2 + k_c/(2 s)^2."""
+  rest = z ** -2 - count_queries_ / (2.0 * count_stddev) ** 2
   if rest <= 0:
     raise ValueError(f"adaptive clipping beside correlated noise needs the count's std > z "
-                     f"sqrt(k) = {z * count_queries_ ** 0.5:g} ({count_queries_} "
+                     f"sqrt(k) / 2 = {z * count_queries_ ** 0.5 / 2:g} ({count_queries_} "
                      f"count quer{'ies' if count_queries_ > 1 else 'y'} of a client composed with "
                      f"the strategy's Gaussian of multiplier z = {z:g})")
   return rest ** -0.5
