@@ -5,7 +5,10 @@ follows (root mean square per coordinate, over the expected cohort; DP-FedAvg's
 independent noise: z C / m a round, z C sqrt((rounds + 1) / 2) / m for the prefix
 sums).
 
-  python experiments/correlated/table.py runs/correlated-fmnist
+  python experiments/correlated/table.py runs/correlated-fmnist [--plot curves.png]
+
+--plot also draws the accuracy curves (the sweep's results.csv, mean over seeds), one
+panel per epsilon, one line per mechanism.
 """
 
 from __future__ import annotations
@@ -70,5 +73,40 @@ def table(folder: str) -> str:
   return "\n".join(lines)
 
 
+def curves(folder: str, path: str) -> None:
+  """The test accuracy by round, mean over seeds: a panel per epsilon."""
+  import csv
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  labels = {cfg_name: label(cfg) for cfg_name, cfg in _configs(folder)}
+  acc = defaultdict(list)
+  with open(os.path.join(folder, "results.csv")) as f:
+    for row in csv.DictReader(f):
+      key = (labels[row["cell"]], float(row["target_epsilon"]), int(row["round"]))
+      acc[key].append(float(row["test_accuracy"]))
+  epsilons = sorted({e for _, e, _ in acc})
+  names = sorted({n for n, _, _ in acc}, key=lambda n: (not n.startswith("DP-FedAvg"), n))
+  fig, axes = plt.subplots(1, len(epsilons), figsize=(4 * len(epsilons), 3.6), sharey=True)
+  for ax, eps in zip(np.atleast_1d(axes), epsilons):
+    for n in names:
+      rounds = sorted(r for m, e, r in acc if m == n and e == eps)
+      ax.plot(rounds, [100 * np.mean(acc[n, eps, r]) for r in rounds], label=n)
+    ax.set(title=f"epsilon {eps:g}", xlabel="round")
+  np.atleast_1d(axes)[0].set_ylabel("test accuracy (%)")
+  np.atleast_1d(axes)[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+
+
+def _configs(folder: str):
+  for name in sorted(os.listdir(os.path.join(folder, "cells"))):
+    yield name, json.load(open(os.path.join(folder, "cells", name, "config.json")))
+
+
 if __name__ == "__main__":
-  print(table(sys.argv[1] if len(sys.argv) > 1 else "runs/correlated-fmnist"))
+  args = sys.argv[1:]
+  folder = args[0] if args and not args[0].startswith("--") else "runs/correlated-fmnist"
+  print(table(folder))
+  if "--plot" in args:
+    curves(folder, args[args.index("--plot") + 1])

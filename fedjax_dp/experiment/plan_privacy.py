@@ -144,6 +144,9 @@ def plan(cfg: Config, model=None) -> dict:
         "noise_std": privacy.strategy.noise_std(privacy.update_noise_multiplier, cfg.clip_norm),
         **({} if privacy.strategy.sampled is None else
            {"amplified_q": privacy.strategy.sampled})}
+  if privacy.adaptive and privacy.count_stddev:
+    out["adaptive_clipping"] = {"count_stddev": privacy.count_stddev,
+                                "update_noise_multiplier": privacy.update_noise_multiplier}
   if mechanism.per_client_ledgers:
     out["epsilon_is"] = "a client's that takes part in every round"
     out["expected_participations"] = cfg.rounds * cfg.clients_per_round / cfg.num_clients
@@ -199,6 +202,10 @@ def format_plan(res: dict) -> str:
     lines.append(f"{c['strategy']}: sensitivity {c['sensitivity']:.4g}{per} over at most "
                  f"{c['max_participations']} participations {c['min_sep']} rounds apart, noise "
                  f"std {c['noise_std']:.4g}; {how}")
+  if "adaptive_clipping" in res:
+    a = res["adaptive_clipping"]
+    lines.append(f"adaptive clipping: the count's noise std {a['count_stddev']:.4g} and the "
+                 f"updates' multiplier {a['update_noise_multiplier']:.6g} compose to {z_acc:.6g}")
   if res["rounds_charged"] < res["rounds"]:
     who = "a client in every round" if "epsilon_is" in res else "the run"
     lines.append(f"target_epsilon {res['target_epsilon']:g} stops {who} after "
