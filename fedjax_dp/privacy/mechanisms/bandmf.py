@@ -60,8 +60,9 @@ def strategy_for(settings: dict, participation, rounds: int) -> correlated.Strat
       "bandmf", inverse, sens2[-1], charges,
       f"BandMF, {bands} band{'s' * (bands > 1)} optimised for {rounds} rounds"
       f"{f' and server momentum {momentum:g}' if momentum else ''}"
-      f"{f' and a cosine server learning rate to {decay:g} of server_lr' if decay is not None else ''}"
-      f" (mean error of the {_workload(momentum, decay)} workload)"
+      + (f" and a cosine server learning rate to {decay:g} of server_lr" if decay is not None
+         else "")
+      + f" (mean error of the {_workload(momentum, decay)} workload)"
       + (f", amplified by cyclic Poisson sampling (q = {sampled[0]:.6g} in a client's "
          f"group's rounds, {k} cycles)" if sampled else ""),
       *correlated.error_factors(inverse, rounds), sampled=sampled and sampled[0])

@@ -216,12 +216,14 @@ def event_rdp_with(amplifies: bool) -> Callable:
 def describe_with(what: str, amplifies: bool) -> Callable:
   def describe(cohort) -> dict[str, str]:
     if amplifies and amplified(cohort) is not None:
-      neighbouring = ("zero-out one client (its clipped updates replaced by zero; its group is "
+      neighbouring = ("zero-out one client (its contributions, clipped updates and adaptive "
+                      "clipping's centred count bits, replaced by zero; its group is "
                       "public, whether it is drawn in its group's rounds is not): sensitivity "
                       "clip_norm per participation, through one column of the strategy")
       how = "amplified by the Poisson draw inside each group's rounds"
     else:
-      neighbouring = ("zero-out one client (its clipped updates replaced by zero; the "
+      neighbouring = ("zero-out one client (its contributions, clipped updates and adaptive "
+                      "clipping's centred count bits, replaced by zero; the "
                       "participation schedule is public): sensitivity clip_norm per "
                       "participation, summed through the strategy")
       how = "with no amplification by sampling"
