@@ -20,11 +20,11 @@ from fedjax_dp import algorithms
 from fedjax_dp import recipes
 from fedjax_dp import stage as stage_lib
 from fedjax_dp.core.client_phase import ClientStages, client_hparams, client_phase
-from fedjax_dp.core.schedules import server_lr_factor
 from fedjax_dp.core.state import COHORT_SAMPLING, DOWNLINK, RoundStats, SimState
 from fedjax_dp.placement.store import FederatedStore
 from fedjax_dp.privacy import dp_round
 from fedjax_dp.training import server_stages as server_stages_lib
+from fedjax_dp.training.server import cosine_factor
 
 
 def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
@@ -84,8 +84,7 @@ def make_round(setup: recipes.RunSetup, recipe: recipes.Recipe, mesh: Mesh,
     delta, server_state, server_metrics = server_stages.update(delta, server_state, ctx)
     stats = stats._replace(metrics=stage_lib.merge_metrics(stats.metrics, server_metrics))
     server_lr = hp["server_lr"] if training.server_lr_schedule == "constant" else (
-        hp["server_lr"] * server_lr_factor(hp, state.round, training.server_lr_schedule,
-                                           training.rounds))
+        hp["server_lr"] * cosine_factor(state.round, training.rounds, hp["server_lr_alpha"], jnp))
     params, opt_state = _server_step(server_optimizer(server_lr, hp.get("server_momentum")),
                                      delta, state.params, state.server_opt_state,
                                      frozen=objective.solo, keep=keep_if(adm, stats))

@@ -1,5 +1,5 @@
-"""The learning rates by round: the clients' (constant, or cosine decay to lr_min) and
-the server's (constant, or cosine decay to server_lr_min)."""
+"""The clients' learning rate by round: constant, or cosine decay to lr_min (the
+server's: training/server.cosine_factor)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import optax
-
-from fedjax_dp.training.server import cosine_factor
 
 
 
@@ -30,11 +28,3 @@ def round_learning_rate(hp: dict, round_index: jax.Array, schedule: str, rounds:
   count = jnp.minimum(round_index, float(rounds))
   cosine = 0.5 * (1 + jnp.cos(jnp.pi * count / float(rounds)))
   return hp["lr"] * (hp["lr_span"] * cosine ** 1.0 + hp["lr_alpha"])
-
-
-
-def server_lr_factor(hp: dict, round_index: jax.Array, schedule: str, rounds: int):
-  """This round's server learning rate over server_lr (training/server.cosine_factor)."""
-  if schedule == "constant":
-    return jnp.float32(1.0)
-  return cosine_factor(round_index, rounds, hp["server_lr_alpha"], jnp)

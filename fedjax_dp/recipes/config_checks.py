@@ -195,12 +195,11 @@ def _check_participation(cfg: Config) -> None:
     value = getattr(cfg, key)
     if value != ok and not (isinstance(ok, tuple) and value in ok):
       raise ConfigError(f"config key {key!r} = {value!r} with dp {cfg.dp!r}: {why}")
-  schedule = schema
-  if cfg.mf_bands is not None and cfg.mf_bands > min(schedule.min_sep, cfg.rounds):
+  if cfg.mf_bands is not None and cfg.mf_bands > min(schema.min_sep, cfg.rounds):
     raise ConfigError(
         f"config key 'mf_bands' = {cfg.mf_bands} with dp {cfg.dp!r}: at most the rounds "
         f"({cfg.rounds}) and the sampler's separation of a client's rounds, min_sep = "
-        f"{schedule.min_sep} (sampling {cfg.sampling!r}; 'cyclic' separates them by "
+        f"{schema.min_sep} (sampling {cfg.sampling!r}; 'cyclic' separates them by "
         "num_clients / clients_per_round)")
 
 

@@ -81,8 +81,7 @@ def make_privacy(cfg: Config, model: Model, feature_tiers=None,
     # strategy's Gaussian (privacy/mechanisms/correlated.py), composed to one Gaussian
     # of multiplier z; the default s keeps z_u within 1.155 z, as central DP's
     k_c = correlated.count_queries(strategy, schedule)
-    count_stddev = cfg.clip_count_stddev or max(cfg.clients_per_round / 20.0,
-                                                z * math.sqrt(k_c))
+    count_stddev = clip_count_stddev(cfg, z * math.sqrt(k_c))
     try:
       z_update = correlated.update_noise_multiplier(z, count_stddev, k_c)
     except ValueError as e:
@@ -151,8 +150,9 @@ def _strategy(cfg: Config, mechanism):
 def clip_count_stddev(cfg: Config, accounted_multiplier: float) -> float:
   """Std of the noise on the clipped count. Default: Andrew et al.'s m / 20, raised
   to the accounted noise multiplier where that is larger (small cohorts, or tiers
-  whose composed multiplier is above z), so that the updates' noise grows by at
-  most (1 - 1/4)^(-1/2) = 1.155x."""
+  whose composed multiplier is above z; correlated noise passes z sqrt(k) for a
+  client's k count queries), so that the updates' noise grows by at most
+  (1 - 1/4)^(-1/2) = 1.155x."""
   if cfg.clip_count_stddev is not None:
     return cfg.clip_count_stddev
   return max(cfg.clients_per_round / 20.0, accounted_multiplier)

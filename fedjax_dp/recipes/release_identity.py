@@ -60,8 +60,9 @@ def rounds_shape_the_rounds(cfg: Config) -> bool:
   the run, a noise multiplier calibrated to reach target_epsilon in `rounds`, or a
   correlated-noise strategy built for `rounds` (its matrix and sensitivity)."""
   mechanism = get_mechanism(cfg.dp)
-  return cfg.lr_schedule != "constant" or cfg.server_lr_schedule != "constant" or (mechanism.private and cfg.noise_multiplier is None) \
-      or mechanism.strategy_for is not None
+  return (cfg.lr_schedule != "constant" or cfg.server_lr_schedule != "constant"
+          or (mechanism.private and cfg.noise_multiplier is None)
+          or mechanism.strategy_for is not None)
 
 
 def settings_digest(cfg: Config) -> str:

@@ -60,8 +60,8 @@ def correlated_pld(cfg, sim, rounds: int) -> float:
   privacy/mechanisms/correlated.charged_steps)."""
   from fedjax_dp.privacy.mechanisms.correlated import charged_steps
   from fedjax_dp.privacy.planning import pld_epsilon
-  return pld_epsilon(*charged_steps(sim.noise_multiplier, sim.privacy.strategy, rounds),
-                     cfg.delta)
+  return pld_epsilon(*charged_steps(sim.privacy.accounted_noise_multiplier,
+                                    sim.privacy.strategy, rounds), cfg.delta)
 
 
 def count_note(sim) -> str:
