@@ -59,7 +59,8 @@ def test_one_step_equals_map_path(devices, client_batch):
     (dict(algorithm="fedprox", prox_mu=0.1), "the local terms fedprox change the step"),
     (dict(algorithm="scaffold"), "the local terms scaffold change the step"),
     (dict(s_local=0.5), "an upload stage"),
-    (dict(dp="central", noise_multiplier=1.0), "a stage reads each upload"),
+    (dict(dp="local", noise_multiplier=1.0, local_noise_draw="client"),
+     "a stage reads each upload"),
     (dict(aggregator="median"), "a stage reads each upload"),
     (dict(byzantine_fraction=0.2), "a stage reads each upload"),
 ])

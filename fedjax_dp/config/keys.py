@@ -251,6 +251,11 @@ DIFFERENTIAL_PRIVACY = section("differential privacy", [
         above=0, below=1, limit="< 1 / num_clients under dp", feeds=("privacy:*",), data=True),
     Key("accountant", "rdp", "rdp; pld adds dp-accounting's tighter PLD figure",
         choices=("rdp", "pld"), feeds=("privacy:*",)),
+    Key("local_noise_draw", "auto",
+        "dp local: each client draws its report's noise, or the cohort's sum of them is drawn "
+        "at once (aggregate: the same distribution, other bits; only where nothing reads a "
+        "single report); auto: aggregate where it can",
+        choices=("auto", "client", "aggregate")),
     Key("clip_parts", "flat", "clip the update whole, per layer, or per sensitivity tier",
         choices=("flat", "per_layer", "tiers"), feeds=("privacy:*",)),
     Key("rest_tier", "medium", "tier of the parameters outside the first layer's rows",

@@ -76,8 +76,11 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
   paged = ex.client_state_store != "device"
   if paged:
     _check_paging(ex.client_state_store, per_client_state, resident_state)
+  summed = _summed_reports(dp, stacks_uploads, ex.local_noise_draw)
+  # one step clips from the clients' gradient norms; a report's own noise draw needs the loop
   width = _one_step_width(setup, recipe, store, per_client_state,
-                          stacks_uploads or dp.client is not None, recipe.shuffle is not None)
+                          stacks_uploads or (dp.report_noise is not None and not summed),
+                          recipe.shuffle is not None)
   executor = plan_executor(
       mesh, parallelism=ex.client_parallelism, client_batch=ex.client_batch, slots=slots,
       num_clients=pop.num_clients, full_participation=full_participation,
@@ -87,7 +90,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
   stages = _client_stages(
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
       uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
-                                                  poisoned_offset))
+                                                  poisoned_offset),
+      summed_reports=summed, tap_dense=setup.model in ("mlp", "cnn"))
   home, sampler = _sampler(pop, setup.training.rounds, store.client_count, n_dev, slots,
                            capacity, resident=executor.resident and not paged,
                            data_seed=setup.adversary.data_seed)
@@ -239,7 +243,8 @@ def _compiled_chunks(round_fn, matmul_precision: str):
 
 def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, model: Model,
                    task: losses.Task, dp: dp_round.DPRound, aggregator, executor: Executor, *,
-                   uploads: tuple, poisoned_rows) -> ClientStages:
+                   uploads: tuple, poisoned_rows, summed_reports: bool,
+                   tap_dense: bool) -> ClientStages:
   """The client phase's stages: the recipe's, with the run's upload chain
   (core/upload_stages.py) and data attack."""
   client_pipeline = recipe.client_pipeline()
@@ -255,7 +260,20 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
       guard_nonfinite=client_pipeline is not None and (dp.client is not None
                                                       or any(c.stage.privatizes
                                                              for c in recipe.upload)),
-      executor=executor)
+      executor=executor, summed_reports=summed_reports, tap_dense=tap_dense)
+
+
+def _summed_reports(dp: dp_round.DPRound, stacks_uploads: bool, draw: str) -> bool:
+  """Whether local DP's reports' noise is drawn once for their sum (local_noise_draw):
+  'auto' wherever no stage reads a single report (the sum is then all that is
+  released, and its noise has the same distribution)."""
+  if dp.report_noise is None or draw == "client":
+    return False
+  if stacks_uploads and draw == "aggregate":
+    raise ConfigError("config key 'local_noise_draw' = 'aggregate': a stage of this run reads "
+                      "each report (an attack, a robust rule, server clipping or audit "
+                      "canaries); allowed here: auto, client")
+  return not stacks_uploads
 
 
 def _round_cohort(sampler: cohort_lib.Sampler, key, r, client_count):

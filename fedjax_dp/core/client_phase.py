@@ -33,10 +33,11 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dp import algorithms
 from fedjax_dp import stage as stage_lib
 from fedjax_dp.compression import pipeline as pipeline_lib
-from fedjax_dp.core import one_step, upload_stages
+from fedjax_dp.core import one_step, one_step_clipped, upload_stages
 from fedjax_dp.core.schedules import round_learning_rate
-from fedjax_dp.core.state import CLIENT_TRAINING, KEPT_NOISE, PIPELINE, RoundStats
-from fedjax_dp.kernels import weighted_mean
+from fedjax_dp.core.state import (CLIENT_TRAINING, KEPT_NOISE, PIPELINE, REPORT_NOISE_SUM,
+                                  RoundStats)
+from fedjax_dp.kernels import gaussian_noise, weighted_mean
 from fedjax_dp.models import Model
 from fedjax_dp.placement.executor import Executor, gather_over_devices, sum_over_devices
 from fedjax_dp.privacy.dp_round import DPRound
@@ -60,6 +61,10 @@ class ClientStages(NamedTuple):
   aggregate_noise: bool           # the pipeline owes kept noise, drawn once for the sum
   guard_nonfinite: bool           # NaN / inf coordinates enter the pipeline as zero
   executor: Executor
+  summed_reports: bool = False    # local DP's reports' noise drawn once for their sum
+                                  # (nothing reads a single report; same distribution)
+  tap_dense: bool = False         # one step under DP: dense layers' norms from their
+                                  # taps (core/layer_taps.py; the built-in models)
 
 
 def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_hp, round_key,
@@ -99,12 +104,15 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
   """
   counts = jnp.where(cohort_mask, client_count[cohort_ids], 0)
   dp_client = None
-  if stages.dp.client is not None:   # (upload, id) -> (clipped [and noised] upload, its norm)
+  if stages.summed_reports:   # the clip alone: the reports' noise is drawn for their sum
+    dp_client = lambda u, cid: stages.dp.clip(u, clip_norm)
+  elif stages.dp.client is not None:  # (upload, id) -> (clipped [and noised] upload, its norm)
     dp_client = lambda u, cid: stages.dp.client(u, cid, round_key, clip_norm, client_hp,
                                                 noise_scales, client_noise_factor[cid])
   (res, contribs, owed, nonfinite, dp_norms, client_metrics), sums, client_state = _train_cohort(
       stages, params, cohort_ids, cohort_mask, counts, client_hp, round_key, client_state,
-      server_state, x, y, client_index, client_count.shape[0], dp_client)
+      server_state, x, y, client_index, client_count.shape[0], dp_client,
+      clip_norm, client_noise_factor)
   contrib_sum = sum_over_devices(jax.tree.map(lambda c: jnp.sum(c, axis=0), contribs))
   u = upload_stages.Uploads(res.delta, cohort_mask, counts, counts.astype(jnp.float32),
                             nonfinite)
@@ -123,7 +131,10 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
         u.deltas, cohort_ids, u.mask, u.weights * mask_f, server_state,
         client_hp["aggregator"], stages.aggregator, stages.rule_takes_ids)
   else:
+    report_std = (stages.dp.report_noise(params, clip_norm, client_hp, noise_scales)
+                  if stages.summed_reports else None)
     mean_delta = _linear_aggregate(u.deltas, u.weights, mask_f, u.counts, sums, owed, round_key,
+                                   report_std=report_std,
                                    divides_by=stages.dp.mechanism.divides_by,
                                    uniform=upload_stages.uniform_weights(stages.uploads),
                                    aggregate_noise=stages.aggregate_noise)
@@ -135,11 +146,12 @@ def client_phase(stages: ClientStages, params, cohort_ids, cohort_mask, client_h
 
 def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts, client_hp,
                   round_key, client_state, server_state, x, y, client_index, num_clients: int,
-                  dp_client: Callable | None):
+                  dp_client: Callable | None, clip_norm, client_noise_factor):
   """Every slot's client step through the executor -> ((results, contributions,
   owed noise, non-finite flags, DP norms) stacked [local, ...], the in-loop sums
   or None, client state). dp_client: the DP mechanism's client half, run inside
-  the loop where the sum is fused (its norms, else ())."""
+  the loop where the sum is fused (its norms, else ()); under one_step, its clip
+  is taken from the clients' gradient norms (core/one_step_clipped.py)."""
   # Replicated params enter as device-invariant values; per-client gradients
   # must see them as varying, or grad sums them over devices (JAX_NOTES.md).
   params = jax.lax.pcast(params, "clients", to="varying")
@@ -160,19 +172,30 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
     loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
                                          ctx, hp=client_hp["terms"])
     rows = cohort_rows[:, :stages.executor.width]
-    res, delta_sum = one_step.train_cohort_one_step(loss_fn, params, rows, counts,
-                                                    client_hp["lr"], x, y,
-                                                    stages.executor.batch)
     no_flags = jnp.zeros(counts.shape, bool)
-    return (res, {}, (), no_flags, (), {}), {"delta": delta_sum}, client_state
+    if dp_client is None:
+      res, delta_sum = one_step.train_cohort_one_step(loss_fn, params, rows, counts,
+                                                      client_hp["lr"], x, y,
+                                                      stages.executor.batch)
+      return (res, {}, (), no_flags, (), {}), {"delta": delta_sum}, client_state
+    res, delta_sum, norms, report_var = one_step_clipped.train_cohort_clipped(
+        loss_fn, params, rows, counts, cohort_mask, client_noise_factor[cohort_ids],
+        client_hp["lr"], x, y, stages.executor.batch, clip_norm=clip_norm,
+        layout=stages.dp.layout, uniform=upload_stages.uniform_weights(stages.uploads),
+        tap_dense=stages.tap_dense)
+    sums = {"delta": delta_sum, **({"report_var": report_var} if stages.summed_reports else {})}
+    return (res, {}, (), no_flags, norms, {}), sums, client_state
   one = _client_step(stages, params, client_hp, server_state, x, y,
-                     jax.random.fold_in(round_key, PIPELINE), dp_client if fused else None)
+                     jax.random.fold_in(round_key, PIPELINE), dp_client if fused else None,
+                     client_noise_factor)
   args = (cohort_rows, counts, keys, cohort_mask, cohort_ids)
   sums = None
   if fused:
     sums = {"delta": jax.tree.map(jnp.zeros_like, params)}
     if stages.aggregate_noise:
       sums["noise_var"] = jnp.zeros_like(ravel_pytree(params)[0])   # [d], varying like params
+    if stages.summed_reports:
+      sums["report_var"] = jax.lax.pcast(jnp.zeros((), jnp.float32), "clients", to="varying")
   out, client_state = stages.executor.map_clients(one, args, client_state, cohort_ids,
                                                   cohort_mask, num_clients, sums)
   return (out[0], out[1], client_state) if fused else (out, None, client_state)
@@ -205,11 +228,12 @@ def _round_stats(res, cohort_mask, nonfinite, partial: dict, replicated: dict,
 
 
 def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
-                 pipeline_key, dp_client: Callable | None) -> Callable:
+                 pipeline_key, dp_client: Callable | None, client_noise_factor) -> Callable:
   """One client's work, (args, state row) -> (outputs, new row): local training on
   the objective with its local terms, the terms' after-training step, the
   client pipeline (clips, top-k, kept noise), then DP's client half where
-  `dp_client` (the fused sum's). `summed`: the upload is returned weighted for
+  `dp_client` (the fused sum's; with summed reports its clip, the report's noise
+  variance factor (w_i f_i)^2 summed for one draw). `summed`: the upload is returned weighted for
   the in-loop sum (FedAvg: n_i; shuffled tuples and DP: uniform) instead of
   stacked, where the executor fuses the sum."""
   lr = client_hp["lr"]
@@ -259,6 +283,8 @@ def _client_step(stages: "ClientStages", params, client_hp, server_state, x, y,
     out = {"delta": jax.tree.map(lambda a: w * a, upload)}
     if owed:  # the owed noise's variance on the weighted sum (aggregate_noise_var)
       out["noise_var"] = jnp.square(w * owed[1]) * owed[0].astype(jnp.float32)
+    if stages.summed_reports:
+      out["report_var"] = jnp.square(w * client_noise_factor[cid])
     return ((res._replace(delta=(), params=()), contrib, (), bad, norm, pipeline_metrics),
             out), cstate
   return one
@@ -284,15 +310,23 @@ def _robust_aggregate(deltas, cohort_ids, cohort_mask, weights, server_state, hp
 
 
 def _linear_aggregate(deltas, weights, mask_f, counts, sums, owed, round_key, *,
-                      divides_by: str, uniform: bool, aggregate_noise: bool):
+                      report_std, divides_by: str, uniform: bool, aggregate_noise: bool):
   """The weighted sum of the uploads over the devices (summed in the client loop
-  where `sums`), plus the kept-coordinate noise owed to it in one draw; divided by
+  where `sums`), plus the kept-coordinate noise owed to it in one draw, and local
+  DP's reports' noise in one draw where `report_std` (each leaf's std of one
+  report's noise: the sum of the cohort's independent N(0, (w_i f_i s)^2) is
+  N(0, s^2 sum_i (w_i f_i)^2), the same distribution, other bits); divided by
   the total weight (FedAvg: n, shuffled or local DP: participants), or the plain
   sum under central DP (the server noises the sum and divides)."""
   if sums is not None:   # weight_of(...) is weights * mask_f, summed in the loop
     delta_sum = sum_over_devices(sums["delta"])
   else:
     delta_sum = sum_over_devices(weighted_mean.weighted_sum(weights, deltas))
+  if report_std is not None:
+    total = jnp.sqrt(sum_over_devices(sums["report_var"]))
+    delta_sum = gaussian_noise.add_gaussian_noise(
+        delta_sum, jax.random.fold_in(round_key, REPORT_NOISE_SUM),
+        [s * total for s in report_std])
   if aggregate_noise:
     # sum_i w_i n_i for the owed kept-coordinate noise, in one draw of the same
     # distribution (pipeline.gaussian_on_kept). The weights pair with their own

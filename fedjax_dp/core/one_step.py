@@ -83,6 +83,7 @@ def one_step_width(*, epochs: int, batch_size: int, client_count, local_terms: t
          f"the local terms {', '.join(local_terms)} change the step" if local_terms else
          "an upload stage (clip, top-k, noise) transforms each upload" if upload_stages else
          "a stage keeps per-client state" if per_client_state else
-         "a stage reads each upload (DP, an attack or a robust rule)" if inspects_uploads else
+         "a stage reads each upload (an attack, a robust rule, or local DP's per-report "
+         "noise draw)" if inspects_uploads else
          "shuffled uploads are weighted uniformly" if uniform_weights else "")
   return (0 if why else max(largest, 1)), why

@@ -32,6 +32,7 @@ KEPT_NOISE = 7
 DOWNLINK = 8
 BYZANTINE = 9
 BYZANTINE_DRAW = 10   # byzantine_draw 'round': who is malicious this round
+REPORT_NOISE_SUM = 11  # local DP's reports' noise drawn once for their sum
 MODEL_INIT = 2**20  # folded into the run key itself; config keeps rounds below it
 SAMPLER_INIT = 2**20 + 1   # folded into the run key: the sampler's state (its bins)
 

@@ -45,6 +45,10 @@ class DPRound(NamedTuple):
   client: Callable | None  # the client half, per upload (None: the mechanism has none)
   mechanism: base.Mechanism    # its static properties, which the executor and the round read
   refuses_clients: bool = False  # admission may refuse a drawn client or skip the round
+  clip: Callable | None = None   # (upload, clip_norm) -> (clipped, norm): the client half's clip
+  report_noise: Callable | None = None  # (tree, clip_norm, client_hp, scales) -> per-leaf std
+                                        # of a report's noise (local DP), else None
+  layout: object = None          # the clip layout (privacy/clip_layout.ClipLayout)
 
 
 def make_dp_round(privacy, num_clients: int, expected_cohort: int, client_noise,
@@ -58,4 +62,6 @@ def make_dp_round(privacy, num_clients: int, expected_cohort: int, client_noise,
   return DPRound(bind(m.plan), bind(m.admit), bind(m.release), bind(base.round_clip_norm),
                  bind(m.client), m,
                  refuses_clients=privacy.stop_in_round or (
-                     m.per_client_ledgers and privacy.target_epsilon is not None))
+                     m.per_client_ledgers and privacy.target_epsilon is not None),
+                 clip=bind(base.clip), report_noise=bind(m.report_noise),
+                 layout=getattr(privacy, "layout", None))

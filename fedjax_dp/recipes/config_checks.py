@@ -320,6 +320,8 @@ _SETUP_KEYS_READ = {
     "convergence_beta": (lambda c: _private(c) and c.noise_schedule == "convergence",
                          f"noise_schedule 'convergence' {_DP_ON}"),
     "mf_bands": (lambda c: "mf_bands" in mechanisms.get_mechanism(c.dp).reads, "dp 'bandmf'"),
+    "local_noise_draw": (lambda c: mechanisms.get_mechanism(c.dp).report_noise is not None,
+                         "dp 'local'"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "server_lr_min": (lambda c: c.server_lr_schedule == "cosine",
                       "server_lr_schedule 'cosine'"),

@@ -47,6 +47,8 @@ class Execution(NamedTuple):
   client_state_store: str
   client_state_dtype: str
   client_state_dir: str | None
+  local_noise_draw: str = "auto"   # local DP: 'client' (each report's own draw), 'aggregate'
+                                   # (the sum's, at once) or 'auto'
 
 
 class Adversary(NamedTuple):
@@ -79,7 +81,8 @@ def run_setup(cfg: Config) -> RunSetup:
       LocalTraining(cfg.local_epochs, cfg.batch_size, cfg.lr_schedule, cfg.rounds,
                     cfg.momentum, cfg.server_lr_schedule),
       Execution(cfg.devices, cfg.client_parallelism, cfg.client_batch, cfg.matmul_precision,
-                cfg.client_state_store, cfg.client_state_dtype, cfg.client_state_dir),
+                cfg.client_state_store, cfg.client_state_dtype, cfg.client_state_dir,
+                cfg.local_noise_draw),
       Adversary(cfg.byzantine_fraction, cfg.byzantine_attack, cfg.byzantine_scale,
                 cfg.byzantine_draw, cfg.audit_canaries, cfg.server_clip_l2, data_seed(cfg)),
       cfg.seed, cfg.clip_norm, cfg.noise_seed, cfg.model)

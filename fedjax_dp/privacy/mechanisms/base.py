@@ -99,6 +99,9 @@ class Mechanism(NamedTuple):
   admit: Callable
   release: Callable
   client: Callable | None = None    # the client half (None: the uploads go as they are)
+  report_noise: Callable | None = None  # (setup, tree, clip_norm, client_hp, scales) -> each
+                                        # leaf's std of the noise the client half adds to a
+                                        # report after its clip (None: it only clips)
   event_rdp: Callable | None = None  # (z, CohortSampling) -> np [orders]
   private: bool = True              # releases under a DP guarantee (False: no privacy)
   noises_sum: bool = False          # noise on the sum of clipped updates (needs a linear

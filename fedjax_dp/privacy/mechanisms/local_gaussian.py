@@ -61,6 +61,14 @@ def client(setup, delta, cid, key, clip_norm, client_hp, scales, factor):
   return delta, norm
 
 
+def report_noise_std(setup, tree, clip_norm, client_hp, scales) -> list:
+  """Each leaf's std of one report's noise before its client's factor, z C (per
+  part: scales): what `client` draws, for the round that draws the sum of the
+  cohort's reports' noise at once (core/client_phase.py)."""
+  return clip_layout.noise_std_per_leaf(setup.privacy.layout, client_hp["update_noise"]
+                                        * clip_norm, tree, scales)
+
+
 def release(setup, delta, state, plan: Plan, adm, ids, participants, unclipped, key,
             clip_norm, hp):
   """The mean of the reports as it is; each participant's ledger composes its event."""
@@ -96,6 +104,7 @@ def describe(cohort: CohortSampling | None = None) -> dict[str, str]:
 
 def local_gaussian() -> Mechanism:
   return Mechanism("local", plan=plan, admit=admit, release=release, client=client,
+                   report_noise=report_noise_std,
                    event_rdp=event_rdp, describe=describe, noises_each_upload=True, per_client_ledgers=True,
                    scales_client_noise=True,
                    boundary="client", divides_by="participants",
