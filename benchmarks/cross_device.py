@@ -25,6 +25,24 @@ memory analysis), which shows whether a round holds a [cohort, d] stack.
 
   python benchmarks/cross_device.py [--protocol 10000x6 ...] [--parallelism auto map]
       [--dp none central local] [--json OUT]
+
+--rows (issue 43) instead times the cross-device rows at 10,000 x 6 with the
+peak and this machine's memory and cache bandwidths measured in the same run:
+
+  fedavg_one_step     E = 1, B = 64: one step a client (the yardstick)
+  fedavg_many_steps   E = 2, B = 3: four steps a client
+  central_dp          E = 1, B = 64, clip 1, z 1
+  local_dp            E = 1, B = 64, clip 1, z 1
+  central_dp_steps    E = 2, B = 3 under central DP
+
+each on the path auto picks and on the per-client loop (map), printing the ratio
+to fedavg_one_step's auto round, the useful GFLOP/s (6 params x example-steps a
+second) and its share of the roofline: the most the schedule allows, useful
+FLOPs over the matmul peak (each path's weights are shared or in cache), and for
+the loop, whose every step reads its client's weights for B examples, at least
+3 params x 4 bytes a step over the cache bandwidth.
+
+  python benchmarks/cross_device.py --rows [--rounds 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -76,6 +94,55 @@ def time_protocol(num_clients: int, parallelism: str, rounds: int, data_dir,
           "examples_per_round": examples,
           "client_sizes": [min(map(len, parts)), max(map(len, parts))],
           "gflops": round(6 * num_params(state.params) * examples / med / 1e9, 1)}
+
+
+ROWS = {"fedavg_one_step": dict(local_epochs=1, batch_size=64),
+        "fedavg_many_steps": dict(local_epochs=2, batch_size=3),
+        "central_dp": dict(local_epochs=1, batch_size=64, **DP["central"]),
+        "local_dp": dict(local_epochs=1, batch_size=64, **DP["local"]),
+        "central_dp_steps": dict(local_epochs=2, batch_size=3, **DP["central"])}
+
+
+def time_row(row: str, parallelism: str, rounds: int, data_dir) -> dict:
+  """One row of --rows at 10,000 x 6 on `parallelism`."""
+  cfg = make_config(dict(BASE, num_clients=10000, clients_per_round=10000,
+                         client_parallelism=parallelism, data_dir=data_dir, **ROWS[row]))
+  _, parts, sim = setup(cfg)
+  state, compile_s, times = time_rounds(sim, rounds)
+  params, examples = num_params(state.params), sum(len(p) for p in parts)
+  steps = cfg.local_epochs * sum(-(-len(p) // cfg.batch_size) for p in parts)
+  return {"row": row, "client_parallelism": sim.client_parallelism,
+          "median_round_s": round(statistics.median(times), 4),
+          "round_s": [round(x, 4) for x in times], "compile_s": round(compile_s, 2),
+          "useful_gflop": round(6 * params * examples * cfg.local_epochs / 1e9, 2),
+          "weight_gb_per_loop_round": round(3 * params * 4 * steps / 1e9, 2)}
+
+
+def row_table(args) -> dict:
+  """--rows: every row on auto and map, with the peak and bandwidths measured here."""
+  from peak import measure_bandwidths, measure_matmul_peak
+  peaks, bandwidths = [measure_matmul_peak()], measure_bandwidths()
+  runs = [time_row(row, par, args.rounds, args.data_dir)
+          for row in ROWS for par in ("auto", "map")]
+  peaks.append(measure_matmul_peak())
+  peak = max(p["peak_gflops"] for p in peaks)
+  base = next(r for r in runs if r["row"] == "fedavg_one_step" and
+              r["client_parallelism"] != "map")["median_round_s"]
+  print(f"matmul peak {peak} GFLOP/s, memory {bandwidths['memory_gbps']} GB/s, cache "
+        f"{bandwidths['cache_gbps']} GB/s\n| row | path | s / round | vs FedAvg one step | "
+        "useful GFLOP/s | roofline s | % of roofline |\n| --- | --- | --- | --- | --- | --- | --- |")
+  for r in runs:
+    roofline = r["useful_gflop"] / peak
+    if r["client_parallelism"] == "map":
+      roofline = max(roofline, r["weight_gb_per_loop_round"] / bandwidths["cache_gbps"])
+    r.update(ratio=round(r["median_round_s"] / base, 2), roofline_s=round(roofline, 3),
+             gflops=round(r["useful_gflop"] / r["median_round_s"], 1),
+             fraction_of_roofline=round(roofline / r["median_round_s"], 3))
+    print(f"| {r['row']} | {r['client_parallelism']} | {r['median_round_s']} | {r['ratio']}x | "
+          f"{r['gflops']} | {r['roofline_s']} | {100 * r['fraction_of_roofline']:.0f} % |")
+  return {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+          "jax": jax.__version__, "devices": jax.device_count(), "protocol": BASE,
+          "matmul_peaks": peaks, "peak_gflops": peak, "bandwidths": bandwidths, "rows": runs}
 
 
 def time_sgd_ceiling(rounds: int) -> dict:
@@ -135,7 +202,15 @@ def main(argv=None):
   ap.add_argument("--data-dir", default=None)
   ap.add_argument("--json", default=None, type=new_file,
                   help="write the results here too (refuses an existing file)")
+  ap.add_argument("--rows", action="store_true",
+                  help="time issue 43's rows (one and many steps, central and local DP) on "
+                       "auto and map, with the roofline")
   args = ap.parse_args(argv)
+  if args.rows:
+    result = row_table(args)
+    if args.json:
+      write_results(result, args.json)
+    return
 
   from peak import measure_matmul_peak
   peaks = [measure_matmul_peak()]

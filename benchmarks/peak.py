@@ -50,5 +50,20 @@ def measure_matmul_peak(n: int | None = None, repeats: int = 7) -> dict:
   return out
 
 
+def measure_bandwidths(repeats: int = 7) -> dict:
+  """Median GB/s (bytes read + written) of numpy copies: of 256 MiB (memory) and
+  of 256 KiB copied 1,024 times (cache: a core's L2 holds it), one thread each."""
+  out = {}
+  for name, size, times in (("memory", 2 ** 28, 1), ("cache", 2 ** 18, 1024)):
+    src = np.ones(size // 4, np.float32)
+    dst = np.empty_like(src)
+
+    def copy():
+      for _ in range(times):
+        np.copyto(dst, src)
+    out[f"{name}_gbps"] = round(2 * size * times / _median_seconds(copy, repeats) / 1e9, 1)
+  return out
+
+
 if __name__ == "__main__":
   print(json.dumps(measure_matmul_peak(), indent=2))

@@ -339,9 +339,10 @@ RUN = section("run", [
 DEVICES = section("devices and memory", [
     Key("devices", 0, "devices in the clients mesh; 0: all", at_least=0),
     Key("client_parallelism", "auto",
-        "how a device runs its clients: a loop (map), batched (vmap), or one gradient step "
-        "(one_step); auto picks",
-        choices=("auto", "map", "vmap", "one_step")),
+        "how a device runs its clients: a loop (map), batched (vmap), one gradient step "
+        "(one_step), or few small steps as low-rank updates of the shared model (low_rank); "
+        "auto picks",
+        choices=("auto", "map", "vmap", "one_step", "low_rank")),
     Key("client_batch", 0,
         "clients per group (map, vmap) or chunk (one_step); 0: the mode's default (docs: "
         "Cross-device scale)",

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fedjax_dp import losses
 from fedjax_dp import recipes
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.core import one_step
+from fedjax_dp.core import low_rank_steps, one_step
 from fedjax_dp.core import upload_stages
 from fedjax_dp.core.client_phase import ClientStages
 from fedjax_dp.core.evaluate import make_evaluate
@@ -78,15 +78,19 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
     _check_paging(ex.client_state_store, per_client_state, resident_state)
   summed = _summed_reports(dp, stacks_uploads, ex.local_noise_draw)
   # one step clips from the clients' gradient norms; a report's own noise draw needs the loop
-  width = _one_step_width(setup, recipe, store, per_client_state,
-                          stacks_uploads or (dp.report_noise is not None and not summed),
-                          recipe.shuffle is not None)
+  conditions = dict(local_terms=tuple(c.stage.name for c in recipe.terms),
+                    upload_stages=bool(recipe.upload), per_client_state=per_client_state,
+                    inspects_uploads=stacks_uploads or (dp.report_noise is not None
+                                                        and not summed),
+                    uniform_weights=recipe.shuffle is not None)
+  width = _one_step_width(setup, store, conditions)
+  low_rank = 0 if width else _low_rank_rows(setup, model, shape.params, store, conditions)
   executor = plan_executor(
       mesh, parallelism=ex.client_parallelism, client_batch=ex.client_batch, slots=slots,
       num_clients=pop.num_clients, full_participation=full_participation,
       per_client_state=per_client_state, resident=resident_state,
       refuses_clients=dp.refuses_clients, stacks_uploads=stacks_uploads,
-      one_step_width=width, paged=paged)
+      one_step_width=width, low_rank_rows=low_rank, paged=paged)
   stages = _client_stages(
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
       uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
@@ -180,20 +184,38 @@ def _data_attack(adversary: recipes.Adversary, num_clients: int, poisoned_offset
   return rows
 
 
-def _one_step_width(setup: recipes.RunSetup, recipe, store: FederatedStore,
-                    per_client_state: bool, inspects_uploads: bool, uniform_weights: bool) -> int:
-  """one_step.one_step_width for this run; client_parallelism 'one_step' where it
-  does not apply is a ConfigError with the reason."""
+def _one_step_width(setup: recipes.RunSetup, store: FederatedStore, conditions: dict) -> int:
+  """one_step.one_step_width for this run (`conditions`: one_step.plain_sgd_why's);
+  client_parallelism 'one_step' where it does not apply is a ConfigError with the
+  reason."""
   width, why = one_step.one_step_width(
       epochs=setup.training.epochs, batch_size=setup.training.batch_size,
-      client_count=store.client_count,
-      local_terms=tuple(c.stage.name for c in recipe.terms), upload_stages=bool(recipe.upload),
-      per_client_state=per_client_state, inspects_uploads=inspects_uploads,
-      uniform_weights=uniform_weights)
+      client_count=store.client_count, **conditions)
   if setup.execution.client_parallelism == "one_step" and why:
     raise ConfigError(f"config key 'client_parallelism' = 'one_step': {why}; it needs every "
                       "client's local work to be one plain SGD step (docs: Cross-device scale)")
   return width
+
+
+def _low_rank_rows(setup: recipes.RunSetup, model: Model, params_shape, store: FederatedStore,
+                   conditions: dict) -> int:
+  """The rows a client's steps keep (steps x batch_size) where the low_rank path
+  applies (core/low_rank_steps.py), else 0; client_parallelism 'low_rank' where it
+  does not is a ConfigError with the reason."""
+  t = setup.training
+  why = (one_step.plain_sgd_why(**conditions) or
+         ("the model is your own (its dense kernels might be read outside their layers)"
+          if setup.model not in ("mlp", "cnn") else "") or
+         low_rank_steps.why_not(model.apply, params_shape,
+                                jax.ShapeDtypeStruct((1,) + store.x.shape[1:], store.x.dtype),
+                                width=store.max_examples, epochs=t.epochs,
+                                batch_size=t.batch_size,
+                                cost=setup.execution.client_parallelism != "low_rank"))
+  if setup.execution.client_parallelism == "low_rank" and why:
+    raise ConfigError(f"config key 'client_parallelism' = 'low_rank': {why} (docs: "
+                      "Cross-device scale)")
+  return 0 if why else low_rank_steps.num_steps(store.max_examples, t.epochs,
+                                                t.batch_size) * t.batch_size
 
 
 def _layouts(mesh: Mesh, home, num_clients: int, table_rows) -> dict:

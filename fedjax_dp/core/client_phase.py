@@ -33,7 +33,7 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dp import algorithms
 from fedjax_dp import stage as stage_lib
 from fedjax_dp.compression import pipeline as pipeline_lib
-from fedjax_dp.core import one_step, one_step_clipped, upload_stages
+from fedjax_dp.core import low_rank_steps, one_step, one_step_clipped, upload_stages
 from fedjax_dp.core.schedules import round_learning_rate
 from fedjax_dp.core.state import (CLIENT_TRAINING, KEPT_NOISE, PIPELINE, REPORT_NOISE_SUM,
                                   RoundStats)
@@ -167,6 +167,10 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   # MLP: 16 GB). Attacks, robust rules, server clipping and audit canaries need
   # the uploads one by one and stack them.
   fused = stages.executor.fused_sum
+  if stages.executor.parallelism == "low_rank":
+    return (*_train_cohort_low_rank(stages, params, cohort_rows, counts, keys, cohort_mask,
+                                    client_hp, server_state, x, y, dp_client, clip_norm,
+                                    client_noise_factor[cohort_ids]), client_state)
   if stages.executor.parallelism == "one_step":
     ctx = algorithms.LocalContext(params, {}, server_state)
     loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
@@ -199,6 +203,27 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
   out, client_state = stages.executor.map_clients(one, args, client_state, cohort_ids,
                                                   cohort_mask, num_clients, sums)
   return (out[0], out[1], client_state) if fused else (out, None, client_state)
+
+
+def _train_cohort_low_rank(stages: ClientStages, params, rows, counts, keys, took_part, client_hp,
+                           server_state, x, y, dp_client, clip_norm, factor):
+  """_train_cohort's outputs where the executor runs the cohort's steps as low-rank
+  updates (core/low_rank_steps.py): the example-weighted sum, or under DP the
+  clipped sum with each slot's norm."""
+  ctx = algorithms.LocalContext(params, {}, server_state)
+  loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
+                                       ctx, hp=client_hp["terms"])
+  clipped = dp_client is not None
+  res, delta_sum, norms, report_var = low_rank_steps.train_cohort_steps(
+      loss_fn, params, rows, counts, keys, took_part, factor, client_hp["lr"],
+      client_hp.get("momentum"), x, y, stages.executor.batch,
+      epochs=stages.train_one.keywords["epochs"],
+      batch_size=stages.train_one.keywords["batch_size"],
+      uniform=upload_stages.uniform_weights(stages.uploads),
+      clip_norm=clip_norm if clipped else None, layout=stages.dp.layout if clipped else None)
+  sums = {"delta": delta_sum, **({"report_var": report_var} if stages.summed_reports else {})}
+  no_flags = jnp.zeros(counts.shape, bool)
+  return (res, {}, (), no_flags, norms, {}), sums
 
 
 def _round_stats(res, cohort_mask, nonfinite, partial: dict, replicated: dict,

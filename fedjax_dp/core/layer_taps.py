@@ -35,7 +35,7 @@ class DenseCall(NamedTuple):
 
 
 @contextlib.contextmanager
-def _intercept_dense(on_call):
+def intercept_dense(on_call):
   """Within: each nn.Dense __call__ goes through on_call(module, x, call) -> output."""
   def interceptor(next_fun, args, kwargs, ctx):
     if type(ctx.module) is not nn.Dense or ctx.method_name != "__call__" or kwargs:
@@ -53,7 +53,7 @@ def dense_calls(fn, *args) -> tuple[DenseCall, ...]:
     out = call()
     calls.append(DenseCall(tuple(module.path), tuple(x.shape), tuple(out.shape), out.dtype))
     return out
-  with _intercept_dense(record):
+  with intercept_dense(record):
     jax.eval_shape(fn, *args)
   return tuple(calls)
 
@@ -71,7 +71,7 @@ def tapped(fn, taps: list):
       out = call() + taps[len(inputs)]
       inputs.append(x)
       return out
-    with _intercept_dense(add_tap):
+    with intercept_dense(add_tap):
       value = fn(*args)
     if len(inputs) != len(taps):
       raise ValueError(f"the model made {len(inputs)} dense calls, not the {len(taps)} traced")

@@ -80,10 +80,20 @@ def one_step_width(*, epochs: int, batch_size: int, client_count, local_terms: t
   why = ("local_epochs is not 1" if epochs != 1 else
          f"a client holds {largest} examples, more than batch_size {batch_size}"
          if largest > batch_size else
-         f"the local terms {', '.join(local_terms)} change the step" if local_terms else
-         "an upload stage (clip, top-k, noise) transforms each upload" if upload_stages else
-         "a stage keeps per-client state" if per_client_state else
-         "a stage reads each upload (an attack, a robust rule, or local DP's per-report "
-         "noise draw)" if inspects_uploads else
-         "shuffled uploads are weighted uniformly" if uniform_weights else "")
+         plain_sgd_why(local_terms=local_terms, upload_stages=upload_stages,
+                       per_client_state=per_client_state, inspects_uploads=inspects_uploads,
+                       uniform_weights=uniform_weights))
   return (0 if why else max(largest, 1)), why
+
+
+def plain_sgd_why(*, local_terms: tuple[str, ...], upload_stages: bool, per_client_state: bool,
+                  inspects_uploads: bool, uniform_weights: bool) -> str:
+  """'' where each client's local work is plain SGD on the task loss whose upload
+  only the (example-weighted, or clipped) sum reads, else why not: the cohort's
+  paths (one_step, low_rank) need it."""
+  return (f"the local terms {', '.join(local_terms)} change the step" if local_terms else
+          "an upload stage (clip, top-k, noise) transforms each upload" if upload_stages else
+          "a stage keeps per-client state" if per_client_state else
+          "a stage reads each upload (an attack, a robust rule, or local DP's per-report "
+          "noise draw)" if inspects_uploads else
+          "shuffled uploads are weighted uniformly" if uniform_weights else "")

@@ -78,15 +78,8 @@ def train_cohort_clipped(loss_fn, params, rows, counts, took_part, factor, lr, x
     r, n, took, f = part
     g_rest, e, data_loss, a = jax.vmap(client_grads)(r, positions[None, :] < n[:, None])
     grads = _leaf_factors(leaves, owned, rest, calls, g_rest, a, e)
-    sq = _part_sq_norms(grads, layout)                                   # [chunk, parts]
-    norms = jnp.abs(lr) * jnp.sqrt(sq)
-    total = jnp.sqrt(jnp.sum(jnp.square(norms), axis=1))                 # [chunk]
-    finite = jnp.isfinite(total)
     w = (took if uniform else n).astype(jnp.float32)
-    bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
-    scale = jnp.minimum(1.0, bounds / jnp.maximum(norms, 1e-30))
-    weight = jnp.where(finite[:, None], scale * w[:, None], 0.0)        # [chunk, parts]
-    summed = _weighted_sum(grads, weight, finite, layout)
+    summed, total = clipped_sum(grads, w, jnp.abs(lr), clip_norm, layout)
     grad_sum = [s + t for s, t in zip(grad_sum, summed)]
     report_var = report_var + jnp.sum(jnp.square(w * f))
     return (grad_sum, report_var), (data_loss * n.astype(jnp.float32), total)
@@ -98,6 +91,19 @@ def train_cohort_clipped(loss_fn, params, rows, counts, took_part, factor, lr, x
   res = LocalResult(delta=(), loss_sum=loss_sums, examples=counts.astype(jnp.float32),
                     steps=(counts > 0).astype(jnp.int32))
   return res, delta_sum, norms, report_var
+
+
+def clipped_sum(grads: list, w: jax.Array, scale, clip_norm, layout: ClipLayout):
+  """(each leaf's sum_i w_i clip(scale g_i) / scale, each client's norm of scale g_i
+  [chunk]): the per-client loop's clip of the updates scale g_i (clip_update's
+  rule: per part, not finite sent as zero), from the leaves' factors (_leaf_factors)."""
+  norms = scale * jnp.sqrt(_part_sq_norms(grads, layout))             # [chunk, parts]
+  total = jnp.sqrt(jnp.sum(jnp.square(norms), axis=1))                 # [chunk]
+  finite = jnp.isfinite(total)
+  bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
+  factor = jnp.minimum(1.0, bounds / jnp.maximum(norms, 1e-30))
+  weight = jnp.where(finite[:, None], factor * w[:, None], 0.0)       # [chunk, parts]
+  return weighted_sum(grads, weight, finite, layout), total
 
 
 def _leaf_factors(leaves, owned, rest, calls, g_rest, a, e) -> list:
@@ -135,16 +141,20 @@ def _part_sq_norms(grads: list, layout: ClipLayout) -> jax.Array:
   return total
 
 
-def _weighted_sum(grads: list, weight: jax.Array, finite: jax.Array, layout: ClipLayout) -> list:
-  """Each leaf's sum_i weight_i g_i; a client whose norm is not finite adds zero
-  (selected, not multiplied: 0 * inf is NaN)."""
+def weighted_sum(grads: list, weight: jax.Array, finite: jax.Array, layout: ClipLayout) -> list:
+  """Each leaf's sum_i weight_ip g_i (weight [chunk, parts], p the leaf's part); a
+  client whose norm is not `finite` adds zero (selected, not multiplied: 0 * inf is
+  NaN; None: no client is selected out)."""
   out = []
-  ok = lambda v: jnp.where(finite.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0)
+  ok = (lambda v: v) if finite is None else (
+      lambda v: jnp.where(finite.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0))
   for grad, part in zip(grads, layout.part_of_leaf):
     w = weight[:, jnp.asarray(part, jnp.int32)] if isinstance(part, tuple) else weight[:, part]
-    if grad[0] == "kernel":
-      a = ok(grad[1]) * (w[:, None, :] if w.ndim == 2 else w[:, None, None])
-      out.append(jnp.einsum("cri,cro->io", a, ok(grad[2])))
+    if grad[0] == "kernel" and w.ndim == 2:   # a weight per kernel row (input feature)
+      out.append(jnp.einsum("cri,cro->io", ok(grad[1]) * w[:, None, :], ok(grad[2])))
+    elif grad[0] == "kernel":   # the weight on the narrower output side: a [chunk, rows,
+      # in] scaled by it cost a copy of the widest factor (the FMNIST MLP's 784 inputs)
+      out.append(jnp.einsum("cri,cro->io", ok(grad[1]), ok(grad[2]) * w[:, None, None]))
     elif grad[0] == "bias":
       e = jnp.sum(ok(grad[1]), axis=1)                                   # [chunk, out]
       out.append(jnp.sum(e * (w if w.ndim == 2 else w[:, None]), axis=0))

@@ -10,7 +10,12 @@ the stages' properties and the platform (never from feature flags):
                 is set by the group, not the cohort); 'one_step': every client's
                 local work is one SGD step from the global model, and the sum of
                 the uploads is one gradient over the cohort's examples, in chunks
-                of `batch` clients (core/one_step.py)
+                of `batch` clients (core/one_step.py; under DP each client's clip
+                from its gradient's norm, core/one_step_clipped.py); 'low_rank':
+                a few small SGD steps a client on a model of dense layers, each
+                step the cohort's rows against the shared model plus each
+                client's low-rank correction, in chunks of `batch` clients
+                (core/low_rank_steps.py)
   resident      whether per-client state rows live on the device that trains them
                 (every client in every round: the cohort and its dealing never
                 change), or in a [num_clients, ...] table each device reads its
@@ -47,8 +52,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 class Executor(NamedTuple):
   """How each device runs its clients (static, see the module docstring)."""
-  parallelism: str   # 'map' | 'vmap' | 'one_step'
-  batch: int         # clients per step of the loop (vmapped together; one_step: per chunk)
+  parallelism: str   # 'map' | 'vmap' | 'one_step' | 'low_rank'
+  batch: int         # clients per step of the loop (vmapped together; one_step, low_rank:
+                     # per chunk)
   resident: bool
   fused_sum: bool
   keep_rows: bool
@@ -89,7 +95,7 @@ ONE_STEP_EXAMPLES = 1024    # examples per one_step chunk: activations that stay
 def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int,
                   num_clients: int, per_client_state: bool, full_participation: bool,
                   resident: bool | None, stacks_uploads: bool,
-                  refuses_clients: bool, one_step_width: int = 0,
+                  refuses_clients: bool, one_step_width: int = 0, low_rank_rows: int = 0,
                   paged: bool = False, shard_table: bool = True) -> Executor:
   """The executor for a round whose stages have these properties.
 
@@ -109,10 +115,12 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   they are resident whoever the cohort is; shard_table: a table that is not
   resident is sharded over the devices (table_rows) where there are several."""
   if parallelism == "auto":
-    parallelism = ("one_step" if one_step_width else
+    parallelism = ("one_step" if one_step_width else "low_rank" if low_rank_rows else
                    "map" if mesh.devices.flat[0].platform == "cpu" else "vmap")
   if parallelism == "one_step" and not one_step_width:
     raise ValueError("one_step needs every client's local work to be one plain SGD step")
+  if parallelism == "low_rank" and not low_rank_rows:
+    raise ValueError("low_rank needs plain SGD steps on a model of dense layers")
   if resident is None:
     resident = paged or (full_participation and per_client_state)
   if resident and not (full_participation or paged):
@@ -120,7 +128,9 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
                      f"clients_per_round = num_clients = {num_clients})")
   local = slots // mesh.devices.size
   batch = client_batch or {"map": 1, "vmap": min(local, VMAP_GROUP),
-                           "one_step": max(1, ONE_STEP_EXAMPLES // max(one_step_width, 1))}[parallelism]
+                           "one_step": max(1, ONE_STEP_EXAMPLES // max(one_step_width, 1)),
+                           "low_rank": max(1, ONE_STEP_EXAMPLES // max(low_rank_rows, 1))
+                           }[parallelism]
   return Executor(parallelism=parallelism, batch=min(batch, local),
                   resident=resident, fused_sum=not stacks_uploads,
                   # only a refused client's row must survive: the replicated table
