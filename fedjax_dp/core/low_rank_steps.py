@@ -100,12 +100,14 @@ def train_cohort_steps(loss_fn, params, rows, counts, keys, took_part, factor, l
   def chunk_step(carry, part):
     grad_sum, report_var = carry
     r, n, k, took, f = part
-    (a, e, coef), loss_sum, total = jax.vmap(client)(r, n, k)
+    (a, e, coef, examples, e_examples), loss_sum, total = jax.vmap(client)(r, n, k)
     grads = [None] * len(leaves)
     for i, (path, kind) in owned.items():
       j = next(j for j, c in enumerate(calls) if c.path == path)
-      # the row weights c on the output gradients (the narrower side, usually)
-      grads[i] = (("kernel", a[j], e[j] * coef[..., None]) if kind == "kernel"
+      # the row weights c on the output gradients (the narrower side, usually); the
+      # first layer's kernel from each example once (its rows summed over epochs)
+      grads[i] = (("kernel", examples, e_examples) if kind == "kernel" and j == 0 else
+                  ("kernel", a[j], e[j] * coef[..., None]) if kind == "kernel"
                   else ("bias", e[j] * coef[..., None]))
     w = (took if uniform else n).astype(jnp.float32)
     if clip_norm is None:
@@ -133,10 +135,20 @@ def _client_rows(loss_fn, params, calls, row, count, key, lr, beta, x, y, *, ste
   -lr sum_r c_r a_r^T e_r (bias: -lr sum_r c_r e_r)."""
   b = batch_size
   orders = epoch_orders(key, count, row.shape[0], epochs)
+  # the first layer's input is the example itself (the MLP flattens it): its product
+  # with the shared kernel is the same in every epoch, so it is taken once an example
+  first = params
+  for name in calls[0].path:
+    first = first[name]
+  examples = x[row].reshape(row.shape[0], -1)                       # [max_n, in]
+  shared_first = examples @ first["kernel"] + first["bias"]         # [max_n, out]
+  positions = []
   per_epoch = (count + b - 1) // b
   total = epochs * per_epoch
-  a_rows = [[] for _ in calls]
-  e_rows = [[] for _ in calls]
+  # each call's rows, written step by step (in place: a concatenation per step copied
+  # the earlier rows again)
+  a_rows = [jnp.zeros_like(like, shape=(steps * b, c.in_shape[-1])) for c in calls]
+  e_rows = [jnp.zeros_like(like, shape=(steps * b, c.out_shape[-1])) for c in calls]
   trace = jnp.zeros((steps,), jnp.float32)    # the momentum trace's weight of each step
   coef = jnp.zeros((steps,), jnp.float32)     # the model's: the traces' sum
   loss_sum = jnp.zeros_like(like, shape=())
@@ -147,33 +159,38 @@ def _client_rows(loss_fn, params, calls, row, count, key, lr, beta, x, y, *, ste
     mask = start + jnp.arange(b) < count
     active = s < total
     c_rows = jnp.repeat(coef[:s], b)                                      # [s B]
-    earlier = [(jnp.concatenate(a_rows[k], 0), jnp.concatenate(e_rows[k], 0)) if s else None
+    earlier = [(a_rows[k][:s * b], e_rows[k][:s * b]) if s else None
                for k in range(len(calls))]
+    positions.append(pos)
     e_now, value, a_now = _step_gradients(loss_fn, params, calls, earlier, c_rows, lr,
-                                          x[row[pos]], y[row[pos]], mask, like)
+                                          x[row[pos]], y[row[pos]], mask, like,
+                                          shared_first[pos])
     for k in range(len(calls)):   # a step not taken adds nothing: its e rows are zero
-      a_rows[k].append(a_now[k])  # (and its c: the steps taken come first)
-      e_rows[k].append(jnp.where(active, e_now[k], 0))
+      a_rows[k] = a_rows[k].at[s * b:(s + 1) * b].set(a_now[k])  # (and its c: the
+      e_rows[k] = e_rows[k].at[s * b:(s + 1) * b].set(             # steps taken come first)
+          jnp.where(active, e_now[k], 0))
     new_trace = (beta * trace).at[s].set(1.0)
     trace = jnp.where(active, new_trace, trace)
     coef = jnp.where(active, coef + new_trace, coef)
     loss_sum = loss_sum + jnp.where(active, value * jnp.sum(mask), 0.0)
-  a = [jnp.concatenate(r, 0) for r in a_rows]
-  e = [jnp.concatenate(r, 0) for r in e_rows]
-  return (a, e, jnp.repeat(coef, b)), loss_sum, total.astype(jnp.int32)
+  c_rows = jnp.repeat(coef, b)
+  e_examples = jnp.zeros_like(shared_first).at[jnp.concatenate(positions)].add(
+      e_rows[0] * c_rows[:, None])                                    # [max_n, out]
+  return (a_rows, e_rows, c_rows, examples, e_examples), loss_sum, total.astype(jnp.int32)
 
 
-def _step_gradients(loss_fn, params, calls, earlier, c_rows, lr, xb, yb, mb, like):
+def _step_gradients(loss_fn, params, calls, earlier, c_rows, lr, xb, yb, mb, like, first_out):
   """One step at the client's current model (the shared one plus its earlier rows'
   corrections): each dense call's output gradient [B, out], the data loss, and
-  each call's input [B, in]."""
+  each call's input [B, in]. first_out: the first layer's shared output for the
+  batch (x W + b, taken once an example)."""
   def loss(taps):
     inputs = []
 
     def corrected(module, xin, call):
       k = len(inputs)
       inputs.append(xin)
-      out = call() + taps[k]
+      out = (first_out if k == 0 else call()) + taps[k]
       if earlier[k] is not None:
         a, e = earlier[k]
         out = out - lr * ((xin @ a.T) * c_rows + c_rows) @ e

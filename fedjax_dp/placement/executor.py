@@ -90,6 +90,9 @@ VMAP_GROUP = 256   # clients vmapped together by default: per-client model copie
 ONE_STEP_EXAMPLES = 1024    # examples per one_step chunk: activations that stay in cache
                             # (FMNIST MLP, 2-core CPU: chunks of 256-1024 examples ran
                             # 1.5x faster than one 30,000-example batch a device)
+LOW_RANK_ROWS = 256         # a low_rank chunk's rows over all its clients' steps (FMNIST
+                            # MLP, 2-core CPU, 12 rows a client: chunks of 16-32 clients
+                            # ran 1.2x faster than 85; core/low_rank_steps.py)
 
 
 def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int,
@@ -129,7 +132,7 @@ def plan_executor(mesh: Mesh, *, parallelism: str, client_batch: int, slots: int
   local = slots // mesh.devices.size
   batch = client_batch or {"map": 1, "vmap": min(local, VMAP_GROUP),
                            "one_step": max(1, ONE_STEP_EXAMPLES // max(one_step_width, 1)),
-                           "low_rank": max(1, ONE_STEP_EXAMPLES // max(low_rank_rows, 1))
+                           "low_rank": max(1, LOW_RANK_ROWS // max(low_rank_rows, 1))
                            }[parallelism]
   return Executor(parallelism=parallelism, batch=min(batch, local),
                   resident=resident, fused_sum=not stacks_uploads,
