@@ -282,8 +282,11 @@ def test_round_reproduces_its_golden_results(name, devices):
   assert want is not None, f"no golden results for {case} (tests/golden/regenerate.py)"
   assert got["report"] == want, f"{case}: the privacy report changed ({want} -> {got['report']})"
   bits = golden.get("machines", {}).get(machine_key(golden_machine()))
+  # a machine's bits of a case whose numbers changed since it was recorded are dropped
+  # (regenerate.py record keeps the other machines' bits of the cases that did not)
+  bits = (bits or {}).get("cases", {}).get(name, {}).get(str(devices))
   if bits is not None:
-    want = bits["cases"][name][str(devices)]
+    want = bits
     changed = [k for k in want if want[k] != got[k]]
     assert not changed, f"{case}: {changed} changed ({want} -> {got}) on {golden_machine()}"
   else:   # the machine string in the warnings summary is what add-machine would record

@@ -28,6 +28,7 @@ def _run(sim, rounds=3):
     (dict(dp="central", clip_norm=0.3, noise_multiplier=0.3, clip_parts="per_layer",
           adaptive_clipping=True), 1, 3),
     (dict(dp="local", clip_norm=0.3, noise_multiplier=0.3), 4, 0),
+    (dict(local_epochs=1, batch_size=12), 1, 0),   # one step: by name it runs here too
 ])
 def test_low_rank_steps_equal_the_per_client_loop(overrides, devices, client_batch):
   """Same rounds as local_train's loop (its epoch orders, batches, momentum trace;

@@ -131,8 +131,31 @@ def test_kernel_norms_from_grams_and_from_gradients(rows, by_row):
   e = rng.normal(size=(5, rows, 4)).astype(np.float32)
   g = np.einsum("cri,cro->cio", a, e)
   want = np.sum(g ** 2, axis=2) if by_row else np.sum(g ** 2, axis=(1, 2))
-  np.testing.assert_allclose(layer_taps.kernel_sq_norms(jnp.asarray(a), jnp.asarray(e), by_row),
-                             want, rtol=1e-4)
+  sq, slack = layer_taps.kernel_sq_norms(jnp.asarray(a), jnp.asarray(e), by_row)
+  np.testing.assert_allclose(sq, want, rtol=1e-4)
+  assert np.all(np.asarray(slack) <= 1e-4 * want) and np.all(np.asarray(slack) >= 0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, 1e6])
+def test_the_clip_bounds_what_is_added_where_the_examples_cancel(scale):
+  """Two examples of one input whose output gradients nearly cancel (as a client's
+  own data can make them): the Gram norm alone is rounding noise, clamped at 0 (it
+  went negative) or far below what the sum adds; the clip's norm is raised by the
+  rounding bounds, so each client's contribution stays within C."""
+  from fedjax_dp.core.one_step_clipped import clipped_sum
+  from fedjax_dp.privacy.clip_layout import ClipLayout
+  rng = np.random.default_rng(0)
+  clip = 1e-3
+  for trial in range(20):
+    x = scale * rng.normal(size=(1, 1, 64)).astype(np.float32)
+    v = rng.normal(size=(1, 1, 16)).astype(np.float32)
+    a = np.concatenate([x, x], axis=1)
+    e = np.concatenate([v, -v * np.float32(1 + 3e-7 * (trial % 4))], axis=1)
+    summed, norms = clipped_sum([("kernel", jnp.asarray(a), jnp.asarray(e))], jnp.ones((1,)),
+                                1.0, clip, ClipLayout((0,), (1.0,), ("all",)))
+    added = float(np.linalg.norm(np.asarray(summed[0], np.float64)))
+    assert np.isfinite(float(norms[0])) and float(norms[0]) >= 0
+    assert added <= clip * (1 + 1e-5), (trial, added)
 
 
 def test_taps_record_each_dense_call():

@@ -161,3 +161,15 @@ def test_the_api_refuses_a_state_of_another_release():
       sim.with_hparams(noise_multiplier=2.0).init_state(), 1)
   np.testing.assert_array_equal(flat(a.params), flat(b.params))
   sim.run_rounds(sim.init_state(), 1, hparams=hp, same_draws=True)  # a measurement
+
+
+def test_local_dp_whose_reports_noise_is_drawn_for_the_sum_is_another_release():
+  """local_noise_draw as resolved enters the identity where it is the draw for the
+  sum: such a run never shares its run key with one whose reports drew their own
+  noise (every local DP release made before the key), which keeps its key."""
+  digest = lambda **kv: release_identity.settings_digest(make_config(dict(
+      dp="local", noise_multiplier=1.0, num_clients=20, clients_per_round=10, **kv)))
+  assert digest() == digest(local_noise_draw="aggregate")
+  assert digest() != digest(local_noise_draw="client")
+  # a robust rule reads each report: auto resolves to the reports' own draws
+  assert digest(aggregator="median") == digest(aggregator="median", local_noise_draw="client")

@@ -84,7 +84,8 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
                                                         and not summed),
                     uniform_weights=recipe.shuffle is not None)
   width = _one_step_width(setup, store, conditions)
-  low_rank = 0 if width else _low_rank_rows(setup, model, shape.params, store, conditions)
+  low_rank = (_low_rank_rows(setup, model, shape.params, store, conditions)
+              if not width or ex.client_parallelism == "low_rank" else 0)
   executor = plan_executor(
       mesh, parallelism=ex.client_parallelism, client_batch=ex.client_batch, slots=slots,
       num_clients=pop.num_clients, full_participation=full_participation,
@@ -286,10 +287,11 @@ def _client_stages(recipe: recipes.Recipe, training: recipes.LocalTraining, mode
 
 
 def _summed_reports(dp: dp_round.DPRound, stacks_uploads: bool, draw: str) -> bool:
-  """Whether local DP's reports' noise is drawn once for their sum (local_noise_draw):
-  'auto' wherever no stage reads a single report (the sum is then all that is
-  released, and its noise has the same distribution)."""
-  if dp.report_noise is None or draw == "client":
+  """Whether local DP's reports' noise is drawn once for their sum: `draw`, the
+  resolved local_noise_draw (recipes/flat.local_noise_draw: 'aggregate' where no
+  stage reads a single report, so the sum is all that is released and its noise
+  has the same distribution)."""
+  if dp.report_noise is None or draw != "aggregate":
     return False
   if stacks_uploads and draw == "aggregate":
     raise ConfigError("config key 'local_noise_draw' = 'aggregate': a stage of this run reads "

@@ -99,15 +99,42 @@ def rows_of(calls: tuple[DenseCall, ...], values: list, path: tuple) -> jax.Arra
   return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
-def kernel_sq_norms(a: jax.Array, e: jax.Array, by_row: bool) -> jax.Array:
-  """Each client's ||sum_j a_j^T e_j||^2 ([clients]), or by kernel row (input
-  feature; [clients, in]) where by_row. a [clients, rows, in], e [clients, rows, out].
-  From the Gram matrices where rows^2 < in * out, else from the gradient itself."""
+HIGHEST = jax.lax.Precision.HIGHEST   # float32 products whatever the round's matmul
+                                      # precision (TF32 would loosen the clip's bound)
+UNIT_ROUNDOFF = 2.0 ** -24            # float32's
+
+
+def kernel_sq_norms(a: jax.Array, e: jax.Array, by_row: bool):
+  """(each client's ||sum_j a_j^T e_j||^2, a bound on its rounding error): [clients],
+  or by kernel row (input feature; [clients, in]) where by_row. a [clients, rows, in],
+  e [clients, rows, out].
+
+  From the Gram matrices where rows^2 < in * out, else from the gradient itself. The
+  Gram route sums rows^2 products that cancel where the examples' gradients do: its
+  error is about (sqrt(in) + sqrt(out) + rows) u T^2, T = sum_j |a_j| |e_j| (u
+  float32's unit roundoff, times 4), which can pass the norm itself (and made it
+  negative: clamped at 0). The bound lets the clip use a norm that is never below
+  the true one (one_step_clipped.clipped_sum); the gradient route's is 0."""
   rows, d_in, d_out = a.shape[1], a.shape[2], e.shape[2]
   if rows * rows >= d_in * d_out:
-    g = jnp.einsum("cri,cro->cio", a, e)
-    return jnp.sum(jnp.square(g), axis=2) if by_row else jnp.sum(jnp.square(g), axis=(1, 2))
-  ee = jnp.einsum("cjo,cko->cjk", e, e)
+    g = jnp.einsum("cri,cro->cio", a, e, precision=HIGHEST)
+    sq = jnp.sum(jnp.square(g), axis=2) if by_row else jnp.sum(jnp.square(g), axis=(1, 2))
+    return sq, jnp.zeros_like(sq)
+  ee = jnp.einsum("cjo,cko->cjk", e, e, precision=HIGHEST)
   if by_row:
-    return jnp.einsum("cji,cki,cjk->ci", a, a, ee)
-  return jnp.einsum("cjk,cjk->c", jnp.einsum("cji,cki->cjk", a, a), ee)
+    sq = jnp.einsum("cji,cki,cjk->ci", a, a, ee, precision=HIGHEST)
+  else:
+    sq = jnp.einsum("cjk,cjk->c", jnp.einsum("cji,cki->cjk", a, a, precision=HIGHEST), ee,
+                    precision=HIGHEST)
+  error = 4 * (d_in ** 0.5 + d_out ** 0.5 + rows) * UNIT_ROUNDOFF
+  return jnp.maximum(sq, 0.0), error * jnp.square(kernel_abs_sum(a, e, by_row))
+
+
+def kernel_abs_sum(a: jax.Array, e: jax.Array, by_row: bool) -> jax.Array:
+  """T = sum_j |a_j| |e_j| ([clients]; by_row: sum_j |a_jf| |e_j|, [clients, in]):
+  the triangle inequality's bound on ||sum_j a_j^T e_j||, and the scale of its
+  rounding errors."""
+  e_norms = jnp.sqrt(jnp.sum(jnp.square(e), axis=2))                  # [clients, rows]
+  if by_row:
+    return jnp.einsum("cri,cr->ci", jnp.abs(a), e_norms, precision=HIGHEST)
+  return jnp.sum(jnp.sqrt(jnp.sum(jnp.square(a), axis=2)) * e_norms, axis=1)

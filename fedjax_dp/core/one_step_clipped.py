@@ -96,14 +96,24 @@ def train_cohort_clipped(loss_fn, params, rows, counts, took_part, factor, lr, x
 def clipped_sum(grads: list, w: jax.Array, scale, clip_norm, layout: ClipLayout):
   """(each leaf's sum_i w_i clip(scale g_i) / scale, each client's norm of scale g_i
   [chunk]): the per-client loop's clip of the updates scale g_i (clip_update's
-  rule: per part, not finite sent as zero), from the leaves' factors (_leaf_factors)."""
-  norms = scale * jnp.sqrt(_part_sq_norms(grads, layout))             # [chunk, parts]
+  rule: per part, not finite sent as zero), from the leaves' factors (_leaf_factors).
+
+  The clip divides by a norm raised by bounds on its rounding errors: a dense
+  kernel's Gram norm (layer_taps.kernel_sq_norms) and the distance between the
+  vector the norm is of and the one summed here (computed apart: rows u T). Where a
+  client's examples' gradients cancel, the Gram norm alone could be far below what
+  is added, and the clip would not bound it; elsewhere the bounds are about 1e-5 of
+  the norm (the loop's clip factor to that). The norms returned (the unclipped
+  count's) are the plain ones."""
+  sq, slack, lin = _part_sq_norms(grads, layout)                       # [chunk, parts]
+  norms = scale * jnp.sqrt(sq)
   total = jnp.sqrt(jnp.sum(jnp.square(norms), axis=1))                 # [chunk]
   finite = jnp.isfinite(total)
   bounds = clip_norm * jnp.asarray(layout.fractions, jnp.float32)
-  factor = jnp.minimum(1.0, bounds / jnp.maximum(norms, 1e-30))
+  upper = scale * (jnp.sqrt(sq + slack) + lin)
+  factor = jnp.minimum(1.0, bounds / jnp.maximum(upper, 1e-30))
   weight = jnp.where(finite[:, None], factor * w[:, None], 0.0)       # [chunk, parts]
-  return weighted_sum(grads, weight, finite, layout), total
+  return weighted_sum(grads, weight, finite, layout, layer_taps.HIGHEST), total
 
 
 def _leaf_factors(leaves, owned, rest, calls, g_rest, a, e) -> list:
@@ -119,42 +129,54 @@ def _leaf_factors(leaves, owned, rest, calls, g_rest, a, e) -> list:
   return out
 
 
-def _leaf_sq(grad, by_row: bool) -> jax.Array:
-  """[chunk] squared norms of a leaf's per-client gradients, or [chunk, rows]."""
+def _leaf_sq(grad, by_row: bool) -> tuple:
+  """([chunk] squared norms of a leaf's per-client gradients, or [chunk, rows]; a
+  bound on their rounding error; on the distance to the vector weighted_sum adds)."""
   if grad[0] == "kernel":
-    return layer_taps.kernel_sq_norms(grad[1], grad[2], by_row)
+    sq, slack = layer_taps.kernel_sq_norms(grad[1], grad[2], by_row)
+    lin = (grad[1].shape[1] * layer_taps.UNIT_ROUNDOFF
+           * layer_taps.kernel_abs_sum(grad[1], grad[2], by_row))
+    return sq, slack, lin
+  # a bias's and a per-client gradient's sums are the vectors weighted_sum adds
   g = jnp.sum(grad[1], axis=1) if grad[0] == "bias" else grad[1]
   sq = jnp.square(g).reshape(g.shape[0], g.shape[1] if by_row else 1, -1)
-  return jnp.sum(sq, axis=2) if by_row else jnp.sum(sq, axis=(1, 2))
+  sq = jnp.sum(sq, axis=2) if by_row else jnp.sum(sq, axis=(1, 2))
+  return sq, jnp.zeros_like(sq), jnp.zeros_like(sq)
 
 
-def _part_sq_norms(grads: list, layout: ClipLayout) -> jax.Array:
-  """[chunk, parts]: each client's squared gradient norm in each clip part."""
+def _part_sq_norms(grads: list, layout: ClipLayout) -> tuple:
+  """([chunk, parts] each client's squared gradient norm in each clip part, the
+  bounds on its rounding error (squared) and on the summed vector's distance)."""
   parts = len(layout.fractions)
-  total = 0.0
+  totals = [0.0, 0.0, 0.0]
   for grad, part in zip(grads, layout.part_of_leaf):
     if isinstance(part, tuple):   # a leaf split by rows (sensitivity tiers)
       onehot = jax.nn.one_hot(jnp.asarray(part, jnp.int32), parts, dtype=jnp.float32)
-      total = total + _leaf_sq(grad, True) @ onehot
+      values = [v @ onehot for v in _leaf_sq(grad, True)]
     else:
-      total = total + _leaf_sq(grad, False)[:, None] * jax.nn.one_hot(part, parts)
-  return total
+      values = [v[:, None] * jax.nn.one_hot(part, parts) for v in _leaf_sq(grad, False)]
+    totals = [t + v for t, v in zip(totals, values)]
+  return tuple(totals)
 
 
-def weighted_sum(grads: list, weight: jax.Array, finite: jax.Array, layout: ClipLayout) -> list:
+def weighted_sum(grads: list, weight: jax.Array, finite: jax.Array, layout: ClipLayout,
+                 precision=None) -> list:
   """Each leaf's sum_i weight_ip g_i (weight [chunk, parts], p the leaf's part); a
   client whose norm is not `finite` adds zero (selected, not multiplied: 0 * inf is
-  NaN; None: no client is selected out)."""
+  NaN; None: no client is selected out); precision: the kernels' products' (a
+  clip's: float32, as its norm's; None: the round's matmul precision)."""
   out = []
   ok = (lambda v: v) if finite is None else (
       lambda v: jnp.where(finite.reshape((-1,) + (1,) * (v.ndim - 1)), v, 0))
   for grad, part in zip(grads, layout.part_of_leaf):
     w = weight[:, jnp.asarray(part, jnp.int32)] if isinstance(part, tuple) else weight[:, part]
     if grad[0] == "kernel" and w.ndim == 2:   # a weight per kernel row (input feature)
-      out.append(jnp.einsum("cri,cro->io", ok(grad[1]) * w[:, None, :], ok(grad[2])))
+      out.append(jnp.einsum("cri,cro->io", ok(grad[1]) * w[:, None, :], ok(grad[2]),
+                            precision=precision))
     elif grad[0] == "kernel":   # the weight on the narrower output side: a [chunk, rows,
       # in] scaled by it cost a copy of the widest factor (the FMNIST MLP's 784 inputs)
-      out.append(jnp.einsum("cri,cro->io", ok(grad[1]), ok(grad[2]) * w[:, None, None]))
+      out.append(jnp.einsum("cri,cro->io", ok(grad[1]), ok(grad[2]) * w[:, None, None],
+                            precision=precision))
     elif grad[0] == "bias":
       e = jnp.sum(ok(grad[1]), axis=1)                                   # [chunk, out]
       out.append(jnp.sum(e * (w if w.ndim == 2 else w[:, None]), axis=0))

@@ -277,6 +277,23 @@ def noise_clip(cfg) -> float | None:
   return next((c for c in clips if c is not None), None)
 
 
+def local_noise_draw(cfg) -> str:
+  """Who draws local DP's report noise: 'aggregate' (one draw for the reports' sum,
+  the same distribution) where the mechanism noises each report and nothing reads a
+  single one (the mean aggregator, no Byzantine clients, server norm bound or audit
+  canaries), else 'client'; an explicit choice is kept. 'client' under every other
+  mechanism (the key is not read there). The release's identity reads this value
+  (release_identity.settings_digest), so that a run whose reports' noise is drawn
+  for the sum is never the release of one whose reports drew their own."""
+  if mechanisms.get_mechanism(cfg.dp).report_noise is None:
+    return "client"
+  if cfg.local_noise_draw != "auto":
+    return cfg.local_noise_draw
+  reads = (cfg.aggregator != "mean" or cfg.byzantine_fraction > 0
+           or cfg.server_clip_l2 is not None or cfg.audit_canaries > 0)
+  return "client" if reads else "aggregate"
+
+
 def kept_noise_draw(cfg) -> str:
   """'aggregate' (one draw for the weighted sum, same distribution) where the
   aggregate is a plain weighted sum of the uploads: the `mean` aggregator, no

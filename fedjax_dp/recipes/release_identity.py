@@ -52,7 +52,7 @@ RELEASE_NEUTRAL_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "dev
 # Keys added after the digest's form was fixed, left out at their default so that
 # every release made before them keeps its run key (its draws, its golden results)
 LATER_KEYS = {"mf_bands": None, "min_separation": None, "server_lr_schedule": "constant",
-              "server_lr_min": 0.0, "local_noise_draw": "auto"}
+              "server_lr_min": 0.0, "local_noise_draw": "client"}
 
 
 def rounds_shape_the_rounds(cfg: Config) -> bool:
@@ -73,7 +73,11 @@ def settings_digest(cfg: Config) -> str:
   release extended: its first rounds compute and draw exactly the shorter run's,
   and its accountant covers every iterate, so publishing both reveals no more than
   the longer one, and `--resume --rounds` more gives the longer run bit for bit."""
-  settings = {k: v for k, v in cfg.to_dict().items() if k not in RELEASE_NEUTRAL_KEYS
+  from fedjax_dp.recipes.flat import local_noise_draw
+  # local_noise_draw as resolved: 'client' (each report's own draw, as every local DP
+  # release made before the key) is left out, the draw for the sum enters
+  settings = dict(cfg.to_dict(), local_noise_draw=local_noise_draw(cfg))
+  settings = {k: v for k, v in settings.items() if k not in RELEASE_NEUTRAL_KEYS
               and not (k in LATER_KEYS and v == LATER_KEYS[k])}
   settings["data_seed"] = data_seed(cfg)
   del settings["plugins"]

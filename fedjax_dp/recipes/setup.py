@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from fedjax_dp.config import Config
 from fedjax_dp.config.schema import data_seed
+from fedjax_dp.recipes import flat
 
 
 class Population(NamedTuple):
@@ -47,8 +48,9 @@ class Execution(NamedTuple):
   client_state_store: str
   client_state_dtype: str
   client_state_dir: str | None
-  local_noise_draw: str = "auto"   # local DP: 'client' (each report's own draw), 'aggregate'
-                                   # (the sum's, at once) or 'auto'
+  local_noise_draw: str = "client"  # local DP: 'client' (each report's own draw) or
+                                    # 'aggregate' (the sum's, at once), resolved
+                                    # (recipes/flat.local_noise_draw)
 
 
 class Adversary(NamedTuple):
@@ -82,7 +84,7 @@ def run_setup(cfg: Config) -> RunSetup:
                     cfg.momentum, cfg.server_lr_schedule),
       Execution(cfg.devices, cfg.client_parallelism, cfg.client_batch, cfg.matmul_precision,
                 cfg.client_state_store, cfg.client_state_dtype, cfg.client_state_dir,
-                cfg.local_noise_draw),
+                flat.local_noise_draw(cfg)),
       Adversary(cfg.byzantine_fraction, cfg.byzantine_attack, cfg.byzantine_scale,
                 cfg.byzantine_draw, cfg.audit_canaries, cfg.server_clip_l2, data_seed(cfg)),
       cfg.seed, cfg.clip_norm, cfg.noise_seed, cfg.model)

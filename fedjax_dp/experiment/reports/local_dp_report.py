@@ -13,6 +13,7 @@ import numpy as np
 from fedjax_dp.config import Config
 from fedjax_dp.core.simulation import Simulation
 from fedjax_dp.recipes.hparams import budget_limit
+from fedjax_dp.recipes.flat import local_noise_draw
 from fedjax_dp.privacy import accounting
 from fedjax_dp.experiment.reports.privacy_report import add_pld, finite_or_none, uses_dynamic_dp
 from fedjax_dp.privacy.mechanisms import get_mechanism
@@ -69,6 +70,11 @@ def local_section(report: dict, cfg: Config, sim: Simulation, state) -> None:
           "spent": int(spent.sum()),
           "stopped_by_budget": "clients stop taking part when their next participation "
                                "would pass target_epsilon" if cfg.target_epsilon else None},
+      "noise_draw": (
+          "per report, from the client's own key" if local_noise_draw(cfg) == "client" else
+          "for the sum of the reports in one draw (a simulation shortcut with the same "
+          "distribution of the released mean as per-report draws, taken where nothing reads "
+          "a single report; the guarantee is the per-report mechanism's)"),
   })
   if cfg.accountant == "pld" and z > 0 and counts.max() > 0:
     # static noise (config): every participation is a Gaussian of at least the composed
