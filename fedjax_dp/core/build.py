@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

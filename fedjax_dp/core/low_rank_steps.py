@@ -27,7 +27,6 @@ float summation order. `why_not` says where the path does not apply.
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
