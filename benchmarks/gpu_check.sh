@@ -7,38 +7,14 @@
 # Every step has its own time limit and writes under $OUT (default /tmp/gpu_out), so
 # a slow step costs only its own figures. QUICK=1 runs a few-second version of each
 # step (to check this script on a CPU machine before spending device time).
-set -u
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-O=${OUT:-/tmp/gpu_out}; mkdir -p "$O"
-PY=${PY:-python3}
-if [ "${NO_WHEELS:-0}" != 1 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export FEDJAX_DP_DATA=$PWD/.fmnist
-# not installed: fedjax_dp.kernels is the top-level kernels/ (pyproject's package-dir)
-[ -e fedjax_dp/kernels ] || ln -s ../kernels fedjax_dp/kernels
+. benchmarks/gpu_env.sh
 # the console script the CLI tests call, beside this Python
 EXE=$($PY -c 'import sys; print(sys.executable)')
 SCRIPT=$(dirname "$EXE")/fedjax-dp
 [ -e "$SCRIPT" ] || printf '#!/bin/sh\nexec %s -m fedjax_dp "$@"\n' "$EXE" > "$SCRIPT"
 chmod +x "$SCRIPT"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-  $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
-  nproc; } | tee "$O/machine.txt"
 
 Q=${QUICK:-0}
-step() {   # step NAME SECONDS COMMAND...: its output in $O/NAME.log, its tail printed
-  local name=$1 limit=$2; shift 2
-  echo "=== $name (limit ${limit} s) $(date +%T)"
-  local t=$SECONDS
-  timeout "$limit" "$@" > "$O/$name.log" 2>&1
-  echo "=== $name rc=$? in $((SECONDS - t)) s"
-  tail -n 14 "$O/$name.log"
-}
 
 if [ "$Q" = 1 ]; then
   step sweep 120 $PY benchmarks/sweep.py --seeds 2 --repeats 1 --arms cli_runs,sweep \

@@ -9,31 +9,8 @@
 #   .fmnist/  the Fashion-MNIST IDX files (FEDJAX_DP_DATA)
 # Each step has its own time limit and writes under $OUT (default /tmp/gpu_out).
 # QUICK=1 runs a seconds-long version of each step (this script's check on a CPU).
-set -u
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-O=${OUT:-/tmp/gpu_out}; mkdir -p "$O"
-PY=${PY:-python3}
-if [ "${NO_WHEELS:-0}" != 1 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 3
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export FEDJAX_DP_DATA=$PWD/.fmnist
-[ -e fedjax_dp/kernels ] || ln -s ../kernels fedjax_dp/kernels
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-  $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
-  nproc; } | tee "$O/machine.txt"
-
-step() {   # step NAME SECONDS COMMAND...: its output in $O/NAME.log, its tail printed
-  local name=$1 limit=$2; shift 2
-  echo "=== $name (limit ${limit} s) $(date +%T)"
-  local t=$SECONDS
-  timeout "$limit" "$@" > "$O/$name.log" 2>&1
-  echo "=== $name rc=$? in $((SECONDS - t)) s"
-  tail -n 16 "$O/$name.log"
-}
+TAIL=16
+. benchmarks/gpu_env.sh
 
 if [ "${QUICK:-0}" = 1 ]; then
   step peak 60 $PY benchmarks/peak.py

@@ -4,6 +4,7 @@ import contextlib
 import os
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -194,3 +195,27 @@ def registries_restored():
     for name in set(sys.modules) - modules:
       if name.startswith("fedjax_dp_plugin_"):
         del sys.modules[name]
+
+
+def run_params(sim, rounds, state=None):
+  """(the params after `rounds` rounds as numpy arrays, the rounds' stats); from
+  `state` on the same draws where given."""
+  if state is None:
+    state, stats = sim.run_rounds(sim.init_state(), rounds)
+  else:   # a measurement on the same draws (the differential method), not a release
+    state, stats = sim.run_rounds(state, rounds, same_draws=True)
+  return [np.asarray(a) for a in jax.tree.leaves(state.params)], stats
+
+
+def assert_same_as_loop(fast, loop, path="one_step", rounds=3):
+  """`fast` (on `path`) runs the rounds of `loop` (the per-client loop) to float
+  summation order: the params, the loss, the counts and the stages' metrics."""
+  assert (fast.client_parallelism, loop.client_parallelism) == (path, "map")
+  (a, sa), (b, sb) = run_params(fast, rounds), run_params(loop, rounds)
+  for u, v in zip(a, b):
+    np.testing.assert_allclose(u, v, atol=2e-6, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(sa.loss_sum), np.asarray(sb.loss_sum), rtol=1e-5)
+  for field in ("examples", "participants", "nonfinite"):
+    np.testing.assert_array_equal(np.asarray(getattr(sa, field)), np.asarray(getattr(sb, field)))
+  jax.tree.map(np.testing.assert_array_equal, sa.metrics, sb.metrics)
+  return sa

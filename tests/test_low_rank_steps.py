@@ -2,20 +2,14 @@
 (core/low_rank_steps.py): the per-client loop's numbers to float summation order,
 and where the executor picks the path."""
 
-import jax
 import numpy as np
 import pytest
 
 from fedjax_dp.errors import ConfigError
-from tests.helpers import toy_problem, toy_simulation
+from tests.helpers import assert_same_as_loop, toy_problem, toy_simulation
 
 SIZES = (7, 12, 3, 9, 5, 8, 0, 11)   # uneven step counts, an empty client
 STEPS = dict(local_epochs=2, batch_size=4, lr=0.3, hidden=[16])
-
-
-def _run(sim, rounds=3):
-  state, stats = sim.run_rounds(sim.init_state(), rounds)
-  return [np.asarray(a) for a in jax.tree.leaves(state.params)], stats
 
 
 @pytest.mark.parametrize("overrides,devices,client_batch", [
@@ -38,14 +32,7 @@ def test_low_rank_steps_equal_the_per_client_loop(overrides, devices, client_bat
   fast = toy_simulation(x, y, parts, client_parallelism="low_rank", client_batch=client_batch,
                         **common)
   loop = toy_simulation(x, y, parts, client_parallelism="map", **common)
-  assert fast.client_parallelism == "low_rank"
-  (a, sa), (b, sb) = _run(fast), _run(loop)
-  for u, v in zip(a, b):
-    np.testing.assert_allclose(u, v, atol=2e-6, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(sa.loss_sum), np.asarray(sb.loss_sum), rtol=1e-5)
-  for field in ("examples", "participants", "nonfinite"):
-    np.testing.assert_array_equal(np.asarray(getattr(sa, field)), np.asarray(getattr(sb, field)))
-  jax.tree.map(np.testing.assert_array_equal, sa.metrics, sb.metrics)
+  sa = assert_same_as_loop(fast, loop, "low_rank")
   if "dp" in overrides:
     unclipped = int(np.sum(sa.metrics["mechanism"]["unclipped"]))
     assert 0 < unclipped < int(np.sum(sa.participants))

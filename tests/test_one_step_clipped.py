@@ -10,30 +10,11 @@ import pytest
 from fedjax_dp.core import layer_taps
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.models import make_model
-from tests.helpers import keyed_state, toy_problem, toy_simulation
+from tests.helpers import (assert_same_as_loop, keyed_state, run_params as _run, toy_problem,
+                           toy_simulation)
 
 SIZES = (7, 12, 3, 9, 5, 8, 0, 11)   # an empty client too
 ONE_STEP = dict(local_epochs=1, batch_size=12, lr=0.5)
-
-
-def _run(sim, rounds, state=None):
-  if state is None:
-    state, stats = sim.run_rounds(sim.init_state(), rounds)
-  else:   # a measurement on the same draws (the differential method), not a release
-    state, stats = sim.run_rounds(state, rounds, same_draws=True)
-  return [np.asarray(a) for a in jax.tree.leaves(state.params)], stats
-
-
-def _assert_same_rounds(fast, loop, rounds=3):
-  assert (fast.client_parallelism, loop.client_parallelism) == ("one_step", "map")
-  (a, sa), (b, sb) = _run(fast, rounds), _run(loop, rounds)
-  for u, v in zip(a, b):
-    np.testing.assert_allclose(u, v, atol=2e-6, rtol=1e-5)
-  np.testing.assert_allclose(np.asarray(sa.loss_sum), np.asarray(sb.loss_sum), rtol=1e-5)
-  for field in ("examples", "participants", "nonfinite"):
-    np.testing.assert_array_equal(np.asarray(getattr(sa, field)), np.asarray(getattr(sb, field)))
-  jax.tree.map(np.testing.assert_array_equal, sa.metrics, sb.metrics)
-  return sa
 
 
 @pytest.mark.parametrize("privacy,devices,client_batch", [
@@ -54,7 +35,7 @@ def test_clipped_one_step_equals_the_per_client_loop(privacy, devices, client_ba
   fast = toy_simulation(x, y, parts, client_parallelism="one_step", client_batch=client_batch,
                         **common)
   loop = toy_simulation(x, y, parts, client_parallelism="map", **common)
-  stats = _assert_same_rounds(fast, loop)
+  stats = assert_same_as_loop(fast, loop)
   unclipped = int(np.sum(stats.metrics["mechanism"]["unclipped"]))
   assert 0 < unclipped < int(np.sum(stats.participants)) - 3
 
@@ -65,7 +46,7 @@ def test_clipped_one_step_for_convolutions():
   x = x.reshape(-1, 4, 4, 1)
   common = dict(ONE_STEP, dp="central", clip_norm=0.3, noise_multiplier=0.3, model="cnn",
                 hidden=[5])
-  stats = _assert_same_rounds(toy_simulation(x, y, parts, **common),
+  stats = assert_same_as_loop(toy_simulation(x, y, parts, **common),
                               toy_simulation(x, y, parts, client_parallelism="map", **common))
   assert 0 < int(np.asarray(stats.metrics["mechanism"]["unclipped"])[0]) < 7
 
@@ -76,7 +57,7 @@ def test_clipped_one_step_for_tiers():
   tiers = np.array([0, 1, 1, 2, 3, 0])
   common = dict(ONE_STEP, dp="central", clip_norm=0.3, noise_multiplier=0.3,
                 clip_parts="tiers", feature_tiers=tiers)
-  _assert_same_rounds(toy_simulation(x, y, parts, **common),
+  assert_same_as_loop(toy_simulation(x, y, parts, **common),
                       toy_simulation(x, y, parts, client_parallelism="map", **common))
 
 
