@@ -119,9 +119,13 @@ def test_dp_client_half_in_the_loop_equals_it_over_the_stack(dp):
   keys, same clips: the same round to float summation order, the same counts."""
   x, y, parts = toy_problem(sizes=(7, 12, 3, 9, 5, 8), seed=2)
   out = {}
+  # each report's own noise on both (the fused sum would draw the reports' noise for
+  # their sum: the same distribution, other bits)
+  draw = {"local_noise_draw": "client"} if dp == "local" else {}
   for server_clip in (None, 1e9):
     sim = toy_simulation(x, y, parts, dp=dp, noise_multiplier=0.7, clip_norm=0.5,
-                         clients_per_round=4, sampling="fixed", server_clip_l2=server_clip)
+                         clients_per_round=4, sampling="fixed", server_clip_l2=server_clip,
+                         **draw)
     state, stats = sim.run_rounds(keyed_state(sim), 3, same_draws=True)   # the same draws
     out[server_clip] = (flat(state.params), np.asarray(stats.unclipped),
                         np.asarray(stats.participants))
