@@ -141,12 +141,16 @@ def _client_rows(loss_fn, params, calls, row, count, key, lr, beta, x, y, *, ste
     first = first[name]
   examples = x[row].reshape(row.shape[0], -1)                       # [max_n, in]
   shared_first = examples @ first["kernel"] + first["bias"]         # [max_n, out]
+  # and its corrections' products of a batch with the earlier rows are the examples'
+  # own: one [max_n, max_n] Gram matrix, no row of the input kept
+  gram = examples @ examples.T
   positions = []
   per_epoch = (count + b - 1) // b
   total = epochs * per_epoch
   # each call's rows, written step by step (in place: a concatenation per step copied
   # the earlier rows again)
-  a_rows = [jnp.zeros_like(like, shape=(steps * b, c.in_shape[-1])) for c in calls]
+  a_rows = [jnp.zeros_like(like, shape=(steps * b if k else 0, c.in_shape[-1]))
+            for k, c in enumerate(calls)]
   e_rows = [jnp.zeros_like(like, shape=(steps * b, c.out_shape[-1])) for c in calls]
   trace = jnp.zeros((steps,), jnp.float32)    # the momentum trace's weight of each step
   coef = jnp.zeros((steps,), jnp.float32)     # the model's: the traces' sum
@@ -160,14 +164,16 @@ def _client_rows(loss_fn, params, calls, row, count, key, lr, beta, x, y, *, ste
     c_rows = jnp.repeat(coef[:s], b)                                      # [s B]
     earlier = [(a_rows[k][:s * b], e_rows[k][:s * b]) if s else None
                for k in range(len(calls))]
+    if s:   # the first layer's x a^T from the Gram matrix
+      earlier[0] = (gram[pos][:, jnp.concatenate(positions)], earlier[0][1])
     positions.append(pos)
     e_now, value, a_now = _step_gradients(loss_fn, params, calls, earlier, c_rows, lr,
                                           x[row[pos]], y[row[pos]], mask, like,
                                           shared_first[pos])
     for k in range(len(calls)):   # a step not taken adds nothing: its e rows are zero
-      a_rows[k] = a_rows[k].at[s * b:(s + 1) * b].set(a_now[k])  # (and its c: the
-      e_rows[k] = e_rows[k].at[s * b:(s + 1) * b].set(             # steps taken come first)
-          jnp.where(active, e_now[k], 0))
+      if k:                       # (and its c: the steps taken come first)
+        a_rows[k] = a_rows[k].at[s * b:(s + 1) * b].set(a_now[k])
+      e_rows[k] = e_rows[k].at[s * b:(s + 1) * b].set(jnp.where(active, e_now[k], 0))
     new_trace = (beta * trace).at[s].set(1.0)
     trace = jnp.where(active, new_trace, trace)
     coef = jnp.where(active, coef + new_trace, coef)
@@ -190,9 +196,10 @@ def _step_gradients(loss_fn, params, calls, earlier, c_rows, lr, xb, yb, mb, lik
       k = len(inputs)
       inputs.append(xin)
       out = (first_out if k == 0 else call()) + taps[k]
-      if earlier[k] is not None:
+      if earlier[k] is not None:   # the first layer's x a^T given (a Gram matrix's rows)
         a, e = earlier[k]
-        out = out - lr * ((xin @ a.T) * c_rows + c_rows) @ e
+        xa = a if k == 0 else xin @ a.T
+        out = out - lr * (xa * c_rows + c_rows) @ e
       return out
     with layer_taps.intercept_dense(corrected):
       objective, data_loss = loss_fn(params, xb, yb, mb)
