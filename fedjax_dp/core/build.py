@@ -95,7 +95,7 @@ def build_simulation(plan: recipes.RunPlan, model: Model, store: FederatedStore,
       recipe, setup.training, model, task or losses.CLASSIFICATION, dp, aggregator, executor,
       uploads=uploads, poisoned_rows=_data_attack(setup.adversary, pop.num_clients,
                                                   poisoned_offset),
-      summed_reports=summed, tap_dense=setup.model in ("mlp", "cnn"))
+      summed_reports=summed, tap_dense=setup.model in TAPPED_MODELS)
   home, sampler = _sampler(pop, setup.training.rounds, store.client_count, n_dev, slots,
                            capacity, resident=executor.resident and not paged,
                            data_seed=setup.adversary.data_seed)
@@ -184,6 +184,11 @@ def _data_attack(adversary: recipes.Adversary, num_clients: int, poisoned_offset
   return rows
 
 
+# the models whose dense layers are read only by their own calls, so that their
+# per-client norms and low-rank steps can come from the calls' taps (layer_taps.py)
+TAPPED_MODELS = ("mlp", "cnn")
+
+
 def _one_step_width(setup: recipes.RunSetup, store: FederatedStore, conditions: dict) -> int:
   """one_step.one_step_width for this run (`conditions`: one_step.plain_sgd_why's);
   client_parallelism 'one_step' where it does not apply is a ConfigError with the
@@ -205,7 +210,7 @@ def _low_rank_rows(setup: recipes.RunSetup, model: Model, params_shape, store: F
   t = setup.training
   why = (one_step.plain_sgd_why(**conditions) or
          ("the model is your own (its dense kernels might be read outside their layers)"
-          if setup.model not in ("mlp", "cnn") else "") or
+          if setup.model not in TAPPED_MODELS else "") or
          low_rank_steps.why_not(model.apply, params_shape,
                                 jax.ShapeDtypeStruct((1,) + store.x.shape[1:], store.x.dtype),
                                 width=store.max_examples, epochs=t.epochs,
@@ -292,11 +297,11 @@ def _summed_reports(dp: dp_round.DPRound, stacks_uploads: bool, draw: str) -> bo
   has the same distribution)."""
   if dp.report_noise is None or draw != "aggregate":
     return False
-  if stacks_uploads and draw == "aggregate":
+  if stacks_uploads:
     raise ConfigError("config key 'local_noise_draw' = 'aggregate': a stage of this run reads "
                       "each report (an attack, a robust rule, server clipping or audit "
                       "canaries); allowed here: auto, client")
-  return not stacks_uploads
+  return True
 
 
 def _round_cohort(sampler: cohort_lib.Sampler, key, r, client_count):

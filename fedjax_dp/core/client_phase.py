@@ -172,23 +172,19 @@ def _train_cohort(stages: ClientStages, params, cohort_ids, cohort_mask, counts,
                                     client_hp, server_state, x, y, dp_client, clip_norm,
                                     client_noise_factor[cohort_ids]), client_state)
   if stages.executor.parallelism == "one_step":
-    ctx = algorithms.LocalContext(params, {}, server_state)
-    loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
-                                         ctx, hp=client_hp["terms"])
+    loss_fn = _plain_loss(stages, params, server_state, client_hp)
     rows = cohort_rows[:, :stages.executor.width]
-    no_flags = jnp.zeros(counts.shape, bool)
     if dp_client is None:
       res, delta_sum = one_step.train_cohort_one_step(loss_fn, params, rows, counts,
                                                       client_hp["lr"], x, y,
                                                       stages.executor.batch)
-      return (res, {}, (), no_flags, (), {}), {"delta": delta_sum}, client_state
+      return (*_cohort_outputs(stages, res, delta_sum, (), ()), client_state)
     res, delta_sum, norms, report_var = one_step_clipped.train_cohort_clipped(
         loss_fn, params, rows, counts, cohort_mask, client_noise_factor[cohort_ids],
         client_hp["lr"], x, y, stages.executor.batch, clip_norm=clip_norm,
         layout=stages.dp.layout, uniform=upload_stages.uniform_weights(stages.uploads),
         tap_dense=stages.tap_dense)
-    sums = {"delta": delta_sum, **({"report_var": report_var} if stages.summed_reports else {})}
-    return (res, {}, (), no_flags, norms, {}), sums, client_state
+    return (*_cohort_outputs(stages, res, delta_sum, norms, report_var), client_state)
   one = _client_step(stages, params, client_hp, server_state, x, y,
                      jax.random.fold_in(round_key, PIPELINE), dp_client if fused else None,
                      client_noise_factor)
@@ -210,9 +206,7 @@ def _train_cohort_low_rank(stages: ClientStages, params, rows, counts, keys, too
   """_train_cohort's outputs where the executor runs the cohort's steps as low-rank
   updates (core/low_rank_steps.py): the example-weighted sum, or under DP the
   clipped sum with each slot's norm."""
-  ctx = algorithms.LocalContext(params, {}, server_state)
-  loss_fn = stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features,
-                                       ctx, hp=client_hp["terms"])
+  loss_fn = _plain_loss(stages, params, server_state, client_hp)
   clipped = dp_client is not None
   res, delta_sum, norms, report_var = low_rank_steps.train_cohort_steps(
       loss_fn, params, rows, counts, keys, took_part, factor, client_hp["lr"],
@@ -221,8 +215,24 @@ def _train_cohort_low_rank(stages: ClientStages, params, rows, counts, keys, too
       batch_size=stages.train_one.keywords["batch_size"],
       uniform=upload_stages.uniform_weights(stages.uploads),
       clip_norm=clip_norm if clipped else None, layout=stages.dp.layout if clipped else None)
+  return _cohort_outputs(stages, res, delta_sum, norms, report_var)
+
+
+def _plain_loss(stages: ClientStages, params, server_state, client_hp):
+  """The objective's loss at the global model (no local terms, no client state): a
+  cohort path's (one_step, low_rank) per-client loss."""
+  ctx = algorithms.LocalContext(params, {}, server_state)
+  return stages.objective.make_loss(stages.model.apply, stages.model.apply_with_features, ctx,
+                                    hp=client_hp["terms"])
+
+
+def _cohort_outputs(stages: ClientStages, res, delta_sum, norms, report_var):
+  """_train_cohort's outputs but the client state for a cohort path's results:
+  ((results, no contributions, no owed noise, no non-finite flags, DP norms or (),
+  no pipeline metrics), the sums: the deltas', and the reports' noise variance
+  factor where it is drawn for their sum)."""
+  no_flags = jnp.zeros(res.examples.shape, bool)
   sums = {"delta": delta_sum, **({"report_var": report_var} if stages.summed_reports else {})}
-  no_flags = jnp.zeros(counts.shape, bool)
   return (res, {}, (), no_flags, norms, {}), sums
 
 

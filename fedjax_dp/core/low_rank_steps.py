@@ -128,10 +128,12 @@ def train_cohort_steps(loss_fn, params, rows, counts, keys, took_part, factor, l
 
 def _client_rows(loss_fn, params, calls, row, count, key, lr, beta, x, y, *, steps: int,
                  epochs: int, batch_size: int, like):
-  """One client's local training as rows: ((per dense call: inputs [K B, in],
-  output gradients [K B, out]), each row's weight c in the final update [K B]),
-  its loss sum and step count. The final update of a layer is
-  -lr sum_r c_r a_r^T e_r (bias: -lr sum_r c_r e_r)."""
+  """One client's local training as rows: ((per dense call: inputs [K B, in] (the
+  first call's none, [0, in]: its inputs are the examples), output gradients
+  [K B, out]), each row's weight c in the final update [K B], the examples
+  [max_n, in] and their output gradients at the first layer summed over the
+  epochs with their c [max_n, out]), its loss sum and step count. The final update
+  of a layer is -lr sum_r c_r a_r^T e_r (bias: -lr sum_r c_r e_r)."""
   b = batch_size
   orders = epoch_orders(key, count, row.shape[0], epochs)
   # the first layer's input is the example itself (the MLP flattens it): its product
