@@ -66,7 +66,9 @@ from fedjax_dp.config.schema import data_seed
 from fedjax_dp.adversary import attacks
 from tests.helpers import covering_array, pairs_and
 from fedjax_dp.errors import ConfigError
-from fedjax_dp.core.state import CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, SERVER_NOISE
+from fedjax_dp.core.state import (CLIP_COUNT_NOISE, KEPT_NOISE, LOCAL_NOISE, REPORT_NOISE_SUM,
+                                  SERVER_NOISE)
+from fedjax_dp.recipes.flat import local_noise_draw
 from fedjax_dp.data.tabular import TIERS
 
 dpa = pytest.importorskip("dp_accounting")
@@ -300,11 +302,16 @@ def measure(rec_: Recorder, rec: Recorded, feature_tiers) -> Round | None:
                                                                               rec.after))
     clients = np.flatnonzero(np.asarray(nc1) > np.asarray(nc0))
     assert len(clients) == n, (clients, n)
-    base = jax.random.fold_in(round_key, LOCAL_NOISE)
-    sign = attack_signs(cfg)   # an attacker's report, its noise included, is -s or s times
-    normals = sum(sign[c] * leaf_normals(jax.random.fold_in(base, int(c)), params)
-                  for c in clients)
     scale = math.sqrt(n)
+    if local_noise_draw(cfg) == "aggregate":
+      # the reports' noise drawn once for their sum: sqrt(n) normals of one report's std
+      # (uniform weights, one noise factor), client_phase._linear_aggregate
+      normals = scale * leaf_normals(jax.random.fold_in(round_key, REPORT_NOISE_SUM), params)
+    else:
+      base = jax.random.fold_in(round_key, LOCAL_NOISE)
+      sign = attack_signs(cfg)   # an attacker's report, its noise included, is -s or s times
+      normals = sum(sign[c] * leaf_normals(jax.random.fold_in(base, int(c)), params)
+                    for c in clients)
   assert np.linalg.norm(noise) > 0, "the round released no noise"
   masks = part_masks(cfg, params, feature_tiers)
   d = len(noise)
@@ -475,6 +482,9 @@ def check_local(cfg, summary, rounds: list[Round], tol_hi: float, what: str,
       inv[r.clients] += r.z ** -2
       exact &= r.exact
   tol_lo = 2e-3 if exact else 0.10
+  # every report's (or their sum's) noise comes from the round's keys: a fit that fails
+  # means measure() no longer reproduces the draw, not a 10 % allowance
+  assert exact or cfg.adaptive_clipping, f"{what}: the local noise did not fit its keys' normals"
   zc = np.where(inv > 0, 1 / np.sqrt(np.maximum(inv, 1e-300)), np.inf)
   want = np.array([gaussian_epsilon(z / 2, cfg.delta, "rdp") for z in zc])
   got = np.array([e if e is not None else 0.0 for e in client_eps])   # client_epsilons.csv
