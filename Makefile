@@ -55,6 +55,15 @@ test-slow: $(VENV)/.installed-dev fmnist-data
 test-long: $(VENV)/.installed-dev fmnist-data
 	$(PY) -m pytest -q -n 2 -m long
 
+# Our Flower-style partitions (data/flwr_partitions.py) against flwr-datasets itself, in a
+# venv of its own (.venv-flwr: flwr-datasets brings Hugging Face datasets and pyarrow)
+.PHONY: test-flwr
+test-flwr:
+	@test -x .venv-flwr/bin/python || $(PYTHON) -m venv .venv-flwr
+	@test -e .venv-flwr/.installed || (.venv-flwr/bin/pip install -q -e . flwr-datasets==0.6.1 \
+	  pytest && touch .venv-flwr/.installed)
+	.venv-flwr/bin/python -m pytest -q -p no:cacheprovider tests/test_flwr_datasets_match.py
+
 # The documentation site into site/, every warning an error (a broken link, a page
 # outside the nav, a docstring mkdocstrings cannot read). NO_MKDOCS_2_WARNING: Material's
 # banner about MkDocs 2.0, which is not a warning about these pages

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # lowest first; "kernels" is the top-level kernels/ (installed as fedjax_dp.kernels)
 LAYERS = (
     ("errors.py", "config/", "kernels/", "stage.py"),
-    ("placement/", "data/", "models.py", "losses.py"),
+    ("placement/", "data/", "models/", "losses.py"),
     ("algorithms/", "robust/", "adversary/", "compression/", "privacy/", "training/"),
     ("recipes/",),
     ("core/",),

@@ -42,3 +42,76 @@ def test_cnn_round_runs_and_lowers_the_loss():
   state, stats = sim.run_rounds(sim.init_state(), 6)
   losses = np.asarray(stats.loss_sum) / np.asarray(stats.examples)
   assert losses[-1] < 0.5 * losses[0]
+
+
+# ---------------------------------------------------------------- the benchmarks' models
+
+
+def test_leaf_cnn_is_leafs_femnist_cnn():
+  """LEAF's FEMNIST CNN (Caldas et al. 2018): 5x5 convs of 32 and 64 channels, each
+  max-pooled 2x2, a dense layer of 2048, 62 outputs: its parameters by hand."""
+  model = make_model("leaf_cnn", (28, 28, 1), 62)
+  expected = (5 * 5 * 1 * 32 + 32) + (5 * 5 * 32 * 64 + 64) + (7 * 7 * 64 * 2048 + 2048) \
+      + (2048 * 62 + 62)
+  assert num_params(model.init(jax.random.PRNGKey(0))) == expected == 6_603_710
+
+
+@pytest.mark.parametrize("classes, expected", [(10, 11_173_962), (100, 11_220_132)])
+def test_resnet18_has_the_cifar_resnet18s_parameters(classes, expected):
+  """The CIFAR ResNet-18 (3x3 stem, no bias before a norm): 11,173,962 parameters with
+  10 classes as the torchvision-style network counts them; GroupNorm's scale and
+  bias are batch norm's affine parameters, one each per channel."""
+  model = make_model("resnet18", (32, 32, 3), classes)
+  params = model.init(jax.random.PRNGKey(0))
+  assert num_params(params) == expected
+  gn = [k for k in jax.tree_util.tree_flatten_with_path(params)[0] if "GroupNorm" in str(k[0])]
+  assert gn and not any("BatchNorm" in str(k[0]) for k in
+                        jax.tree_util.tree_flatten_with_path(params)[0])
+
+
+def test_resnet18_keeps_no_batch_statistics():
+  """Each example's outputs are its own (group norm over its own channels): the
+  batch's other examples change nothing, so clients' rows never mix."""
+  model = make_model("resnet18", (16, 16, 3), 5)
+  params = model.init(jax.random.PRNGKey(1))
+  x = np.random.default_rng(0).random((4, 16, 16, 3), np.float32)
+  both = model.apply(params, x)
+  for i in range(4):
+    np.testing.assert_allclose(model.apply(params, x[i:i + 1])[0], both[i], rtol=1e-4,
+                               atol=1e-5)
+  logits, features = model.apply_with_features(params, x)
+  assert features.shape == (4, 512)
+
+
+def test_models_that_ignore_hidden_refuse_it():
+  from fedjax_dp.errors import ConfigError
+  from fedjax_dp import make_config
+  with pytest.raises(ConfigError, match="'hidden'"):
+    make_config({"model": "leaf_cnn", "hidden": [64]})
+
+
+@pytest.mark.parametrize("name", ["leaf_cnn",
+                                  pytest.param("resnet18", marks=pytest.mark.slow)])   # 90 s
+def test_benchmark_models_through_the_round(name):
+  """The round's paths agree on these models (map: a loop over clients; vmap:
+  batched; 2 devices) and central DP's clipped, noised round runs on them."""
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 3, 24).astype(np.int32)
+  x = (rng.random((24, 8, 8, 1 if name == "leaf_cnn" else 3)) * 0.2
+       + y[:, None, None, None] * 0.3).astype(np.float32)
+  parts = np.array_split(np.arange(24), 4)
+  common = dict(model=name, hidden=[200, 200], lr=0.05, local_epochs=1, batch_size=6,
+                momentum=0.0)
+  runs = {}
+  for path, devices in (("map", 1), ("vmap", 1), ("vmap", 2)):
+    sim = toy_simulation(x, y, parts, classes=3, devices=devices, client_parallelism=path,
+                         **common)
+    state, _ = sim.run_rounds(sim.init_state(), 2)
+    runs[path, devices] = jax.tree.leaves(jax.device_get(state.params))
+  for other in (("vmap", 1), ("vmap", 2)):
+    for a, b in zip(runs["map", 1], runs[other]):
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  dp = toy_simulation(x, y, parts, classes=3, dp="central", noise_multiplier=0.5,
+                      clip_norm=1.0, **common)
+  state, stats = dp.run_rounds(dp.init_state(), 1)
+  assert np.isfinite(np.asarray(stats.loss_sum)).all()

@@ -298,6 +298,10 @@ def _datasets(args) -> int:
   from fedjax_dp.data.registry import DATASETS, find_dataset
 
   from fedjax_dp.errors import RunError
+  if args.write_sample:
+    return _write_sample(args)
+  if args.out:
+    raise RunError("--out is read with --write-sample only")
   if args.plot and not args.partition:
     raise RunError("--plot needs --partition (it plots the partition's label histogram)")
   if args.plot and not args.plot.lower().endswith(".png"):
@@ -332,6 +336,23 @@ def _datasets(args) -> int:
         hist, args.plot, class_names=names if names and len(names) == ds.num_classes else None,
         title=f"{cfg.dataset}: {cfg.num_clients} clients, {described}")
     print(f"plot: {os.path.abspath(args.plot)}")
+  return 0
+
+
+def _write_sample(args) -> int:
+  """`fedjax-dp datasets --write-sample NAME --out DIR`: files in NAME's real format."""
+  from fedjax_dp.data.sample_files import write_sample
+  from fedjax_dp.errors import RunError
+  if not args.out:
+    raise RunError("--write-sample needs --out DIR (a new or empty folder)")
+  if args.partition or args.plot or args.config or args.set:
+    raise RunError("--write-sample takes --out, --clients and --examples only")
+  paths = write_sample(args.write_sample, args.out, args.clients, args.examples)
+  print(f"{args.write_sample}: {args.clients} clients of generated examples in its real format")
+  for path in paths:
+    print(f"  {path}")
+  print(f"run: fedjax-dp run --set dataset={args.write_sample} data_dir={args.out} "
+        "partition=natural_id ...")
   return 0
 
 

@@ -28,6 +28,10 @@ DATA = section("data", [
     Key("feature_scaling", "auto",
         "how tabular features are standardised; auto: pooled without DP, per_client under DP",
         choices=("auto", "pooled", "per_client", "none")),
+    Key("test_clients", 0,
+        "a dataset's own clients held out whole as the test set (partition natural_id); 0: its "
+        "file's test split, which holds the trained clients' examples (refused under DP)",
+        at_least=0),
 ])
 
 FEDERATION = section("federation", [
@@ -51,18 +55,39 @@ FEDERATION = section("federation", [
     Key("max_cohort", None,
         "random cohorts' capacity (overflow counted in summary.json); null: mean + 4 sd",
         at_least=1, nullable=int, limit=">= clients_per_round"),
+    # choices: data/partition.py's PARTITIONS (config/ imports nothing of the package;
+    # tests/test_flwr_partitions.py checks that each of them is here)
     Key("partition", "dirichlet", "how examples are split over clients",
-        choices=("iid", "dirichlet", "shards", "quantity", "dirichlet_client")),
+        choices=("iid", "dirichlet", "shards", "quantity", "dirichlet_client", "natural_id",
+                 "flwr_dirichlet", "inner_dirichlet", "pathological", "shard", "linear",
+                 "square", "exponential")),
     Key("alpha", 0.5, "Dirichlet concentration of the label skew (smaller: more skew)", above=0),
     Key("classes_per_client", 2, "classes per client", at_least=1),
     Key("quantity_alpha", 1.0, "Dirichlet concentration over client sizes", above=0),
+    Key("min_partition_size", 10, "the label split is redrawn (11 draws in all) until every "
+        "client has this many examples", at_least=1),
+    Key("self_balancing", False, "a client already above the mean size takes none of the "
+        "classes still to split"),
+    Key("client_sizes", None, "each client's examples; null: near-equal sizes",
+        nullable=tuple, allowed="a list of num_clients integers >= 1 summing to the training "
+        "set's size"),
+    Key("class_assignment", "random", "a client's classes: random; deterministic: i, i + 1, "
+        "... mod the classes (client i); first_deterministic: i mod the classes, the rest random",
+        choices=("random", "deterministic", "first_deterministic")),
+    Key("shards_per_client", 2, "shards per client; null: the shard_size shards dealt evenly, "
+        "the first clients one more", at_least=1, nullable=int),
+    Key("shard_size", None, "examples per shard; null: the training set's size over "
+        "num_clients x shards_per_client, rounded down", at_least=1, nullable=int),
+    Key("keep_incomplete_shard", False, "the last, short shard is a shard too (docs: "
+        "Datasets)"),
 ])
 
 MODEL = section("model", [
     Key("model", "mlp",
-        "mlp with `hidden` layers, or a 2 conv + 2 dense CNN (hidden[0] = dense width); custom: "
-        "your own, given to fedjax_dp.run",
-        choices=("mlp", "cnn", "custom")),
+        "mlp with `hidden` layers; cnn: 2 conv + 2 dense (hidden[0] = dense width); leaf_cnn: "
+        "LEAF's FEMNIST CNN (dense 2048); resnet18: ResNet-18 with GroupNorm; custom: your own, "
+        "given to fedjax_dp.run",
+        choices=("mlp", "cnn", "leaf_cnn", "resnet18", "custom")),
     Key("hidden", (200, 200), "hidden layer sizes"),
 ])
 

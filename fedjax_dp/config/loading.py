@@ -55,6 +55,17 @@ def _coerce(key: str, value: Any) -> Any:
       raise ConfigError(f"config key 'plugins' = {value!r}: expected a list of Python files "
                         "or module names, e.g. [my_rule.py]")
     return tuple(value)
+  if key == "client_sizes" and value is not None:
+    if isinstance(value, str):
+      value = [v for v in value.strip("[]").replace(",", " ").split() if v]
+    try:
+      sizes = tuple(int(v) for v in value)
+      if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v)) for v in value):
+        raise ValueError("not whole")   # int(1.5) would quietly be 1
+    except (TypeError, ValueError):
+      raise ConfigError(f"config key 'client_sizes' = {value!r}: expected a list of client "
+                        "sizes, e.g. [100, 200, 300]")
+    return sizes
   if value is None:
     if key in _OPTIONAL:
       return None

@@ -39,6 +39,11 @@ class Dataset:
   # the data's own split over clients (from_arrays, from_clients): one index array
   # into x_train per client; None: the config's `partition` splits the data
   client_parts: tuple[np.ndarray, ...] | None = None
+  # data with clients of its own (natural.py: LEAF, TensorFlow Federated's files):
+  # their ids, in client_parts' order, and each one's rows of x_test where the test
+  # split holds the same clients' examples (None: no trained client's rows)
+  client_ids: tuple[str, ...] = ()
+  test_parts: tuple[np.ndarray, ...] | None = None
   # where x_test, y_test came from (TEST_SOURCES): 'split', a loader's test split or
   # rows held out before partitioning (no client's); 'given', the caller's
   # test=(x_test, y_test); 'client_rows', rows held out of the clients' own rows,

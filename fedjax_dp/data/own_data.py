@@ -18,10 +18,12 @@ import math
 import numpy as np
 
 from fedjax_dp.data.dataset import Dataset, train_test_split
+from fedjax_dp.data.partition import PARTITION_KEYS
 from fedjax_dp.errors import DataError
 
-_LABEL_PARTITIONS = ("dirichlet", "shards", "dirichlet_client")
-_PARTITION_OPTIONS = ("alpha", "classes_per_client", "quantity_alpha")
+# the partitions that read class labels (the others split rows by count alone)
+_LABEL_PARTITIONS = ("dirichlet", "shards", "dirichlet_client", "flwr_dirichlet",
+                     "inner_dirichlet", "pathological", "shard")
 
 
 def _features(x, what: str = "x") -> np.ndarray:
@@ -213,10 +215,10 @@ def _partitioned(name, x, y, method, num_clients, test, fraction, seed, options)
   if method not in PARTITIONS:
     raise DataError(f"partition {method!r}: allowed are {', '.join(PARTITIONS)}, or a list of "
                     "index arrays")
-  bad = sorted(set(options) - set(_PARTITION_OPTIONS))
+  bad = sorted(set(options) - set(PARTITION_KEYS))
   if bad:
     raise DataError(f"from_arrays: unknown option {bad[0]!r} (allowed: "
-                    f"{', '.join(_PARTITION_OPTIONS)})")
+                    f"{', '.join(PARTITION_KEYS)})")
   if method in _LABEL_PARTITIONS and y.dtype.kind != "i":
     raise DataError(f"partition {method!r} splits by class label but y holds real targets "
                     f"({y.dtype}): use 'iid', 'quantity', client_ids or index lists")

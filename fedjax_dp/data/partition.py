@@ -1,7 +1,7 @@
 """Partitioners: split a training set's example indices over clients, deterministically by seed.
 
-Every partition puts every example in exactly one client and gives every
-client at least `min_size` examples.
+Every partition puts every example in exactly one client (`shard` in at most one)
+and gives every client at least `min_size` examples.
 
   iid        shuffle, then near-equal parts
   dirichlet  label skew: for each class, client shares ~ Dir(alpha * 1) split that
@@ -16,15 +16,27 @@ client at least `min_size` examples.
              class with most left). Works at any alpha with few classes, where
              `dirichlet` leaves clients empty (the dynamic-DP paper's 3-class
              tabular data with 120 clients at alpha 0.01..1)
+
+Flower's partitioners (flwr-datasets 0.6.1: the same row sets from the same seed;
+flwr_partitions.py says how): flwr_dirichlet, inner_dirichlet, pathological, shard,
+linear, square, exponential. `iid` is Flower's IidPartitioner on its shuffled rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedjax_dp.data.flwr_partitions import FLWR_PARTITIONS, flwr_partition
 from fedjax_dp.errors import DataError
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "dirichlet_client")
+# the one list of names (config/keys.py's choices for `partition` copy it: config/ imports
+# nothing of the package; tests/test_flwr_partitions.py checks each is there)
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "dirichlet_client", "flwr_dirichlet",
+              "inner_dirichlet", "pathological", "shard", "linear", "square", "exponential")
+# partition()'s options that are config keys of the same name (the set-up passes them)
+PARTITION_KEYS = ("alpha", "classes_per_client", "quantity_alpha", "min_partition_size",
+                  "self_balancing", "client_sizes", "class_assignment", "shards_per_client",
+                  "shard_size", "keep_incomplete_shard")
 _MAX_TRIES = 1000
 
 
@@ -93,8 +105,13 @@ def _shards(labels, num_clients, classes_per_client, rng):
 
 def partition(labels: np.ndarray, num_clients: int, method: str, *, alpha: float = 0.5,
               classes_per_client: int = 2, quantity_alpha: float = 1.0, seed: int = 0,
-              min_size: int = 1) -> list[np.ndarray]:
-  """Returns one int64 index array per client (each sorted ascending)."""
+              min_size: int = 1, min_partition_size: int = 10, self_balancing: bool = False,
+              client_sizes=None, class_assignment: str = "random",
+              shards_per_client: int | None = 2, shard_size: int | None = None,
+              keep_incomplete_shard: bool = False) -> list[np.ndarray]:
+  """Returns one int64 index array per client (each sorted ascending) of labels [n].
+
+  The options after min_size are read by Flower's methods only (flwr_partitions.py)."""
   labels = np.asarray(labels)
   n = len(labels)
   if method not in PARTITIONS:
@@ -111,6 +128,17 @@ def partition(labels: np.ndarray, num_clients: int, method: str, *, alpha: float
   if method == "shards" and (classes_per_client < 1 or num_clients * classes_per_client > n):
     raise DataError(f"classes_per_client = {classes_per_client}: shards needs >= 1 with "
                     f"num_clients * classes_per_client <= {n} examples")
+  if method in FLWR_PARTITIONS:
+    parts = flwr_partition(
+        labels, num_clients, method, seed, alpha=alpha, classes_per_client=classes_per_client,
+        min_partition_size=min_partition_size, self_balancing=self_balancing,
+        client_sizes=client_sizes, class_assignment=class_assignment,
+        shards_per_client=shards_per_client, shard_size=shard_size,
+        keep_incomplete_shard=keep_incomplete_shard)
+    if min(len(p) for p in parts) < min_size:
+      raise DataError(f"partition {method!r} gives a client {min(len(p) for p in parts)} "
+                      f"examples; at least min_size = {min_size} are needed")
+    return [np.sort(p).astype(np.int64) for p in parts]
   rng = np.random.default_rng(seed)
   if method == "iid":
     parts = np.array_split(rng.permutation(n), num_clients)

@@ -19,6 +19,7 @@ from fedjax_dp.data.images import (HOW_TO_GET, find_cifar_folder, find_idx_folde
                                    load_cifar10, load_digits, load_idx_dataset)
 from fedjax_dp.data.scaling import scale_features
 from fedjax_dp.data.tabular import load_breast_cancer, load_healthcare, load_synthetic
+from fedjax_dp.data import leaf, tff_h5
 
 class DatasetSource(NamedTuple):
   """A dataset by name (the config's `dataset`): how to find and load it.
@@ -29,12 +30,15 @@ class DatasetSource(NamedTuple):
   find(data_dir) -> (available here?, where it is or how to get it); never raises.
   tabular: its features are standardised (feature_scaling); images are scaled to
     [0, 1] by the loader.
-  class_names: the classes' names where it has them (plots)."""
+  class_names: the classes' names where it has them (plots).
+  natural_clients: the loader returns its clients (Dataset.client_ids, client_parts):
+    partition 'natural_id' trains them (natural.py)."""
   name: str
   load: Callable[..., Dataset]
   find: Callable[[str | None], tuple[bool, str]] = lambda data_dir: (True, "registered")
   tabular: bool = False
   class_names: tuple[str, ...] = ()
+  natural_clients: bool = False   # its examples come with their clients (natural.py)
 
 
 def _found(where: str) -> Callable[[str | None], tuple[bool, str]]:
@@ -48,6 +52,21 @@ def _find_idx(name: str):
   return find
 
 
+def _find_leaf(name: str):
+  def find(data_dir):
+    folder, _ = leaf.find_leaf_folder(name, data_dir)
+    return (True, folder) if folder else (False, leaf.HOW_TO_GET[name])
+  return find
+
+
+def _tff(name: str, class_names: tuple[str, ...] = ()) -> DatasetSource:
+  def find(data_dir):
+    folder, _ = tff_h5.find_h5_folder(name, data_dir)
+    return (True, folder) if folder else (False, tff_h5.how_to_get(name))
+  return DatasetSource(name, lambda d, seed: tff_h5.load_tff(name, d), find,
+                       class_names=class_names, natural_clients=True)
+
+
 def _find_cifar(data_dir):
   folder, _ = find_cifar_folder(data_dir)
   return (True, folder) if folder else (False, HOW_TO_GET["cifar10"])
@@ -55,6 +74,8 @@ def _find_cifar(data_dir):
 
 _FMNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                    "Sneaker", "Bag", "Ankle boot")
+# FEMNIST's and EMNIST's 62 classes (LEAF and TFF number them so)
+_EMNIST_CLASSES = tuple("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                   "ship", "truck")
 # the registered datasets by name (a dict: iterating gives the names); register_dataset adds
@@ -65,6 +86,13 @@ DATASETS: dict[str, DatasetSource] = {s.name: s for s in (
                   class_names=_FMNIST_CLASSES),
     DatasetSource("cifar10", lambda d, seed: load_cifar10(d), _find_cifar,
                   class_names=_CIFAR_CLASSES),
+    # clients of their own (natural.py: partition natural_id); LEAF's JSON, TFF's HDF5
+    DatasetSource("femnist", lambda d, seed: leaf.load_femnist(d), _find_leaf("femnist"),
+                  class_names=_EMNIST_CLASSES, natural_clients=True),
+    _tff("emnist", _EMNIST_CLASSES),
+    _tff("emnist_digits", _EMNIST_CLASSES[:10]),
+    _tff("cifar100"),
+    _tff("cifar100_coarse"),
     DatasetSource("csv", lambda d, seed, **o: load_csv(seed=seed, **o),
                   _found("any CSV file: --set dataset=csv --set csv_path=FILE"), tabular=True),
     DatasetSource("synthetic", lambda d, seed, **o: load_synthetic(seed=seed, **o),
@@ -91,6 +119,11 @@ def register_dataset(source: DatasetSource) -> None:
   DATASETS[source.name] = source
   if source.tabular and source.name not in TABULAR:
     TABULAR.append(source.name)
+
+
+def natural_datasets() -> list[str]:
+  """The registered datasets whose examples come with their own clients."""
+  return [name for name, s in DATASETS.items() if s.natural_clients]
 
 
 def class_names(name: str) -> tuple[str, ...]:

@@ -24,8 +24,9 @@ from fedjax_dp.core.simulation import make_mesh
 from fedjax_dp.recipes.plan import plan_run
 from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
 from fedjax_dp.errors import DataError
-from fedjax_dp.data.partition import partition
-from fedjax_dp.data.registry import load_dataset
+from fedjax_dp.data.natural import select_clients
+from fedjax_dp.data.partition import PARTITION_KEYS, partition
+from fedjax_dp.data.registry import load_dataset, natural_datasets
 from fedjax_dp.data.scaling import apply_feature_scaling
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
@@ -52,14 +53,35 @@ def load_data(cfg: Config) -> Dataset:
   elif cfg.dataset == "breast_cancer" and cfg.tier_map_path:
     options = dict(tier_map=cfg.tier_map_path)
   mode = resolved_feature_scaling(cfg)
-  return load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
-                      feature_scaling="none" if mode == "per_client" else mode, **options)
+  ds = load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
+                    feature_scaling="none" if mode == "per_client" else mode, **options)
+  return natural_clients(cfg, ds)
+
+
+def natural_clients(cfg: Config, ds: Dataset) -> Dataset:
+  """Data with clients of its own (natural.py) as the run takes it: partition
+  'natural_id' keeps test_clients of them whole as the test set and num_clients
+  others; any other partition pools their rows for the partitioner (no client's
+  rows in the test split then: the partition's clients are the privacy unit)."""
+  if not ds.client_ids:
+    if cfg.partition == "natural_id":
+      raise ConfigError(f"config key 'partition' = 'natural_id' with dataset {cfg.dataset!r}: "
+                        "its examples have no clients of their own (allowed with "
+                        f"{', '.join(natural_datasets())}, or your own data's clients)")
+    return ds
+  if cfg.partition == "natural_id":
+    return select_clients(ds, cfg.num_clients, cfg.test_clients, data_seed(cfg))[0]
+  return dataclasses.replace(ds, client_parts=None, client_ids=(), test_parts=None,
+                             test_source="split")
 
 
 def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
-  return partition(ds.y_train, cfg.num_clients, cfg.partition, alpha=cfg.alpha,
-                   classes_per_client=cfg.classes_per_client,
-                   quantity_alpha=cfg.quantity_alpha, seed=data_seed(cfg))
+  """One index array into ds.x_train per client: the data's own clients (partition
+  'natural_id', ds from load_data) or the partitioner's split of its labels."""
+  if cfg.partition == "natural_id":
+    return [np.asarray(p) for p in ds.client_parts]
+  return partition(ds.y_train, cfg.num_clients, cfg.partition, seed=data_seed(cfg),
+                   **{k: getattr(cfg, k) for k in PARTITION_KEYS})
 
 
 def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float | None = None,
@@ -90,7 +112,8 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
                       "data has no sensitivity tiers (use dataset healthcare, or csv or "
                       "breast_cancer with tier_map_path)")
   # labels only: the same under every scaling
-  parts = own_partition(cfg, ds) if ds.client_parts is not None else client_partition(cfg, ds)
+  parts = (own_partition(cfg, ds) if ds.client_parts is not None and not ds.client_ids
+           else client_partition(cfg, ds))
   ds = apply_feature_scaling(ds, parts, resolved_feature_scaling(cfg))
   check_targets(ds, task.target_dtype, task.name)
   ds, attack_set, poisoned = poison_data(cfg, ds, parts, task)
@@ -134,6 +157,12 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
                f"kept_noise {cfg.kept_noise!r}" if kept_noise_of(cfg) is not None else None)
   if guarantee is None:   # dp none: no guarantee for the holdout to break
     return
+  if ds.client_ids:   # a dataset's own clients (natural.py): its test split is theirs
+    raise DataError(
+        f"dataset {ds.name!r} with partition 'natural_id' and {guarantee}: its test split holds "
+        "held-out examples of the trained clients, so the published test_loss and test "
+        "metrics would be unnoised functions of their data, outside the privacy guarantee; "
+        "hold whole clients out as the test set instead: --set test_clients=K (K >= 1)")
   raise DataError(
       f"data {ds.name!r} has test_source 'client_rows' (its test set is rows held out of the "
       f"clients' own rows) with {guarantee}: the published test_loss and test metrics would be "

@@ -322,13 +322,27 @@ _SETUP_KEYS_READ = {
     "mf_bands": (lambda c: "mf_bands" in mechanisms.get_mechanism(c.dp).reads, "dp 'bandmf'"),
     "local_noise_draw": (lambda c: mechanisms.get_mechanism(c.dp).report_noise is not None,
                          "dp 'local'"),
+    "test_clients": (lambda c: c.partition == "natural_id", "partition 'natural_id'"),
+    "hidden": (lambda c: c.model in ("mlp", "cnn"), "model 'mlp' or 'cnn'"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "server_lr_min": (lambda c: c.server_lr_schedule == "cosine",
                       "server_lr_schedule 'cosine'"),
-    "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client"),
-              "partition 'dirichlet' or 'dirichlet_client'"),
-    "classes_per_client": (lambda c: c.partition == "shards", "partition 'shards'"),
+    "alpha": (lambda c: c.partition in ("dirichlet", "dirichlet_client", "flwr_dirichlet",
+                                        "inner_dirichlet"),
+              "partition 'dirichlet' or 'dirichlet_client', or Flower's 'flwr_dirichlet' or "
+              "'inner_dirichlet'"),
+    "classes_per_client": (lambda c: c.partition in ("shards", "pathological"),
+                           "partition 'shards' or 'pathological'"),
     "quantity_alpha": (lambda c: c.partition == "quantity", "partition 'quantity'"),
+    **{k: (lambda c: c.partition == "flwr_dirichlet", "partition 'flwr_dirichlet'")
+       for k in ("min_partition_size", "self_balancing")},
+    "client_sizes": (lambda c: c.partition == "inner_dirichlet", "partition 'inner_dirichlet'"),
+    "class_assignment": (lambda c: c.partition == "pathological", "partition 'pathological'"),
+    **{k: (lambda c: c.partition == "shard", "partition 'shard'")
+       for k in ("shards_per_client", "shard_size")},
+    "keep_incomplete_shard": (lambda c: c.partition == "shard" and (
+        c.shards_per_client is None or c.shard_size is None), "partition 'shard' without both "
+        "shards_per_client and shard_size"),
     "byzantine_attack": (lambda c: c.byzantine_fraction > 0, "byzantine_fraction > 0"),
     "byzantine_scale": (lambda c: c.byzantine_fraction > 0 and c.byzantine_attack not in (
         "alie", "label_flip", "targeted"), "byzantine_fraction > 0 and byzantine_attack "

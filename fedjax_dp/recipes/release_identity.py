@@ -52,7 +52,12 @@ RELEASE_NEUTRAL_KEYS = ("data_dir", "checkpoint_every", "keep_checkpoints", "dev
 # Keys added after the digest's form was fixed, left out at their default so that
 # every release made before them keeps its run key (its draws, its golden results)
 LATER_KEYS = {"mf_bands": None, "min_separation": None, "server_lr_schedule": "constant",
-              "server_lr_min": 0.0, "local_noise_draw": "client"}
+              "server_lr_min": 0.0, "local_noise_draw": "client",
+              "test_clients": 0,
+              # Flower's partitioners' options (data/flwr_partitions.py)
+              "min_partition_size": 10, "self_balancing": False, "client_sizes": None,
+              "class_assignment": "random", "shards_per_client": 2, "shard_size": None,
+              "keep_incomplete_shard": False}
 
 
 def rounds_shape_the_rounds(cfg: Config) -> bool:

@@ -1,0 +1,151 @@
+"""Files in the real datasets' formats holding generated examples: to try a
+format, to run the docs' commands and the benchmarks where the real files are
+absent (`fedjax-dp datasets --write-sample NAME --out DIR`).
+
+The layout, field names, dtypes and quirks are the real files' (leaf.py,
+tff_h5.py): LEAF's JSON with users / num_samples / user_data (and the
+`hierarchies` key LEAF writes), pixels with the paper at 1.0; TFF's HDF5 with
+examples/<client id>/<feature>, EMNIST's float32 pixels and int32 labels,
+CIFAR-100's uint8 images and int64 labels, its test clients other than its
+training clients. The examples are learnable: each class an image template of
+its own, each writer a shift and a stroke weight of its own, plus noise.
+Client sizes follow LEAF's FEMNIST (mean 226.83, standard deviation 88.94 a
+writer: Caldas et al. 2018, table 1) scaled to `examples_per_client`, as a
+gamma distribution with that mean and relative spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from fedjax_dp.errors import DataError
+
+FEMNIST_MEAN, FEMNIST_STD = 226.83, 88.94   # examples a writer, LEAF's table 1
+SAMPLES = ("femnist", "emnist", "emnist_digits", "cifar100")
+_TEST_SHARE = 0.1   # LEAF's --tf 0.9 and TFF's EMNIST hold out about a tenth
+
+
+def client_sizes(num_clients: int, mean: float, rng: np.random.Generator) -> np.ndarray:
+  """int64 [clients], each >= 2: gamma with FEMNIST's relative spread, scaled to `mean`."""
+  shape = (FEMNIST_MEAN / FEMNIST_STD) ** 2
+  return np.maximum(2, np.round(rng.gamma(shape, mean / shape, num_clients))).astype(np.int64)
+
+
+def class_images(labels: np.ndarray, shape: tuple[int, ...], writer: int,
+                 seed: int) -> np.ndarray:
+  """float32 [n, *shape] in [0, 1]: class `label`'s template (seeded by the class),
+  shifted and weighted by the writer, plus noise: ink near 1 on 0."""
+  rng = np.random.default_rng([seed, writer])
+  shift = rng.integers(-1, 2, 2)
+  weight = rng.uniform(0.7, 1.0)
+  out = np.empty((len(labels),) + shape, np.float32)
+  for i, k in enumerate(labels):
+    template = np.random.default_rng([seed, 10_000 + int(k)]).random(shape) > 0.7
+    img = np.roll(template, tuple(shift), axis=(0, 1)) * weight
+    out[i] = np.clip(img + rng.normal(0, 0.15, shape), 0, 1)
+  return out
+
+
+def _writer_ids(n: int) -> list[str]:
+  """LEAF / NIST writer ids: f<4-digit writer>_<2-digit form>, in sorted order."""
+  return sorted(f"f{i // 4:04d}_{10 + i % 4 * 20:02d}" for i in range(n))
+
+
+def _client_split(size: int, num_classes: int, rng) -> tuple[np.ndarray, np.ndarray]:
+  """(training labels, test labels) of one writer: a tenth held out, at least one."""
+  labels = rng.integers(0, num_classes, size)
+  n_test = max(1, int(round(size * _TEST_SHARE)))
+  return labels[n_test:], labels[:n_test]
+
+
+def write_leaf_femnist(folder: str, num_clients: int, examples_per_client: float,
+                       seed: int) -> list[str]:
+  """train/ and test/ JSON files of LEAF's FEMNIST layout; returns their paths."""
+  rng = np.random.default_rng(seed)
+  blobs = {s: {"users": [], "num_samples": [], "user_data": {}, "hierarchies": []}
+           for s in ("train", "test")}
+  for w, (user, size) in enumerate(zip(_writer_ids(num_clients),
+                                       client_sizes(num_clients, examples_per_client, rng))):
+    for split, labels in zip(("train", "test"), _client_split(size, 62, rng)):
+      ink = class_images(labels, (28, 28), w, seed)
+      paper = np.round(1.0 - ink.reshape(len(labels), 784), 6)   # LEAF: paper 1.0, ink near 0
+      b = blobs[split]
+      b["users"].append(user)
+      b["num_samples"].append(int(len(labels)))
+      b["user_data"][user] = {"x": paper.tolist(), "y": [int(v) for v in labels]}
+  paths = []
+  for split, blob in blobs.items():
+    os.makedirs(os.path.join(folder, split), exist_ok=True)
+    path = os.path.join(folder, split, f"all_data_0_niid_0_keep_0_{split}_9.json")
+    with open(path, "w") as f:
+      json.dump(blob, f)
+    paths.append(path)
+  return paths
+
+
+def _write_h5(path: str, clients: dict[str, dict[str, np.ndarray]]) -> str:
+  import h5py
+  with h5py.File(path, "w") as f:
+    group = f.create_group("examples")
+    for cid, features in clients.items():
+      g = group.create_group(cid)
+      for key, value in features.items():
+        g.create_dataset(key, data=value)
+  return path
+
+
+def write_tff_emnist(folder: str, num_clients: int, examples_per_client: float, seed: int,
+                     digits_only: bool = False) -> list[str]:
+  """fed_emnist[_digitsonly]_{train,test}.h5: the same writers in both files."""
+  rng = np.random.default_rng(seed)
+  classes, stem = (10, "fed_emnist_digitsonly") if digits_only else (62, "fed_emnist")
+  splits = {"train": {}, "test": {}}
+  for w, (cid, size) in enumerate(zip(_writer_ids(num_clients),
+                                      client_sizes(num_clients, examples_per_client, rng))):
+    for split, labels in zip(("train", "test"), _client_split(size, classes, rng)):
+      pixels = 1.0 - class_images(labels, (28, 28), w, seed)   # TFF: paper 1.0
+      splits[split][cid] = {"label": labels.astype(np.int32), "pixels": pixels}
+  os.makedirs(folder, exist_ok=True)
+  return [_write_h5(os.path.join(folder, f"{stem}_{s}.h5"), c) for s, c in splits.items()]
+
+
+def write_tff_cifar100(folder: str, num_clients: int, examples_per_client: float,
+                       seed: int) -> list[str]:
+  """fed_cifar100_{train,test}.h5: test clients other than the training clients
+  (TFF: 500 and 100), each example's fine label in its coarse class (fine // 5)."""
+  rng = np.random.default_rng(seed)
+  counts = {"train": num_clients, "test": max(1, num_clients // 5)}
+  paths = []
+  os.makedirs(folder, exist_ok=True)
+  for split, n in counts.items():
+    clients = {}
+    for c in range(n):
+      fine = rng.integers(0, 100, max(2, int(round(examples_per_client))))
+      ink = class_images(fine, (32, 32, 3), c + (0 if split == "train" else 100_000), seed)
+      clients[str(c)] = {"coarse_label": (fine // 5).astype(np.int64),
+                         "image": np.round(ink * 255).astype(np.uint8),
+                         "label": fine.astype(np.int64)}
+    paths.append(_write_h5(os.path.join(folder, f"fed_cifar100_{split}.h5"), clients))
+  return paths
+
+
+def write_sample(name: str, folder: str, num_clients: int = 20,
+                 examples_per_client: float = 40.0, seed: int = 0) -> list[str]:
+  """Writes dataset `name`'s files (SAMPLES) with generated examples into `folder`
+  (which must not hold them already: nothing is overwritten); returns their paths."""
+  if name not in SAMPLES:
+    raise DataError(f"no sample files for dataset {name!r} (allowed: {', '.join(SAMPLES)})")
+  if num_clients < 2 or examples_per_client < 2:
+    raise DataError(f"write_sample: num_clients {num_clients} and examples_per_client "
+                    f"{examples_per_client}: both must be >= 2")
+  if os.path.exists(folder) and os.listdir(folder):
+    raise DataError(f"{folder}: exists and is not empty; sample files go to a new folder")
+  if name == "femnist":
+    return write_leaf_femnist(folder, num_clients, examples_per_client, seed)
+  if name == "cifar100":
+    return write_tff_cifar100(folder, num_clients, examples_per_client, seed)
+  return write_tff_emnist(folder, num_clients, examples_per_client, seed,
+                          digits_only=name == "emnist_digits")
