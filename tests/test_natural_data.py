@@ -121,9 +121,12 @@ def test_natural_id_all_clients_in_file_order_and_the_dp_refusal(files):
   dp = make_config(dict(dp="central", noise_multiplier=1.0), cfg)
   with pytest.raises(DataError, match="test_clients=K"):
     check_test_source(dp, ds)
-  # another partition pools the writers' rows: its clients are the privacy unit
-  pooled = load_data(make_config(dict(partition="iid", num_clients=4), cfg))
-  assert pooled.client_parts is None and pooled.test_source == "split"
+  # another partition pools the writers' rows; their held-out rows stay theirs
+  iid = make_config(dict(partition="iid", num_clients=9), cfg)
+  pooled = load_data(iid)
+  assert pooled.client_parts is None and pooled.test_source == "client_rows"
+  with pytest.raises(DataError, match=r"\(partition iid\) with dp 'central'.*test_clients=K"):
+    check_test_source(make_config(dict(dp="central", noise_multiplier=1.0), iid), pooled)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -203,3 +206,27 @@ def test_select_clients_keeps_each_clients_rows():
   test_owners = set(out.y_test)
   assert len(test_owners) == 1 and test_owners <= held
   assert len(out.x_test) == len(train[test_owners.pop()][2]) + 1
+
+
+def test_setup_takes_a_loaded_datasets_clients_once(files):
+  """setup(cfg, ds) with ds from load_dataset takes the config's clients as
+  load_data does; ds from load_data is taken once; other settings are refused."""
+  from fedjax_dp.experiment.setup import natural_clients
+  cfg = make_config(dict(dataset="cifar100", data_dir=str(files / "cifar100"),
+                         partition="natural_id", num_clients=5, clients_per_round=2,
+                         test_clients=3))
+  raw = load_dataset("cifar100", str(files / "cifar100"))
+  a, b = natural_clients(cfg, raw), load_data(cfg)
+  assert a.client_ids == b.client_ids and len(a.client_parts) == 5
+  np.testing.assert_array_equal(a.x_test, b.x_test)
+  assert natural_clients(cfg, b) is b
+  with pytest.raises(DataError, match="its clients were taken for partition natural_id, "
+                                      "num_clients 5"):
+    natural_clients(make_config(dict(num_clients=4), cfg), b)
+
+
+def test_held_out_clients_are_drawn_by_the_seed_when_the_rest_all_train(files):
+  ds = load_dataset("femnist", str(files / "femnist"))
+  held = [set(ds.client_ids) - set(select_clients(ds, 6, 3, seed)[0].client_ids)
+          for seed in range(4)]
+  assert len({frozenset(h) for h in held}) > 1 and all(len(h) == 3 for h in held)

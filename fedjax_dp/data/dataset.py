@@ -44,6 +44,9 @@ class Dataset:
   # split holds the same clients' examples (None: no trained client's rows)
   client_ids: tuple[str, ...] = ()
   test_parts: tuple[np.ndarray, ...] | None = None
+  # how a run took those clients (experiment/setup.natural_clients: the partition,
+  # num_clients, test_clients, data seed), so that taking them again is a no-op
+  clients_taken: str = ""
   # where x_test, y_test came from (TEST_SOURCES): 'split', a loader's test split or
   # rows held out before partitioning (no client's); 'given', the caller's
   # test=(x_test, y_test); 'client_rows', rows held out of the clients' own rows,

@@ -81,8 +81,10 @@ def read_split(folder: str) -> list[tuple[str, list, list]]:
 
 
 def _femnist_arrays(path: str, user: str, x: list, y: list):
-  images = np.asarray(x, np.float32)
-  labels = np.asarray(y)
+  images = np.asarray(x, np.float32).reshape(-1, 784) if not x else np.asarray(x, np.float32)
+  labels = np.asarray(y, np.int64) if not y else np.asarray(y)
+  if labels.dtype.kind == "f" and np.array_equal(labels, np.round(labels)):
+    labels = labels.astype(np.int64)   # 4.0 is class 4
   if images.ndim != 2 or images.shape[1] != 784:
     raise DataError(f"{path}: user {user!r} has x of shape {images.shape}, expected [n, 784] "
                     "(28 x 28 pixels per example)")

@@ -70,8 +70,10 @@ def select_clients(ds: Dataset, num_clients: int, test_clients: int, seed: int
                    ) -> tuple[Dataset, list[np.ndarray]]:
   """(the dataset with only the clients a run takes, their index arrays): the
   `test_clients` held out whole as the test set and `num_clients` others, drawn by
-  `seed`; every writer in file order where num_clients takes them all."""
+  `seed`; every client in file order where num_clients takes them all."""
   n = len(ds.client_parts)
+  if num_clients < 1:
+    raise DataError(f"num_clients = {num_clients}: must be >= 1")
   if test_clients < 0 or test_clients >= n:
     raise DataError(f"test_clients = {test_clients}: dataset {ds.name!r} has {n} clients; "
                     f"allowed are 0 to {n - 1}")
@@ -79,8 +81,8 @@ def select_clients(ds: Dataset, num_clients: int, test_clients: int, seed: int
     raise DataError(f"num_clients = {num_clients}: dataset {ds.name!r} has {n} clients"
                     + (f", {n - test_clients} after test_clients {test_clients}" if test_clients
                        else "") + f"; allowed are 1 to {n - test_clients}")
-  order = (np.random.default_rng(seed).permutation(n) if num_clients + test_clients < n
-           else np.arange(n))
+  # drawn by the seed, but for every client in file order (no client is held out)
+  order = (np.random.default_rng(seed).permutation(n) if num_clients < n else np.arange(n))
   held, kept = order[:test_clients], np.sort(order[test_clients:test_clients + num_clients])
   rows = [ds.client_parts[i] for i in kept]
   x, y = ds.x_train[np.concatenate(rows)], ds.y_train[np.concatenate(rows)]

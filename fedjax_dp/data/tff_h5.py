@@ -89,6 +89,8 @@ def read_clients(path: str, features: tuple[str, ...]) -> list[tuple[str, dict]]
 def _emnist_client(classes: int) -> Callable[[str, str, dict], ClientArrays]:
   def client(path: str, cid: str, a: dict) -> ClientArrays:
     pixels, label = np.asarray(a["pixels"], np.float32), np.asarray(a["label"])
+    if label.ndim != 1:
+      raise DataError(f"{path}: client {cid!r} has labels of shape {label.shape}, expected [n]")
     if pixels.shape[1:] != (28, 28):
       raise DataError(f"{path}: client {cid!r} has pixels of shape {pixels.shape}, expected "
                       "[n, 28, 28]")
@@ -103,6 +105,9 @@ def _cifar100_client(label_key: str) -> Callable[[str, str, dict], ClientArrays]
 
   def client(path: str, cid: str, a: dict) -> ClientArrays:
     image, label = np.asarray(a["image"]), np.asarray(a[label_key])
+    if label.ndim != 1:
+      raise DataError(f"{path}: client {cid!r} has {label_key} of shape {label.shape}, "
+                      "expected [n]")
     if image.dtype != np.uint8 or image.shape[1:] != (32, 32, 3):
       raise DataError(f"{path}: client {cid!r} has images {image.dtype} {image.shape}, expected "
                       "uint8 [n, 32, 32, 3]")

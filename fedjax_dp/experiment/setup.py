@@ -61,25 +61,37 @@ def load_data(cfg: Config) -> Dataset:
 def natural_clients(cfg: Config, ds: Dataset) -> Dataset:
   """Data with clients of its own (natural.py) as the run takes it: partition
   'natural_id' keeps test_clients of them whole as the test set and num_clients
-  others; any other partition pools their rows for the partitioner (no client's
-  rows in the test split then: the partition's clients are the privacy unit)."""
+  others; any other partition pools their rows for the partitioner (the file's
+  test split stays the writers' own held-out rows where it holds them: test_source
+  'client_rows'). Taking them again for the same settings returns ds."""
   if not ds.client_ids:
     if cfg.partition == "natural_id":
       raise ConfigError(f"config key 'partition' = 'natural_id' with dataset {cfg.dataset!r}: "
                         "its examples have no clients of their own (allowed with "
                         f"{', '.join(natural_datasets())}, or your own data's clients)")
     return ds
-  if cfg.partition == "natural_id":
-    return select_clients(ds, cfg.num_clients, cfg.test_clients, data_seed(cfg))[0]
-  return dataclasses.replace(ds, client_parts=None, client_ids=(), test_parts=None,
-                             test_source="split")
+  natural = cfg.partition == "natural_id"
+  taken = (f"partition {cfg.partition}" + (f", num_clients {cfg.num_clients}, test_clients "
+                                           f"{cfg.test_clients}, data seed {data_seed(cfg)}"
+                                           if natural else ""))
+  if ds.clients_taken:
+    if ds.clients_taken != taken:
+      raise DataError(f"data {ds.name!r}: its clients were taken for {ds.clients_taken}, not "
+                      f"{taken}: load it again (load_dataset) for this config")
+    return ds
+  if natural:
+    out = select_clients(ds, cfg.num_clients, cfg.test_clients, data_seed(cfg))[0]
+  else:
+    out = dataclasses.replace(ds, client_parts=None, test_parts=None)
+  return dataclasses.replace(out, clients_taken=taken)
 
 
 def client_partition(cfg: Config, ds: Dataset) -> list[np.ndarray]:
   """One index array into ds.x_train per client: the data's own clients (partition
-  'natural_id', ds from load_data) or the partitioner's split of its labels."""
+  'natural_id', ds from load_data or natural_clients) or the partitioner's split of
+  its labels."""
   if cfg.partition == "natural_id":
-    return [np.asarray(p) for p in ds.client_parts]
+    return [np.asarray(p) for p in natural_clients(cfg, ds).client_parts]
   return partition(ds.y_train, cfg.num_clients, cfg.partition, seed=data_seed(cfg),
                    **{k: getattr(cfg, k) for k in PARTITION_KEYS})
 
@@ -100,7 +112,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
   to target_epsilon from round 0 (a resumed run's; recipes/privacy.make_privacy)."""
   task = task or losses.CLASSIFICATION
-  ds = ds if ds is not None else load_data(cfg)
+  ds = natural_clients(cfg, ds) if ds is not None else load_data(cfg)
   check_test_source(cfg, ds)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
@@ -159,10 +171,11 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
     return
   if ds.client_ids:   # a dataset's own clients (natural.py): its test split is theirs
     raise DataError(
-        f"dataset {ds.name!r} with partition 'natural_id' and {guarantee}: its test split holds "
-        "held-out examples of the trained clients, so the published test_loss and test "
-        "metrics would be unnoised functions of their data, outside the privacy guarantee; "
-        "hold whole clients out as the test set instead: --set test_clients=K (K >= 1)")
+        f"dataset {ds.name!r} ({ds.clients_taken or 'its clients'}) with {guarantee}: its test "
+        "split holds held-out examples of the writers whose examples train, so the published "
+        "test_loss and test metrics would be unnoised functions of their data, outside the "
+        "privacy guarantee; hold whole clients out as the test set instead: --set "
+        "partition=natural_id test_clients=K (K >= 1)")
   raise DataError(
       f"data {ds.name!r} has test_source 'client_rows' (its test set is rows held out of the "
       f"clients' own rows) with {guarantee}: the published test_loss and test metrics would be "
