@@ -115,3 +115,10 @@ def test_benchmark_models_through_the_round(name):
                       clip_norm=1.0, **common)
   state, stats = dp.run_rounds(dp.init_state(), 1)
   assert np.isfinite(np.asarray(stats.loss_sum)).all()
+
+
+def test_hiddens_read_condition_names_the_models_that_read_it():
+  from fedjax_dp.models import MODELS
+  from fedjax_dp.recipes.config_checks import _SETUP_KEYS_READ
+  assert _SETUP_KEYS_READ["hidden"][1] == "model " + ", ".join(
+      repr(m) for m, s in MODELS.items() if s.reads_hidden)

@@ -38,6 +38,11 @@ MODELS: dict[str, ModelSource] = {s.name: s for s in (
 )}
 
 
+def reads_hidden(name: str) -> bool:
+  """Whether the config's `hidden` shapes model `name` (False for custom models)."""
+  return name in MODELS and MODELS[name].reads_hidden
+
+
 def as_model(module: nn.Module, input_shape: tuple[int, ...], name: str) -> Model:
   """A built-in flax module (it takes with_features=True) as a Model."""
   dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)

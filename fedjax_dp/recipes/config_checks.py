@@ -16,7 +16,7 @@ from fedjax_dp.algorithms.registry import TERMS
 from fedjax_dp.config import (PLD_MIN_NOISE_MULTIPLIER, Config, _coerce, parse_config,
                               parse_set, read_config_file)
 from fedjax_dp.data import DATASETS, TABULAR
-from fedjax_dp.models import MODELS
+from fedjax_dp.models.registry import reads_hidden
 from fedjax_dp.errors import ConfigError
 from fedjax_dp.placement.participation import RANDOM_COHORTS, TAKES_SEPARATION
 from fedjax_dp.privacy import boundary, mechanisms
@@ -324,8 +324,7 @@ _SETUP_KEYS_READ = {
     "local_noise_draw": (lambda c: mechanisms.get_mechanism(c.dp).report_noise is not None,
                          "dp 'local'"),
     "test_clients": (lambda c: c.partition == "natural_id", "partition 'natural_id'"),
-    "hidden": (lambda c: c.model in MODELS and MODELS[c.model].reads_hidden,
-               f"model {' or '.join(repr(m) for m, s in MODELS.items() if s.reads_hidden)}"),
+    "hidden": (lambda c: reads_hidden(c.model), "model 'mlp', 'cnn'"),
     "lr_min": (lambda c: c.lr_schedule == "cosine", "lr_schedule 'cosine'"),
     "server_lr_min": (lambda c: c.server_lr_schedule == "cosine",
                       "server_lr_schedule 'cosine'"),
