@@ -61,7 +61,11 @@ def recipe_config(recipe, *, model: Model | None = None, data: Dataset | None = 
   values.update(overrides)
   if model is not None:
     _own(values, base, "model", model.name)
-  if data is not None:
+  if data is not None and data.client_ids:
+    # a dataset's own clients (load_dataset('femnist'), ...): the config takes them
+    # (partition natural_id: num_clients and test_clients; any other pools them)
+    _own(values, base, "dataset", data.name)
+  elif data is not None:
     _own(values, base, "dataset", data.name)
     clients = len(data.client_parts) if data.client_parts is not None else None
     if clients is None:

@@ -23,7 +23,7 @@ KEPT = {"s_local": 0.9, "kept_noise": "multiplier", "kept_noise_multiplier": 4.0
     ({"num_clients": 2.5}, "'num_clients' = 2.5: expected an integer"),
     ({"momentum": 1.0}, "'momentum' = 1.0: must be >= 0 and < 1"),
     ({"sampling": "random"}, "'sampling' = 'random': allowed values are fixed, poisson"),
-    ({"dataset": "imagenet"}, "allowed values are digits, mnist, fmnist, cifar10, femnist, emnist"),
+    ({"dataset": "imagenet"}, "allowed values are digits, mnist, fmnist, cifar10, femnist, shakespeare"),
     ({"clients_per_round": 30}, "'clients_per_round' = 30: must be <= num_clients (20)"),
     ({"hidden": [200, 0]}, "'hidden'"),
     ({"rounds": 0}, "'rounds' = 0: must be >= 1"),

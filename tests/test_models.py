@@ -122,3 +122,37 @@ def test_hiddens_read_condition_names_the_models_that_read_it():
   from fedjax_dp.recipes.config_checks import _SETUP_KEYS_READ
   assert _SETUP_KEYS_READ["hidden"][1] == "model " + ", ".join(
       repr(m) for m, s in MODELS.items() if s.reads_hidden)
+
+
+def test_char_lstm_parameters_by_hand():
+  """Embedding 8, two LSTM layers of 256 (4 gates: input kernel, recurrent kernel and
+  one bias each), a dense output: LEAF's Shakespeare model with 81 symbols."""
+  model = make_model("char_lstm", (80,), 81)
+  lstm = lambda n_in: 4 * (n_in * 256 + 256 * 256 + 256)
+  expected = 81 * 8 + lstm(8) + lstm(256) + (256 * 81 + 81)
+  assert num_params(model.init(jax.random.PRNGKey(0))) == expected == 818_137
+  with pytest.raises(ValueError, match="token ids"):
+    make_model("char_lstm", (8, 8, 1), 10)
+
+
+@pytest.mark.slow   # 30 s
+def test_char_lstm_through_the_round():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 5, (24, 12)).astype(np.float32)
+  y = (x[:, -1].astype(np.int32) + 1) % 5
+  parts = np.array_split(np.arange(24), 4)
+  common = dict(model="char_lstm", hidden=[200, 200], lr=0.5, local_epochs=1, batch_size=6,
+                momentum=0.0)
+  runs = {}
+  for path, devices in (("map", 1), ("vmap", 1), ("vmap", 2)):
+    sim = toy_simulation(x, y, parts, classes=5, devices=devices, client_parallelism=path,
+                         **common)
+    state, _ = sim.run_rounds(sim.init_state(), 2)
+    runs[path, devices] = jax.tree.leaves(jax.device_get(state.params))
+  for other in (("vmap", 1), ("vmap", 2)):
+    for a, b in zip(runs["map", 1], runs[other]):
+      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  dp = toy_simulation(x, y, parts, classes=5, dp="central", noise_multiplier=0.5, clip_norm=1.0,
+                      **common)
+  state, stats = dp.run_rounds(dp.init_state(), 1)
+  assert np.isfinite(np.asarray(stats.loss_sum)).all()

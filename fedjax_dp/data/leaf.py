@@ -1,4 +1,5 @@
-"""LEAF's JSON files (Caldas et al. 2018, https://github.com/TalwalkarLab/leaf): FEMNIST.
+"""LEAF's JSON files (Caldas et al. 2018, https://github.com/TalwalkarLab/leaf): FEMNIST
+and Shakespeare.
 
 LEAF's preprocessing writes each split as JSON files in `data/<name>/data/train/`
 and `.../test/`, each file an object
@@ -12,6 +13,14 @@ FEMNIST: x is 784 floats, a 28 x 28 image row by row, in [0, 1] with the paper
 at 1.0 and the ink near 0; y is 0..61 (digits 0-9, upper case A-Z 10-35, lower
 case a-z 36-61). We return ink as 1 on a background of 0, as MNIST's images
 and FedJAX's EMNIST are: 1 - x, as float32 [N, 28, 28, 1].
+
+Shakespeare: a user is a speaking role of a play; x is a string of 80 characters
+and y the character that follows it (next-character prediction as LEAF's
+baseline runs it). Characters are numbered by their place in LEAF's 80-symbol
+alphabet (LETTERS, its models' ALL_LETTERS); any other character is one more
+class, 80 (LEAF's own lookup would give -1). x comes back as float32 [N, 80]
+holding those ids (exact below 2^24; a token model casts them to int), y as
+int32 [N] in 0..80.
 """
 
 from __future__ import annotations
@@ -30,7 +39,14 @@ HOW_TO_GET = {
     "femnist": ("clone https://github.com/TalwalkarLab/leaf, run `./preprocess.sh -s niid --sf "
                 "1.0 -k 0 -t sample` in data/femnist, and set data_dir to data/femnist/data "
                 "(the folder holding train/ and test/)"),
+    "shakespeare": ("clone https://github.com/TalwalkarLab/leaf, run `./preprocess.sh -s niid "
+                    "--sf 1.0 -k 0 -t sample -tf 0.8` in data/shakespeare, and set data_dir to "
+                    "data/shakespeare/data (the folder holding train/ and test/)"),
 }
+# LEAF's Shakespeare alphabet (models/utils/language_utils.py ALL_LETTERS), in its order
+LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
+SEQUENCE = 80   # characters of context in each example
+_INDEX = {c: i for i, c in enumerate(LETTERS)}
 _SUBDIRS = ("", "data", "{name}/data", "leaf/data/{name}/data")
 
 
@@ -103,3 +119,31 @@ def load_femnist(data_dir: str | None) -> Dataset:
                 for c in read_split(os.path.join(folder, s))] for s in ("train", "test")}
   return from_client_arrays("femnist", splits["train"], splits["test"], 62, folder,
                             same_clients=True)
+
+
+def char_ids(text: str) -> list[int]:
+  """Each character's place in LETTERS; any other character is len(LETTERS)."""
+  return [_INDEX.get(c, len(LETTERS)) for c in text]
+
+
+def _shakespeare_arrays(path: str, user: str, x: list, y: list):
+  bad = next((s for s in x if not isinstance(s, str) or len(s) != SEQUENCE), None)
+  if bad is not None:
+    raise DataError(f"{path}: user {user!r} has an x of {len(bad) if isinstance(bad, str) else bad!r}"
+                    f" characters, expected strings of {SEQUENCE}")
+  if any(not isinstance(c, str) or len(c) != 1 for c in y):
+    raise DataError(f"{path}: user {user!r} has a y that is not one character")
+  ids = np.asarray([char_ids(s) for s in x], np.float32).reshape(-1, SEQUENCE)
+  return user, ids, np.asarray(char_ids("".join(y)), np.int32)
+
+
+def load_shakespeare(data_dir: str | None) -> Dataset:
+  """LEAF's Shakespeare roles as clients: the next character of 80 (81 classes)."""
+  folder, searched = find_leaf_folder("shakespeare", data_dir)
+  if folder is None:
+    raise DataError(f"dataset 'shakespeare' not found (searched "
+                    f"{', '.join(searched) or 'no data_dir'}): {HOW_TO_GET['shakespeare']}")
+  splits = {s: [_shakespeare_arrays(os.path.join(folder, s), *c)
+                for c in read_split(os.path.join(folder, s))] for s in ("train", "test")}
+  return from_client_arrays("shakespeare", splits["train"], splits["test"], len(LETTERS) + 1,
+                            folder, same_clients=True)

@@ -89,6 +89,8 @@ DATASETS: dict[str, DatasetSource] = {s.name: s for s in (
     # clients of their own (natural.py: partition natural_id); LEAF's JSON, TFF's HDF5
     DatasetSource("femnist", lambda d, seed: leaf.load_femnist(d), _find_leaf("femnist"),
                   class_names=_EMNIST_CLASSES, natural_clients=True),
+    DatasetSource("shakespeare", lambda d, seed: leaf.load_shakespeare(d),
+                  _find_leaf("shakespeare"), natural_clients=True),
     _tff("emnist", _EMNIST_CLASSES),
     _tff("emnist_digits", _EMNIST_CLASSES[:10]),
     _tff("cifar100"),

@@ -8,7 +8,9 @@ tff_h5.py): LEAF's JSON with users / num_samples / user_data (and the
 examples/<client id>/<feature>, EMNIST's float32 pixels and int32 labels,
 CIFAR-100's uint8 images and int64 labels, its test clients other than its
 training clients. The examples are learnable: each class an image template of
-its own, each writer a shift and a stroke weight of its own, plus noise.
+its own, each writer a shift and a stroke weight of its own, plus noise;
+Shakespeare's text a Markov chain over 20 of LEAF's letters whose next
+character has a known entropy (markov_chain: the floor a model's loss can reach).
 Client sizes follow LEAF's FEMNIST (mean 226.83, standard deviation 88.94 a
 writer: Caldas et al. 2018, table 1) scaled to `examples_per_client`, as a
 gamma distribution with that mean and relative spread.
@@ -24,7 +26,7 @@ import numpy as np
 from fedjax_dp.errors import DataError
 
 FEMNIST_MEAN, FEMNIST_STD = 226.83, 88.94   # examples a writer, LEAF's table 1
-SAMPLES = ("femnist", "emnist", "emnist_digits", "cifar100")
+SAMPLES = ("femnist", "emnist", "emnist_digits", "cifar100", "shakespeare")
 _TEST_SHARE = 0.1   # LEAF's --tf 0.9 and TFF's EMNIST hold out about a tenth
 
 
@@ -132,6 +134,59 @@ def write_tff_cifar100(folder: str, num_clients: int, examples_per_client: float
   return paths
 
 
+def markov_chain(seed: int, letters: int = 20, successors: int = 3
+                 ) -> tuple[np.ndarray, np.ndarray, float]:
+  """(the alphabet's letters used [letters], transitions [letters, letters], the
+  chain's entropy rate in nats): each letter followed by one of `successors`
+  others, with probabilities drawn once; the rate is sum_i pi_i H(row_i) over its
+  stationary distribution pi."""
+  rng = np.random.default_rng([seed, 7])
+  used = rng.choice(np.arange(1, 80), letters, replace=False)   # LEAF's letters, not '\n'
+  p = np.zeros((letters, letters))
+  for i in range(letters):
+    p[i, rng.choice(letters, successors, replace=False)] = rng.dirichlet(np.ones(successors) * 2)
+  w, v = np.linalg.eig(p.T)
+  pi = np.real(v[:, np.argmin(np.abs(w - 1))])
+  pi = pi / pi.sum()
+  rows = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=1)
+  return used, p, float(pi @ rows)
+
+
+def write_leaf_shakespeare(folder: str, num_clients: int, examples_per_client: float,
+                           seed: int) -> list[str]:
+  """train/ and test/ JSON files of LEAF's Shakespeare layout: each role's text a
+  walk of markov_chain, its examples 80 characters and the next one; a fifth of
+  each role's examples held out (LEAF's -tf 0.8)."""
+  from fedjax_dp.data.leaf import LETTERS, SEQUENCE
+  rng = np.random.default_rng(seed)
+  used, p, _ = markov_chain(seed)
+  blobs = {s: {"users": [], "num_samples": [], "user_data": {}, "hierarchies": []}
+           for s in ("train", "test")}
+  for r, size in enumerate(client_sizes(num_clients, examples_per_client, rng)):
+    state, walk = int(rng.integers(len(used))), []
+    for _ in range(size + SEQUENCE):
+      walk.append(LETTERS[used[state]])
+      state = int(rng.choice(len(used), p=p[state]))
+    text = "".join(walk)
+    x = [text[i:i + SEQUENCE] for i in range(size)]
+    y = [text[i + SEQUENCE] for i in range(size)]
+    cut = max(1, int(round(size * 0.8)))
+    user = f"THE_SAMPLE_PLAY_ROLE_{r:04d}"
+    for split, sl in (("train", slice(0, cut)), ("test", slice(cut, size))):
+      b = blobs[split]
+      b["users"].append(user)
+      b["num_samples"].append(len(x[sl]))
+      b["user_data"][user] = {"x": x[sl], "y": y[sl]}
+  paths = []
+  for split, blob in blobs.items():
+    os.makedirs(os.path.join(folder, split), exist_ok=True)
+    path = os.path.join(folder, split, f"all_data_niid_0_keep_0_{split}_8.json")
+    with open(path, "w") as f:
+      json.dump(blob, f)
+    paths.append(path)
+  return paths
+
+
 def write_sample(name: str, folder: str, num_clients: int = 20,
                  examples_per_client: float = 40.0, seed: int = 0) -> list[str]:
   """Writes dataset `name`'s files (SAMPLES) with generated examples into `folder`
@@ -145,6 +200,8 @@ def write_sample(name: str, folder: str, num_clients: int = 20,
     raise DataError(f"{folder}: exists and is not empty; sample files go to a new folder")
   if name == "femnist":
     return write_leaf_femnist(folder, num_clients, examples_per_client, seed)
+  if name == "shakespeare":
+    return write_leaf_shakespeare(folder, num_clients, examples_per_client, seed)
   if name == "cifar100":
     return write_tff_cifar100(folder, num_clients, examples_per_client, seed)
   return write_tff_emnist(folder, num_clients, examples_per_client, seed,

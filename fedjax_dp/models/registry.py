@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_dp.models.char_lstm import CharLSTM
 from fedjax_dp.models.cnn import CNN
 from fedjax_dp.models.mlp import MLP
 from fedjax_dp.models.model import Model
@@ -19,11 +20,12 @@ from fedjax_dp.models.resnet import ResNet18
 class ModelSource(NamedTuple):
   """build(input_shape, outputs, hidden) -> the flax module; `reads_hidden`: the
   config's `hidden` shapes it (else setting it is an error); `images`: it takes
-  [H, W, C] inputs only."""
+  [H, W, C] inputs only; `tokens`: it takes [T] token ids only."""
   name: str
   build: Callable[[tuple[int, ...], int, tuple[int, ...]], nn.Module]
   reads_hidden: bool = False
   images: bool = False
+  tokens: bool = False
 
 
 MODELS: dict[str, ModelSource] = {s.name: s for s in (
@@ -35,6 +37,7 @@ MODELS: dict[str, ModelSource] = {s.name: s for s in (
     ModelSource("leaf_cnn", lambda shape, k, hidden: CNN(num_classes=k, dense=2048),
                 images=True),
     ModelSource("resnet18", lambda shape, k, hidden: ResNet18(num_classes=k), images=True),
+    ModelSource("char_lstm", lambda shape, k, hidden: CharLSTM(vocab=k), tokens=True),
 )}
 
 
@@ -62,4 +65,6 @@ def make_model(name: str, input_shape: tuple[int, ...], num_classes: int,
   if source.images and len(input_shape) != 3:
     raise ValueError(f"model {name!r} needs image inputs [H, W, C]; got input shape "
                      f"{input_shape}")
+  if source.tokens and len(input_shape) != 1:
+    raise ValueError(f"model {name!r} needs token ids [T]; got input shape {input_shape}")
   return as_model(source.build(tuple(input_shape), num_classes, tuple(hidden)), input_shape, name)
