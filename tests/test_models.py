@@ -156,3 +156,13 @@ def test_char_lstm_through_the_round():
                       **common)
   state, stats = dp.run_rounds(dp.init_state(), 1)
   assert np.isfinite(np.asarray(stats.loss_sum)).all()
+
+
+def test_a_model_that_does_not_take_the_datas_inputs_is_a_config_error():
+  from fedjax_dp import make_config
+  from fedjax_dp.errors import ConfigError
+  from fedjax_dp.experiment.setup import builtin_model, load_data
+  cfg = make_config({"dataset": "breast_cancer", "model": "resnet18"})
+  with pytest.raises(ConfigError, match="'model' = 'resnet18' with dataset 'breast_cancer': "
+                                        "model 'resnet18' needs image inputs"):
+    builtin_model(cfg, load_data(cfg))

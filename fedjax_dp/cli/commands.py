@@ -347,6 +347,9 @@ def _write_sample(args) -> int:
     raise RunError("--write-sample needs --out DIR (a new or empty folder)")
   if args.partition or args.plot or args.config or args.set:
     raise RunError("--write-sample takes --out, --clients and --examples only")
+  for flag, value in (("--clients", args.clients), ("--examples", args.examples)):
+    if value < 2:
+      raise RunError(f"{flag} {value:g}: must be >= 2")
   paths = write_sample(args.write_sample, args.out, args.clients, args.examples)
   print(f"{args.write_sample}: {args.clients} clients of generated examples in its real format")
   for path in paths:

@@ -240,7 +240,10 @@ def builtin_model(cfg: Config, ds: Dataset) -> Model:
   if cfg.model == "custom":
     raise ConfigError("config key 'model' = 'custom': your own model is passed to "
                       "fedjax_dp.run(model=...) or simulate(model=...), not named in a config")
-  return make_model(cfg.model, ds.input_shape, ds.output_size, cfg.hidden)
+  try:
+    return make_model(cfg.model, ds.input_shape, ds.output_size, cfg.hidden)
+  except ValueError as e:   # inputs the model does not take: "model 'cnn' needs image inputs"
+    raise ConfigError(f"config key 'model' = {cfg.model!r} with dataset {cfg.dataset!r}: {e}")
 
 
 def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> None:
