@@ -99,19 +99,24 @@ def test_benchmark_models_through_the_round(name):
   y = rng.integers(0, 3, 24).astype(np.int32)
   x = (rng.random((24, 8, 8, 1 if name == "leaf_cnn" else 3)) * 0.2
        + y[:, None, None, None] * 0.3).astype(np.float32)
-  parts = np.array_split(np.arange(24), 4)
-  common = dict(model=name, hidden=[200, 200], lr=0.05, local_epochs=1, batch_size=6,
-                momentum=0.0)
+  assert_paths_agree_and_dp_runs(x, y, 3, model=name, lr=0.05)
+
+
+def assert_paths_agree_and_dp_runs(x, y, classes, **values):
+  """Two rounds on the map path, the vmap path and 2 devices to float summation
+  order, and one round of central DP's clipped, noised round, on 4 clients."""
+  parts = np.array_split(np.arange(len(y)), 4)
+  common = dict(values, hidden=[200, 200], local_epochs=1, batch_size=6, momentum=0.0)
   runs = {}
   for path, devices in (("map", 1), ("vmap", 1), ("vmap", 2)):
-    sim = toy_simulation(x, y, parts, classes=3, devices=devices, client_parallelism=path,
+    sim = toy_simulation(x, y, parts, classes=classes, devices=devices, client_parallelism=path,
                          **common)
     state, _ = sim.run_rounds(sim.init_state(), 2)
     runs[path, devices] = jax.tree.leaves(jax.device_get(state.params))
   for other in (("vmap", 1), ("vmap", 2)):
     for a, b in zip(runs["map", 1], runs[other]):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
-  dp = toy_simulation(x, y, parts, classes=3, dp="central", noise_multiplier=0.5,
+  dp = toy_simulation(x, y, parts, classes=classes, dp="central", noise_multiplier=0.5,
                       clip_norm=1.0, **common)
   state, stats = dp.run_rounds(dp.init_state(), 1)
   assert np.isfinite(np.asarray(stats.loss_sum)).all()
@@ -140,22 +145,7 @@ def test_char_lstm_through_the_round():
   rng = np.random.default_rng(0)
   x = rng.integers(0, 5, (24, 12)).astype(np.float32)
   y = (x[:, -1].astype(np.int32) + 1) % 5
-  parts = np.array_split(np.arange(24), 4)
-  common = dict(model="char_lstm", hidden=[200, 200], lr=0.5, local_epochs=1, batch_size=6,
-                momentum=0.0)
-  runs = {}
-  for path, devices in (("map", 1), ("vmap", 1), ("vmap", 2)):
-    sim = toy_simulation(x, y, parts, classes=5, devices=devices, client_parallelism=path,
-                         **common)
-    state, _ = sim.run_rounds(sim.init_state(), 2)
-    runs[path, devices] = jax.tree.leaves(jax.device_get(state.params))
-  for other in (("vmap", 1), ("vmap", 2)):
-    for a, b in zip(runs["map", 1], runs[other]):
-      np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
-  dp = toy_simulation(x, y, parts, classes=5, dp="central", noise_multiplier=0.5, clip_norm=1.0,
-                      **common)
-  state, stats = dp.run_rounds(dp.init_state(), 1)
-  assert np.isfinite(np.asarray(stats.loss_sum)).all()
+  assert_paths_agree_and_dp_runs(x, y, 5, model="char_lstm", lr=0.5)
 
 
 def test_a_model_that_does_not_take_the_datas_inputs_is_a_config_error():

@@ -109,16 +109,22 @@ def _femnist_arrays(path: str, user: str, x: list, y: list):
   return user, (1.0 - images).reshape(-1, 28, 28, 1), labels.astype(np.int32)
 
 
+def _load(name: str, data_dir: str | None, arrays, classes: int) -> Dataset:
+  """LEAF dataset `name`'s users as clients, each split's (user, x, y) made arrays
+  by `arrays(path, user, x, y)`."""
+  folder, searched = find_leaf_folder(name, data_dir)
+  if folder is None:
+    raise DataError(f"dataset {name!r} not found (searched {', '.join(searched) or 'no data_dir'}"
+                    f"): {HOW_TO_GET[name]}")
+  splits = {s: [arrays(os.path.join(folder, s), *c) for c in read_split(os.path.join(folder, s))]
+            for s in ("train", "test")}
+  return from_client_arrays(name, splits["train"], splits["test"], classes, folder,
+                            same_clients=True)
+
+
 def load_femnist(data_dir: str | None) -> Dataset:
   """FEMNIST's writers as clients: 62 classes, float32 [N, 28, 28, 1] ink in [0, 1]."""
-  folder, searched = find_leaf_folder("femnist", data_dir)
-  if folder is None:
-    raise DataError(f"dataset 'femnist' not found (searched {', '.join(searched) or 'no data_dir'}"
-                    f"): {HOW_TO_GET['femnist']}")
-  splits = {s: [_femnist_arrays(os.path.join(folder, s), *c)
-                for c in read_split(os.path.join(folder, s))] for s in ("train", "test")}
-  return from_client_arrays("femnist", splits["train"], splits["test"], 62, folder,
-                            same_clients=True)
+  return _load("femnist", data_dir, _femnist_arrays, 62)
 
 
 def char_ids(text: str) -> list[int]:
@@ -139,11 +145,4 @@ def _shakespeare_arrays(path: str, user: str, x: list, y: list):
 
 def load_shakespeare(data_dir: str | None) -> Dataset:
   """LEAF's Shakespeare roles as clients: the next character of 80 (81 classes)."""
-  folder, searched = find_leaf_folder("shakespeare", data_dir)
-  if folder is None:
-    raise DataError(f"dataset 'shakespeare' not found (searched "
-                    f"{', '.join(searched) or 'no data_dir'}): {HOW_TO_GET['shakespeare']}")
-  splits = {s: [_shakespeare_arrays(os.path.join(folder, s), *c)
-                for c in read_split(os.path.join(folder, s))] for s in ("train", "test")}
-  return from_client_arrays("shakespeare", splits["train"], splits["test"], len(LETTERS) + 1,
-                            folder, same_clients=True)
+  return _load("shakespeare", data_dir, _shakespeare_arrays, len(LETTERS) + 1)

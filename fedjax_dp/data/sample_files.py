@@ -67,24 +67,35 @@ def write_leaf_femnist(folder: str, num_clients: int, examples_per_client: float
                        seed: int) -> list[str]:
   """train/ and test/ JSON files of LEAF's FEMNIST layout; returns their paths."""
   rng = np.random.default_rng(seed)
-  blobs = {s: {"users": [], "num_samples": [], "user_data": {}, "hierarchies": []}
-           for s in ("train", "test")}
+  blobs = _leaf_blobs()
   for w, (user, size) in enumerate(zip(_writer_ids(num_clients),
                                        client_sizes(num_clients, examples_per_client, rng))):
     for split, labels in zip(("train", "test"), _client_split(size, 62, rng)):
       ink = class_images(labels, (28, 28), w, seed)
       paper = np.round(1.0 - ink.reshape(len(labels), 784), 6)   # LEAF: paper 1.0, ink near 0
-      b = blobs[split]
-      b["users"].append(user)
-      b["num_samples"].append(int(len(labels)))
-      b["user_data"][user] = {"x": paper.tolist(), "y": [int(v) for v in labels]}
+      _add_user(blobs[split], user, paper.tolist(), [int(v) for v in labels])
+  return _write_leaf(folder, blobs, "all_data_0_niid_0_keep_0_{split}_9.json")
+
+
+def _leaf_blobs() -> dict[str, dict]:
+  return {s: {"users": [], "num_samples": [], "user_data": {}, "hierarchies": []}
+          for s in ("train", "test")}
+
+
+def _add_user(blob: dict, user: str, x: list, y: list) -> None:
+  blob["users"].append(user)
+  blob["num_samples"].append(len(y))
+  blob["user_data"][user] = {"x": x, "y": y}
+
+
+def _write_leaf(folder: str, blobs: dict[str, dict], name: str) -> list[str]:
+  """Each split's blob as <folder>/<split>/<name>; returns the paths."""
   paths = []
   for split, blob in blobs.items():
     os.makedirs(os.path.join(folder, split), exist_ok=True)
-    path = os.path.join(folder, split, f"all_data_0_niid_0_keep_0_{split}_9.json")
-    with open(path, "w") as f:
+    paths.append(os.path.join(folder, split, name.format(split=split)))
+    with open(paths[-1], "w") as f:
       json.dump(blob, f)
-    paths.append(path)
   return paths
 
 
@@ -160,8 +171,7 @@ def write_leaf_shakespeare(folder: str, num_clients: int, examples_per_client: f
   from fedjax_dp.data.leaf import LETTERS, SEQUENCE
   rng = np.random.default_rng(seed)
   used, p, _ = markov_chain(seed)
-  blobs = {s: {"users": [], "num_samples": [], "user_data": {}, "hierarchies": []}
-           for s in ("train", "test")}
+  blobs = _leaf_blobs()
   for r, size in enumerate(client_sizes(num_clients, examples_per_client, rng)):
     state, walk = int(rng.integers(len(used))), []
     for _ in range(size + SEQUENCE):
@@ -173,18 +183,8 @@ def write_leaf_shakespeare(folder: str, num_clients: int, examples_per_client: f
     cut = max(1, int(round(size * 0.8)))
     user = f"THE_SAMPLE_PLAY_ROLE_{r:04d}"
     for split, sl in (("train", slice(0, cut)), ("test", slice(cut, size))):
-      b = blobs[split]
-      b["users"].append(user)
-      b["num_samples"].append(len(x[sl]))
-      b["user_data"][user] = {"x": x[sl], "y": y[sl]}
-  paths = []
-  for split, blob in blobs.items():
-    os.makedirs(os.path.join(folder, split), exist_ok=True)
-    path = os.path.join(folder, split, f"all_data_niid_0_keep_0_{split}_8.json")
-    with open(path, "w") as f:
-      json.dump(blob, f)
-    paths.append(path)
-  return paths
+      _add_user(blobs[split], user, x[sl], y[sl])
+  return _write_leaf(folder, blobs, "all_data_niid_0_keep_0_{split}_8.json")
 
 
 def write_sample(name: str, folder: str, num_clients: int = 20,
