@@ -40,12 +40,16 @@ def test_clipped_one_step_equals_the_per_client_loop(privacy, devices, client_ba
   assert 0 < unclipped < int(np.sum(stats.participants)) - 3
 
 
-def test_clipped_one_step_for_convolutions():
-  """Convolutions' norms from per-client gradients, the dense layers' from their taps."""
+@pytest.mark.parametrize("model, extra", [("cnn", dict(hidden=[5])),
+                                          ("leaf_cnn", dict(hidden=[200, 200], lr=0.01, clip_norm=0.03))])
+def test_clipped_one_step_for_convolutions(model, extra):
+  """Convolutions' norms from per-client gradients, the dense layers' from their taps
+  (leaf_cnn: its 2048-wide layer at a learning rate that does not diverge, where the
+  loss's summation order would grow)."""
   x, y, parts = toy_problem(sizes=SIZES, features=16, seed=2)
   x = x.reshape(-1, 4, 4, 1)
-  common = dict(ONE_STEP, dp="central", clip_norm=0.3, noise_multiplier=0.3, model="cnn",
-                hidden=[5])
+  common = dict(ONE_STEP, dp="central", clip_norm=0.3, noise_multiplier=0.3, model=model)
+  common.update(extra)
   stats = assert_same_as_loop(toy_simulation(x, y, parts, **common),
                               toy_simulation(x, y, parts, client_parallelism="map", **common))
   assert 0 < int(np.asarray(stats.metrics["mechanism"]["unclipped"])[0]) < 7

@@ -186,7 +186,7 @@ def _data_attack(adversary: recipes.Adversary, num_clients: int, poisoned_offset
 
 # the models whose dense layers are read only by their own calls, so that their
 # per-client norms and low-rank steps can come from the calls' taps (layer_taps.py)
-TAPPED_MODELS = ("mlp", "cnn")
+TAPPED_MODELS = ("mlp", "cnn", "leaf_cnn")
 
 
 def _one_step_width(setup: recipes.RunSetup, store: FederatedStore, conditions: dict) -> int:
@@ -209,8 +209,8 @@ def _low_rank_rows(setup: recipes.RunSetup, model: Model, params_shape, store: F
   does not is a ConfigError with the reason."""
   t = setup.training
   why = (one_step.plain_sgd_why(**conditions) or
-         ("the model is your own (its dense kernels might be read outside their layers)"
-          if setup.model not in TAPPED_MODELS else "") or
+         (f"model {setup.model!r} is not one whose dense layers are read by their calls only "
+          f"({', '.join(TAPPED_MODELS)})" if setup.model not in TAPPED_MODELS else "") or
          low_rank_steps.why_not(model.apply, params_shape,
                                 jax.ShapeDtypeStruct((1,) + store.x.shape[1:], store.x.dtype),
                                 width=store.max_examples, epochs=t.epochs,
