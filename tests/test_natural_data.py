@@ -280,14 +280,15 @@ def test_the_sample_chains_entropy_is_its_rows_weighted_by_a_long_walk():
 def test_the_char_lstm_learns_the_sample_chain_to_near_its_floor(tmp_path):
   """Federated on LEAF-format Shakespeare whose text is a Markov chain of known
   entropy rate (0.95 nats; 4.39 for a uniform guess over 81 symbols): 40 rounds
-  bring the held-out roles' loss within 0.4 nats of that floor (1.26 measured)."""
+  bring the held-out roles' loss within 0.4 nats of that floor (1.256 measured; every
+  5 rounds 2.00, 1.52, 1.38, 1.29, 1.30, 1.27, 1.26, 1.26; at lr 2.0 one run diverged)."""
   import fedjax_dp
   from fedjax_dp.data.sample_files import markov_chain
   write_sample("shakespeare", str(tmp_path / "s"), num_clients=20, examples_per_client=100)
   summary = fedjax_dp.run(
       {"algorithm": "fedavg", "model": "char_lstm"}, out=str(tmp_path / "run"),
       data=load_dataset("shakespeare", str(tmp_path / "s")), partition="natural_id",
-      num_clients=18, test_clients=2, clients_per_round=9, rounds=40, eval_every=40, lr=2.0,
+      num_clients=18, test_clients=2, clients_per_round=9, rounds=40, eval_every=40, lr=1.0,
       batch_size=10, local_epochs=1, progress=False)
   floor = markov_chain(0)[2]
   loss = summary["final"]["test_loss"]
