@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from fedjax_dp.models.conv import conv_general_dilated
+
+# flax's convolution with gradients XLA:CPU runs fast inside loops (conv.py)
+_Conv = lambda *a, **k: nn.Conv(*a, conv_general_dilated=conv_general_dilated, **k)
+
 
 class CNN(nn.Module):
   """Conv(32, 5x5) -> pool -> Conv(64, 5x5) -> pool -> Dense(dense) -> Dense(classes).
@@ -19,8 +24,8 @@ class CNN(nn.Module):
 
   @nn.compact
   def __call__(self, x, with_features: bool = False):  # x: [batch, H, W, C]
-    x = nn.max_pool(nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
-    x = nn.max_pool(nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
+    x = nn.max_pool(nn.relu(_Conv(32, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
+    x = nn.max_pool(nn.relu(_Conv(64, (5, 5), padding="SAME")(x)), (2, 2), (2, 2))
     x = x.reshape((x.shape[0], -1))
     x = nn.relu(nn.Dense(self.dense)(x))
     logits = nn.Dense(self.num_classes)(x)

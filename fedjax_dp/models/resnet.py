@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import flax.linen as nn
 
+from fedjax_dp.models.conv import conv_general_dilated
+
 GROUPS = 2
+
+# flax's convolution with gradients XLA:CPU runs fast inside loops (conv.py)
+_Conv = lambda *a, **k: nn.Conv(*a, conv_general_dilated=conv_general_dilated, **k)
 
 
 def _norm():
@@ -29,11 +34,11 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x):   # [B, H, W, C] -> [B, H / stride, W / stride, channels]
-    y = nn.relu(_norm()(nn.Conv(self.channels, (3, 3), self.stride, padding=1,
+    y = nn.relu(_norm()(_Conv(self.channels, (3, 3), self.stride, padding=1,
                                 use_bias=False)(x)))
-    y = _norm()(nn.Conv(self.channels, (3, 3), padding=1, use_bias=False)(y))
+    y = _norm()(_Conv(self.channels, (3, 3), padding=1, use_bias=False)(y))
     if self.stride != 1 or x.shape[-1] != self.channels:
-      x = _norm()(nn.Conv(self.channels, (1, 1), self.stride, use_bias=False)(x))
+      x = _norm()(_Conv(self.channels, (1, 1), self.stride, use_bias=False)(x))
     return nn.relu(x + y)
 
 
@@ -46,7 +51,7 @@ class ResNet18(nn.Module):
 
   @nn.compact
   def __call__(self, x, with_features: bool = False):
-    x = nn.relu(_norm()(nn.Conv(self.stages[0], (3, 3), padding=1, use_bias=False)(x)))
+    x = nn.relu(_norm()(_Conv(self.stages[0], (3, 3), padding=1, use_bias=False)(x)))
     for i, channels in enumerate(self.stages):
       for j in range(self.blocks):
         x = BasicBlock(channels, stride=2 if i > 0 and j == 0 else 1)(x)
