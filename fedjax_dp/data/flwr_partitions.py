@@ -76,7 +76,8 @@ CLASS_ASSIGNMENTS = ("random", "deterministic", "first_deterministic")
 _DIRICHLET_DRAWS = 11   # Flower's: the first draw and 10 redraws
 
 
-def _split_by_shares(idx: np.ndarray, shares: np.ndarray) -> list[np.ndarray]:
+def split_by_shares(idx: np.ndarray, shares: np.ndarray) -> list[np.ndarray]:
+  """idx cut in order at int(cumsum(shares) len(idx)) (partition.py's dirichlet too)."""
   cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(np.int64)
   return np.split(idx, cuts)
 
@@ -96,7 +97,7 @@ def _flwr_dirichlet(y, k, alpha, min_partition_size, self_balancing, rng):
                           "size drew share 0 of a class; use a larger alpha or "
                           "self_balancing false")
         shares = shares / total
-      for i, piece in enumerate(_split_by_shares(np.flatnonzero(y == c), shares)):
+      for i, piece in enumerate(split_by_shares(np.flatnonzero(y == c), shares)):
         parts[i].append(piece)
         sizes[i] += len(piece)
     if sizes.min() >= min_partition_size:

@@ -43,7 +43,8 @@ HOW_TO_GET = {
 }
 
 
-def _roots(data_dir: str | None) -> list[str]:
+def search_roots(data_dir: str | None) -> list[str]:
+  """data_dir and $FEDJAX_DP_DATA, where given: the folders every loader searches first."""
   roots = [data_dir, os.environ.get("FEDJAX_DP_DATA")]
   return [os.path.expanduser(r) for r in roots if r]
 
@@ -51,7 +52,7 @@ def _roots(data_dir: str | None) -> list[str]:
 def _idx_candidates(name: str, data_dir: str | None) -> list[str]:
   """Folders that may hold the IDX files, in search order."""
   home = os.path.expanduser("~")
-  roots = _roots(data_dir) + [os.path.join(home, ".cache"), os.path.join(home, "data"),
+  roots = search_roots(data_dir) + [os.path.join(home, ".cache"), os.path.join(home, "data"),
                               os.path.join(home, ".keras", "datasets")]
   dirs = []
   for root in roots:
@@ -76,7 +77,7 @@ def find_idx_folder(name: str, data_dir: str | None) -> tuple[str | None, list[s
   error, not a reason to look further: the search would otherwise train on other
   data (e.g. the system's Fashion-MNIST) than the folder meant."""
   searched = _idx_candidates(name, data_dir)
-  named = len(_roots(data_dir)) * (1 + len(_IDX_SUBDIRS[name]))   # they come first
+  named = len(search_roots(data_dir)) * (1 + len(_IDX_SUBDIRS[name]))   # they come first
   for i, folder in enumerate(searched):
     found = [stem for stem in IDX_FILES.values() if _idx_file(folder, stem)]
     if len(found) == len(IDX_FILES):
@@ -90,7 +91,7 @@ def find_idx_folder(name: str, data_dir: str | None) -> tuple[str | None, list[s
 
 def find_cifar_folder(data_dir: str | None) -> tuple[str | None, list[str]]:
   searched = []
-  for root in _roots(data_dir):
+  for root in search_roots(data_dir):
     for folder in (os.path.join(root, "cifar-10-batches-py"), root):
       searched.append(folder)
       if os.path.isfile(os.path.join(folder, "data_batch_1")):

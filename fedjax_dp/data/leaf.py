@@ -32,6 +32,7 @@ import os
 import numpy as np
 
 from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.data.images import search_roots
 from fedjax_dp.data.natural import from_client_arrays
 from fedjax_dp.errors import DataError
 
@@ -53,9 +54,8 @@ _SUBDIRS = ("", "data", "{name}/data", "leaf/data/{name}/data")
 def find_leaf_folder(name: str, data_dir: str | None) -> tuple[str | None, list[str]]:
   """The first folder holding train/*.json and test/*.json, searched under data_dir
   and $FEDJAX_DP_DATA (and LEAF's own layout below them)."""
-  roots = [os.path.expanduser(r) for r in (data_dir, os.environ.get("FEDJAX_DP_DATA")) if r]
   searched = []
-  for root in roots:
+  for root in search_roots(data_dir):
     for sub in _SUBDIRS:
       folder = os.path.normpath(os.path.join(root, sub.format(name=name)))
       searched.append(folder)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dp.data.flwr_partitions import FLWR_PARTITIONS, flwr_partition
+from fedjax_dp.data.flwr_partitions import FLWR_PARTITIONS, flwr_partition, split_by_shares
 from fedjax_dp.errors import DataError
 
 # the one list of names (config/keys.py's choices for `partition` copy it: config/ imports
@@ -40,18 +40,13 @@ PARTITION_KEYS = ("alpha", "classes_per_client", "quantity_alpha", "min_partitio
 _MAX_TRIES = 1000
 
 
-def _split_by_shares(idx: np.ndarray, shares: np.ndarray) -> list[np.ndarray]:
-  cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(np.int64)
-  return np.split(idx, cuts)
-
-
 def _dirichlet(labels, num_clients, alpha, rng, min_size):
   classes = np.unique(labels)
   for _ in range(_MAX_TRIES):
     parts = [[] for _ in range(num_clients)]
     for k in classes:
       idx = rng.permutation(np.flatnonzero(labels == k))
-      for i, piece in enumerate(_split_by_shares(idx, rng.dirichlet([alpha] * num_clients))):
+      for i, piece in enumerate(split_by_shares(idx, rng.dirichlet([alpha] * num_clients))):
         parts[i].append(piece)
     parts = [np.concatenate(p) for p in parts]
     if min(len(p) for p in parts) >= min_size:

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from fedjax_dp.data.dataset import Dataset
+from fedjax_dp.data.images import search_roots
 from fedjax_dp.data.natural import ClientArrays, from_client_arrays
 from fedjax_dp.errors import DataError
 
@@ -50,9 +51,8 @@ def how_to_get(name: str) -> str:
 def find_h5_folder(name: str, data_dir: str | None) -> tuple[str | None, list[str]]:
   """The first folder holding <stem>_train.h5 and <stem>_test.h5."""
   stem = FILES[name][0]
-  roots = [data_dir, os.environ.get("FEDJAX_DP_DATA"), "~/.keras/datasets"]
   searched = []
-  for root in (os.path.expanduser(r) for r in roots if r):
+  for root in search_roots(data_dir) + [os.path.expanduser("~/.keras/datasets")]:
     for folder in (root, os.path.join(root, stem)):
       searched.append(folder)
       if all(os.path.isfile(os.path.join(folder, f"{stem}_{s}.h5")) for s in ("train", "test")):
