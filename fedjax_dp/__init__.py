@@ -32,7 +32,7 @@ Public API (each name is imported on first use, so `import fedjax_dp` stays chea
                           the compiled Simulation (init_state, run_rounds, evaluate)
   models                  from_flax(module, example_input, name=) and the built-in models
   data                    from_arrays(x, y, ...), from_clients([(x_i, y_i), ...]), Dataset
-  losses                  Task, classification(), regression('mse' | 'mae'), from_loss(fn)
+  losses                  Task, classification(), regression('mse' | 'mae'), from_loss(fn), next_token(...)
   callbacks               Callback(on_run_start, after_chunk, on_run_end), RunContext,
                           log_metrics(*writers)
   writers                 live metrics writers: csv(out), tensorboard(out), MetricsWriter

@@ -21,6 +21,14 @@ targets as float32 end to end:
                      mae and loss (test_mse, test_mae, test_loss); "mae": the same with
                      the mean absolute error as the training loss
   from_loss(fn)      any loss of the form above; its metric is the loss itself
+  next_token(...)    per-token softmax cross-entropy of a language model: outputs
+                     [B, T, V] logits, targets [B, T] int32 token ids with padding;
+                     metrics accuracy and loss over the tokens, not the sequences
+                     (test_accuracy, test_loss; perplexity is exp(test_loss))
+
+A metric may instead return a pair (sums [B], counts [B]): evaluation then
+divides the sums over the test set by the counts over it (a per-token mean over
+all the test set's tokens, as the sequence benchmarks report it).
 
 Regression outputs [B, 1] against targets [B] (a one-output model) are compared
 as [B]; any other shape mismatch is an error before training starts.
@@ -47,11 +55,16 @@ class Task(NamedTuple):
   metrics: name -> per-example metric, in the order metrics.jsonl lists them as
   test_<name>; 'loss' is the loss itself per example (every built-in task has it).
   target_dtype: 'int32' (class labels), 'float32' (real targets) or None (the
-  data's own: integer targets as int32, real ones as float32)."""
+  data's own: integer targets as int32, real ones as float32).
+  sequence: targets [B, T] and outputs [B, T, ...] per token (next_token).
+  builtin: a built-in task's description with its arguments (its identity in the
+  run's digests, stable across JAX versions); '' for a task of your own."""
   name: str
   loss: Loss
   metrics: Mapping[str, Metric]
   target_dtype: str | None = None
+  sequence: bool = False
+  builtin: str = ""
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -119,6 +132,52 @@ def mse(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
 def mae(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean absolute error over the rows where mask is True (0 when none are)."""
   return masked_mean(absolute_error(outputs, targets), mask)
+
+
+# ---------------------------------------------------------------------------- sequences
+
+
+def _token_mask(targets: jax.Array, masked: tuple[int, ...]) -> jax.Array:
+  """[B, T] bool: the tokens whose target is none of `masked`."""
+  keep = jnp.ones(targets.shape, bool)
+  for t in masked:
+    keep = keep & (targets != t)
+  return keep
+
+
+def next_token(pad: int = 0, not_scored: tuple[int, ...] = (),
+               never_predicted: tuple[int, ...] = ()) -> Task:
+  """A language model's next-token task: outputs [B, T, V] logits, targets [B, T]
+  int32 (the ids the inputs shifted by one; `pad` after a sequence's end).
+
+  loss: the softmax cross-entropy averaged over the batch's non-pad target tokens
+  of the unmasked rows. Metrics, each a mean over the test set's tokens:
+  'accuracy' over the targets that are neither pad nor in `not_scored` (e.g. EOS),
+  with the ids in `never_predicted` (e.g. pad, BOS, EOS, OOV) never the prediction,
+  so an out-of-vocabulary target counts as a miss (FedJAX's accuracy_in_vocab);
+  'loss' the cross-entropy over the non-pad targets (perplexity: exp(test_loss))."""
+  def loss(logits, targets, mask):
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)   # [B, T]
+    m = (_token_mask(targets, (pad,)) & mask[:, None]).astype(ce.dtype)
+    return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+  def token_loss(logits, targets):
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    m = _token_mask(targets, (pad,)).astype(ce.dtype)
+    return jnp.sum(ce * m, -1), jnp.sum(m, -1)
+
+  def token_accuracy(logits, targets):
+    if never_predicted:
+      logits = logits.at[..., jnp.asarray(never_predicted)].set(-jnp.inf)
+    hit = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    m = _token_mask(targets, (pad,) + tuple(not_scored)).astype(jnp.float32)
+    return jnp.sum(hit * m, -1), jnp.sum(m, -1)
+  for name, ids in (("not_scored", not_scored), ("never_predicted", never_predicted)):
+    if not all(isinstance(i, int) and i >= 0 for i in ids):
+      raise ConfigError(f"next_token {name} = {ids!r}: allowed are token ids (ints >= 0)")
+  return Task("next_token", loss, {"accuracy": token_accuracy, "loss": token_loss}, "int32",
+              sequence=True, builtin=f"next_token(pad={pad}, not_scored={tuple(not_scored)}, "
+                                     f"never_predicted={tuple(never_predicted)})")
 
 
 # ---------------------------------------------------------------------------- tasks

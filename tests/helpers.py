@@ -40,15 +40,17 @@ def toy_problem(sizes=(7, 12, 3), features=6, classes=3, seed=0):
 
 
 def toy_simulation(x, y, parts, devices=1, classes=3, feature_tiers=None, resident_state=None,
-                   poisoned_offset=None, **overrides):
+                   poisoned_offset=None, task=None, **overrides):
   values = dict(num_clients=len(parts), clients_per_round=len(parts), hidden=[5],
                 batch_size=4, local_epochs=2, lr=0.1, momentum=0.5, devices=devices)
   values.update(overrides)
   cfg = make_config(values)
   model = make_model(cfg.model, x.shape[1:], classes, cfg.hidden)
-  store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size)
+  store = build_store(x, y, parts, pad_to_multiple=cfg.batch_size,
+                      y_dtype=task.target_dtype if task else None)
   return build_simulation(plan_run(cfg, model, feature_tiers), model, store, make_mesh(devices),
-                          resident_state=resident_state, poisoned_offset=poisoned_offset)
+                          resident_state=resident_state, poisoned_offset=poisoned_offset,
+                          **({"task": task} if task else {}))
 
 
 def keyed_state(sim, key=None):

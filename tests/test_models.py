@@ -104,7 +104,8 @@ def test_benchmark_models_through_the_round(name):
 
 def assert_paths_agree_and_dp_runs(x, y, classes, **values):
   """Two rounds on the map path, the vmap path and 2 devices to float summation
-  order, and one round of central DP's clipped, noised round, on 4 clients."""
+  order, and one round of central DP's clipped, noised round, on 4 clients
+  (`task`, a losses.Task, among values: the loss and targets; default classification)."""
   parts = np.array_split(np.arange(len(y)), 4)
   common = dict(values, hidden=[200, 200], local_epochs=1, batch_size=6, momentum=0.0)
   runs = {}

@@ -400,7 +400,8 @@ def test_datasets_lists_every_dataset(capsys):
   lines = capsys.readouterr().out.splitlines()
   assert [line.split()[0] for line in lines] == [
       "digits", "mnist", "fmnist", "cifar10", "femnist", "shakespeare", "emnist", "emnist_digits",
-      "cifar100", "cifar100_coarse", "csv", "synthetic", "healthcare", "breast_cancer"]
+      "cifar100", "cifar100_coarse", "shakespeare_tff", "stackoverflow", "csv", "synthetic",
+      "healthcare", "breast_cancer"]
   assert lines[0].split()[1] == "available"
   # one column for the status, whatever the name's length (breast_cancer broke it)
   assert len({line.index(line.split()[1]) for line in lines}) == 1, lines

@@ -86,8 +86,12 @@ MODEL = section("model", [
     Key("model", "mlp",
         "mlp with `hidden` layers; cnn: 2 conv + 2 dense (hidden[0] = dense width); leaf_cnn: "
         "LEAF's FEMNIST CNN (dense 2048); resnet18: ResNet-18 with GroupNorm; char_lstm: "
-        "Shakespeare's 2-layer character LSTM; custom: your own, given to fedjax_dp.run",
-        choices=("mlp", "cnn", "leaf_cnn", "resnet18", "char_lstm", "custom")),
+        "Shakespeare's 2-layer character LSTM (the next character of 80: LEAF's shakespeare); "
+        "char_lstm_seq: the same LSTM predicting every position (shakespeare_tff); word_lstm: "
+        "Stack Overflow's next-word LSTM (stackoverflow); custom: your own, given to "
+        "fedjax_dp.run",
+        choices=("mlp", "cnn", "leaf_cnn", "resnet18", "char_lstm", "char_lstm_seq",
+                 "word_lstm", "custom")),
     Key("hidden", (200, 200), "hidden layer sizes"),
 ])
 

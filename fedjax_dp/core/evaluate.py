@@ -46,7 +46,9 @@ def make_solo_evaluate(model: Model, precision: str = "float32") -> Callable:
 def make_evaluate(model: Model, task: losses.Task | None = None,
                   precision: str = "float32") -> Callable:
   """(params, x [nb, b, ...], y [nb, b, ...], mask [nb, b]) -> {name: mean over the
-  real test examples} for each of the task's metrics (classification: accuracy, loss).
+  real test examples} for each of the task's metrics (classification: accuracy, loss);
+  a metric that returns (sums, counts) per example: its sums over the real test
+  examples over their counts (next_token's per-token means).
   precision: the matrix products' (config key matmul_precision)."""
   metrics = tuple((task or losses.CLASSIFICATION).metrics.items())
   # 'loss' computed first: for classification this is the program evaluation
@@ -61,10 +63,14 @@ def make_evaluate(model: Model, task: losses.Task | None = None,
       outputs = model.apply(params, x)
       values = [fn(outputs, y) for _, fn in order]
       mf = m.astype(jnp.float32)
-      return tuple(jnp.sum(v * mf) for v in values)
+      # a metric's pair (sums [b], counts [b]): both summed, divided at the end
+      return tuple((jnp.sum(v[0] * mf), jnp.sum(v[1] * mf)) if isinstance(v, tuple)
+                   else jnp.sum(v * mf) for v in values)
     sums = dict(zip((name for name, _ in order), jax.lax.map(one, (xb, yb, mb))))
     n = jnp.maximum(jnp.sum(mb), 1)
-    return {name: jnp.sum(sums[name]) / n for name, _ in metrics}
+    return {name: (jnp.sum(sums[name][0]) / jnp.maximum(jnp.sum(sums[name][1]), 1.0)
+                   if isinstance(sums[name], tuple) else jnp.sum(sums[name]) / n)
+            for name, _ in metrics}
 
   def evaluate_floats(params, xb, yb, mb) -> dict[str, float]:
     # Python floats in the task's order (a jitted dict comes back sorted, as arrays):

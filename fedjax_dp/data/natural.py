@@ -10,9 +10,9 @@ EMNIST split each writer's examples), each client's test rows in `test_parts`.
 A run with partition 'natural_id' (`select_clients`) holds out `test_clients`
 writers whole as the test set (their training and test rows: no trained client's
 data), then takes `num_clients` of the rest, both drawn by the data seed; with
-test_clients 0 the test set is the file's test split, which is the trained
-clients' own rows where the split is per writer (test_source 'client_rows', which
-a run under a privacy guarantee refuses: experiment/setup.py).
+test_clients 0 the test set is the file's test split: where the split is per
+writer, the taken clients' own held-out rows (test_source 'client_rows', which a
+run under a privacy guarantee refuses: experiment/setup.py), else all of it.
 """
 
 from __future__ import annotations
@@ -66,36 +66,50 @@ def from_client_arrays(name: str, train: Sequence[ClientArrays],
                  test_parts=test_parts, test_source="client_rows" if shared else "split")
 
 
-def select_clients(ds: Dataset, num_clients: int, test_clients: int, seed: int
-                   ) -> tuple[Dataset, list[np.ndarray]]:
-  """(the dataset with only the clients a run takes, their index arrays): the
-  `test_clients` held out whole as the test set and `num_clients` others, drawn by
-  `seed`; every client in file order where num_clients takes them all."""
-  n = len(ds.client_parts)
+def choose_clients(n: int, num_clients: int, test_clients: int, seed: int, name: str
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """(held-out clients in draw order, trained clients ascending): indices into a
+  dataset's n clients in file order, as select_clients takes them; every client in
+  file order where num_clients takes them all."""
   if num_clients < 1:
     raise DataError(f"num_clients = {num_clients}: must be >= 1")
   if test_clients < 0 or test_clients >= n:
-    raise DataError(f"test_clients = {test_clients}: dataset {ds.name!r} has {n} clients; "
+    raise DataError(f"test_clients = {test_clients}: dataset {name!r} has {n} clients; "
                     f"allowed are 0 to {n - 1}")
   if num_clients > n - test_clients:
-    raise DataError(f"num_clients = {num_clients}: dataset {ds.name!r} has {n} clients"
+    raise DataError(f"num_clients = {num_clients}: dataset {name!r} has {n} clients"
                     + (f", {n - test_clients} after test_clients {test_clients}" if test_clients
                        else "") + f"; allowed are 1 to {n - test_clients}")
   # drawn by the seed, but for every client in file order (no client is held out)
   order = (np.random.default_rng(seed).permutation(n) if num_clients < n else np.arange(n))
-  held, kept = order[:test_clients], np.sort(order[test_clients:test_clients + num_clients])
+  return order[:test_clients], np.sort(order[test_clients:test_clients + num_clients])
+
+
+def select_clients(ds: Dataset, num_clients: int, test_clients: int, seed: int
+                   ) -> tuple[Dataset, list[np.ndarray]]:
+  """(the dataset with only the clients a run takes, their index arrays): the
+  `test_clients` held out whole as the test set and `num_clients` others, drawn by
+  `seed` (choose_clients)."""
+  held, kept = choose_clients(len(ds.client_parts), num_clients, test_clients, seed, ds.name)
+  return take_clients(ds, held, kept)
+
+
+def take_clients(ds: Dataset, held: np.ndarray, kept: np.ndarray
+                 ) -> tuple[Dataset, list[np.ndarray]]:
+  """select_clients for chosen indices: `kept` clients train, `held` ones are the test set."""
   rows = [ds.client_parts[i] for i in kept]
   x, y = ds.x_train[np.concatenate(rows)], ds.y_train[np.concatenate(rows)]
   out = dataclasses.replace(ds, x_train=x, y_train=y, client_parts=_offsets([len(r) for r in rows]),
                             client_ids=tuple(ds.client_ids[i] for i in kept))
-  if test_clients:
+  if len(held):
     out = dataclasses.replace(out, test_parts=None, test_source="split",
                               **_held_out_test(ds, np.sort(held)))
-  elif ds.test_parts is not None:
-    parts = tuple(ds.test_parts[i] for i in kept)
-    out = dataclasses.replace(out, test_parts=parts,
-                              test_source="client_rows" if any(len(p) for p in parts)
-                              else "split")
+  elif ds.test_parts is not None:   # the test split's rows of the clients taken
+    rows = [ds.test_parts[i] for i in kept]
+    every = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    out = dataclasses.replace(out, x_test=ds.x_test[every], y_test=ds.y_test[every],
+                              test_parts=_offsets([len(r) for r in rows]),
+                              test_source="client_rows" if len(every) else "split")
   return out, list(out.client_parts)
 
 

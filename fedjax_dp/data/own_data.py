@@ -45,7 +45,8 @@ def _features(x, what: str = "x") -> np.ndarray:
 
 
 def _targets(y, n: int, what: str = "y") -> np.ndarray:
-  """y as int32 [N] class labels or float32 [N] / [N, k] real targets, checked against n rows."""
+  """y as int32 [N] class labels or [N, T] token ids, or float32 [N] / [N, k] real targets,
+  checked against n rows."""
   y = np.asarray(y)
   if y.dtype.kind not in "biuf":
     raise DataError(f"{what} has dtype {y.dtype}: expected integer class labels or real "
@@ -62,8 +63,9 @@ def _targets(y, n: int, what: str = "y") -> np.ndarray:
       raise DataError(f"{what} row {row} is not a finite number (as float32): targets must be "
                       "finite")
     return y32
-  if y.ndim != 1:
-    raise DataError(f"{what} has shape {y.shape}: integer class labels are one per row, [N]")
+  if y.ndim > 2:
+    raise DataError(f"{what} has shape {y.shape}: integer targets are class labels [N] or "
+                    "token ids [N, T] (losses.next_token)")
   if n and (y.min() < 0 or y.max() > np.iinfo(np.int32).max):
     bad = y.min() if y.min() < 0 else y.max()
     raise DataError(f"{what} holds class label {bad}: labels must be 0..K-1")

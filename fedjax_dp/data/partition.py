@@ -37,6 +37,8 @@ PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "dirichlet_client", "flw
 PARTITION_KEYS = ("alpha", "classes_per_client", "quantity_alpha", "min_partition_size",
                   "self_balancing", "client_sizes", "class_assignment", "shards_per_client",
                   "shard_size", "keep_incomplete_shard")
+# the ones that read no label (the rest split by class: labels [n] needed)
+LABEL_FREE = ("iid", "quantity", "linear", "square", "exponential")
 _MAX_TRIES = 1000
 
 
@@ -113,6 +115,11 @@ def partition(labels: np.ndarray, num_clients: int, method: str, *, alpha: float
     raise DataError(f"unknown partition {method!r} (allowed: {', '.join(PARTITIONS)})")
   if num_clients < 1:
     raise DataError(f"num_clients = {num_clients}: must be >= 1")
+  if labels.ndim != 1 and method not in LABEL_FREE:
+    raise DataError(f"partition {method!r} splits by class, and the targets are "
+                    f"{labels.shape[1:]} per example (token sequences or vectors, not one "
+                    f"label): allowed are {', '.join(LABEL_FREE)} (or natural_id for a "
+                    "dataset's own clients)")
   if num_clients * min_size > n:
     raise DataError(f"{num_clients} clients need at least {num_clients * min_size} examples; "
                     f"the training set has {n}")

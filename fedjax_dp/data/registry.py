@@ -13,13 +13,14 @@ import os
 from typing import Callable, NamedTuple
 
 from fedjax_dp.data.csv_file import load_csv
+from fedjax_dp import losses
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.errors import DataError
 from fedjax_dp.data.images import (HOW_TO_GET, find_cifar_folder, find_idx_folder,
                                    load_cifar10, load_digits, load_idx_dataset)
 from fedjax_dp.data.scaling import scale_features
 from fedjax_dp.data.tabular import load_breast_cancer, load_healthcare, load_synthetic
-from fedjax_dp.data import leaf, tff_h5
+from fedjax_dp.data import leaf, tff_h5, tff_text
 
 class DatasetSource(NamedTuple):
   """A dataset by name (the config's `dataset`): how to find and load it.
@@ -32,13 +33,16 @@ class DatasetSource(NamedTuple):
     [0, 1] by the loader.
   class_names: the classes' names where it has them (plots).
   natural_clients: the loader returns its clients (Dataset.client_ids, client_parts):
-    partition 'natural_id' trains them (natural.py)."""
+    partition 'natural_id' trains them (natural.py).
+  task: the loss and metrics its targets go with when the caller names none
+    (losses.next_token for token sequences); None: classification."""
   name: str
   load: Callable[..., Dataset]
   find: Callable[[str | None], tuple[bool, str]] = lambda data_dir: (True, "registered")
   tabular: bool = False
   class_names: tuple[str, ...] = ()
   natural_clients: bool = False   # its examples come with their clients (natural.py)
+  task: losses.Task | None = None
 
 
 def _found(where: str) -> Callable[[str | None], tuple[bool, str]]:
@@ -59,12 +63,22 @@ def _find_leaf(name: str):
   return find
 
 
-def _tff(name: str, class_names: tuple[str, ...] = ()) -> DatasetSource:
+def _find_tff(name: str):
   def find(data_dir):
     folder, _ = tff_h5.find_h5_folder(name, data_dir)
     return (True, folder) if folder else (False, tff_h5.how_to_get(name))
-  return DatasetSource(name, lambda d, seed: tff_h5.load_tff(name, d), find,
+  return find
+
+
+def _tff(name: str, class_names: tuple[str, ...] = ()) -> DatasetSource:
+  return DatasetSource(name, lambda d, seed: tff_h5.load_tff(name, d), _find_tff(name),
                        class_names=class_names, natural_clients=True)
+
+
+def _tff_text(name: str) -> DatasetSource:
+  """Token sequences (tff_text.py); `clients`: read only the ones natural_id takes."""
+  return DatasetSource(name, lambda d, seed, clients=None: tff_text.load_tff_text(name, d, clients),
+                       _find_tff(name), natural_clients=True, task=tff_text.task(name))
 
 
 def _find_cifar(data_dir):
@@ -95,6 +109,8 @@ DATASETS: dict[str, DatasetSource] = {s.name: s for s in (
     _tff("emnist_digits", _EMNIST_CLASSES[:10]),
     _tff("cifar100"),
     _tff("cifar100_coarse"),
+    _tff_text("shakespeare_tff"),
+    _tff_text("stackoverflow"),
     DatasetSource("csv", lambda d, seed, **o: load_csv(seed=seed, **o),
                   _found("any CSV file: --set dataset=csv --set csv_path=FILE"), tabular=True),
     DatasetSource("synthetic", lambda d, seed, **o: load_synthetic(seed=seed, **o),
@@ -126,6 +142,12 @@ def register_dataset(source: DatasetSource) -> None:
 def natural_datasets() -> list[str]:
   """The registered datasets whose examples come with their own clients."""
   return [name for name, s in DATASETS.items() if s.natural_clients]
+
+
+def default_task(name: str) -> losses.Task:
+  """The task dataset `name`'s targets go with (DatasetSource.task), else classification."""
+  source = DATASETS.get(name)
+  return source.task if source is not None and source.task is not None else losses.CLASSIFICATION
 
 
 def class_names(name: str) -> tuple[str, ...]:

@@ -26,7 +26,8 @@ import numpy as np
 from fedjax_dp.errors import DataError
 
 FEMNIST_MEAN, FEMNIST_STD = 226.83, 88.94   # examples a writer, LEAF's table 1
-SAMPLES = ("femnist", "emnist", "emnist_digits", "cifar100", "shakespeare")
+SAMPLES = ("femnist", "emnist", "emnist_digits", "cifar100", "shakespeare", "shakespeare_tff",
+           "stackoverflow")
 _TEST_SHARE = 0.1   # LEAF's --tf 0.9 and TFF's EMNIST hold out about a tenth
 
 
@@ -106,7 +107,10 @@ def _write_h5(path: str, clients: dict[str, dict[str, np.ndarray]]) -> str:
     for cid, features in clients.items():
       g = group.create_group(cid)
       for key, value in features.items():
-        g.create_dataset(key, data=value)
+        if isinstance(value, list):   # text: variable-length byte strings, as TFF's files
+          g.create_dataset(key, data=value, dtype=h5py.string_dtype("ascii"))
+        else:
+          g.create_dataset(key, data=value)
   return path
 
 
@@ -187,6 +191,67 @@ def write_leaf_shakespeare(folder: str, num_clients: int, examples_per_client: f
   return _write_leaf(folder, blobs, "all_data_niid_0_keep_0_{split}_8.json")
 
 
+def _walk(rng, p: np.ndarray, steps: int) -> list[int]:
+  """`steps` states of the chain with transitions p, from a uniform start."""
+  state, out = int(rng.integers(len(p))), []
+  for _ in range(steps):
+    out.append(state)
+    state = int(rng.choice(len(p), p=p[state]))
+  return out
+
+
+def write_tff_shakespeare(folder: str, num_clients: int, examples_per_client: float,
+                          seed: int) -> list[str]:
+  """shakespeare_{train,test}.h5: each role's snippets (byte strings of 20-120
+  characters) walks of markov_chain over LEAF's letters; a fifth of each role's
+  snippets in the test file (the same roles, as TFF's)."""
+  from fedjax_dp.data.leaf import LETTERS
+  rng = np.random.default_rng(seed)
+  used, p, _ = markov_chain(seed)
+  splits = {"train": {}, "test": {}}
+  for r, size in enumerate(client_sizes(num_clients, examples_per_client, rng)):
+    snippets = ["".join(LETTERS[used[i]] for i in _walk(rng, p, int(rng.integers(20, 121))))
+                .encode() for _ in range(size)]
+    cut = max(1, int(round(size * 0.8)))
+    cid = f"THE_SAMPLE_PLAY_ROLE_{r:04d}"
+    splits["train"][cid], splits["test"][cid] = {"snippets": snippets[:cut]}, \
+        {"snippets": snippets[cut:]}
+  os.makedirs(folder, exist_ok=True)
+  return [_write_h5(os.path.join(folder, f"shakespeare_{s}.h5"), c) for s, c in splits.items()]
+
+
+def write_tff_stackoverflow(folder: str, num_clients: int, examples_per_client: float,
+                            seed: int) -> list[str]:
+  """stackoverflow_{train,test}.h5 and stackoverflow.word_count: 10,050 words
+  (w00000, w00001, ... by decreasing count, so the last 50 are out of the
+  vocabulary); each user's posts (5-30 words) walks of a word chain over the 40
+  most frequent words, one word in 20 replaced by a rare one (some beyond the
+  vocabulary); the other features TFF's files hold, with their dtypes."""
+  from fedjax_dp.data.tff_text import SO_WORDS, WORD_COUNTS
+  rng = np.random.default_rng(seed)
+  words = [f"w{i:05d}" for i in range(SO_WORDS + 50)]
+  _, p, _ = markov_chain(seed, letters=40)
+  splits = {"train": {}, "test": {}}
+  for u, size in enumerate(client_sizes(num_clients, examples_per_client, rng)):
+    posts = []
+    for _ in range(size):
+      ids = [i if rng.random() > 0.05 else int(rng.integers(40, len(words)))
+             for i in _walk(rng, p, int(rng.integers(5, 31)))]
+      posts.append(" ".join(words[i] for i in ids).encode())
+    cut = max(1, int(round(size * 0.8)))
+    for split, rows in (("train", posts[:cut]), ("test", posts[cut:])):
+      n = len(rows)
+      splits[split][f"{u:08d}"] = {
+          "creation_date": [b"2017-06-01 12:00:00.00 UTC"] * n, "score": np.zeros(n, np.int64),
+          "tags": [b"python|numpy"] * n, "title": [b"a sample title"] * n, "tokens": rows,
+          "type": [b"question" if i % 2 == 0 else b"answer" for i in range(n)]}
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, WORD_COUNTS), "w") as f:
+    f.writelines(f"{w} {100_000 - i}\n" for i, w in enumerate(words))
+  return [_write_h5(os.path.join(folder, f"stackoverflow_{s}.h5"), c)
+          for s, c in splits.items()] + [os.path.join(folder, WORD_COUNTS)]
+
+
 def write_sample(name: str, folder: str, num_clients: int = 20,
                  examples_per_client: float = 40.0, seed: int = 0) -> list[str]:
   """Writes dataset `name`'s files (SAMPLES) with generated examples into `folder`
@@ -204,5 +269,9 @@ def write_sample(name: str, folder: str, num_clients: int = 20,
     return write_leaf_shakespeare(folder, num_clients, examples_per_client, seed)
   if name == "cifar100":
     return write_tff_cifar100(folder, num_clients, examples_per_client, seed)
+  if name == "shakespeare_tff":
+    return write_tff_shakespeare(folder, num_clients, examples_per_client, seed)
+  if name == "stackoverflow":
+    return write_tff_stackoverflow(folder, num_clients, examples_per_client, seed)
   return write_tff_emnist(folder, num_clients, examples_per_client, seed,
                           digits_only=name == "emnist_digits")

@@ -38,13 +38,19 @@ FILES = {   # dataset -> (stem of its files, the tarball holding them)
     "emnist_digits": ("fed_emnist_digitsonly", "fed_emnist_digitsonly.tar.bz2"),
     "cifar100": ("fed_cifar100", "fed_cifar100.tar.bz2"),
     "cifar100_coarse": ("fed_cifar100", "fed_cifar100.tar.bz2"),
+    # text (tff_text.py)
+    "shakespeare_tff": ("shakespeare", "shakespeare.tar.bz2"),
+    "stackoverflow": ("stackoverflow", "stackoverflow.tar.bz2"),
 }
 
 
 def how_to_get(name: str) -> str:
   stem, tarball = FILES[name]
-  return (f"download {_TFF}{tarball}, unpack it (tar xjf) and set data_dir to the folder holding "
-          f"{stem}_train.h5 and {stem}_test.h5 (TensorFlow Federated's cache, "
+  also = (f" and {_TFF}stackoverflow.word_count.tar.bz2 (the vocabulary) into the same folder"
+          if name == "stackoverflow" else "")
+  return (f"download {_TFF}{tarball}{also}, unpack {'them' if also else 'it'} (tar xjf) and set "
+          "data_dir to the folder "
+          f"holding {stem}_train.h5 and {stem}_test.h5 (TensorFlow Federated's cache, "
           "~/.keras/datasets, is searched too)")
 
 
@@ -60,19 +66,35 @@ def find_h5_folder(name: str, data_dir: str | None) -> tuple[str | None, list[st
   return None, searched
 
 
-def read_clients(path: str, features: tuple[str, ...]) -> list[tuple[str, dict]]:
-  """[(client id, {feature: array [n, ...]})] of a TFF HDF5 file, in id order."""
+def _open(path: str):
   import h5py
   try:
     f = h5py.File(path, "r")
   except OSError as e:
     raise DataError(f"{path}: cannot read as HDF5 ({e})") from None
-  with f:
-    if "examples" not in f:
-      raise DataError(f"{path}: no group 'examples' (holds {', '.join(f.keys()) or 'nothing'}): "
-                      "not a TensorFlow Federated client-data file")
+  if "examples" not in f:
+    held = ", ".join(f.keys()) or "nothing"
+    f.close()
+    raise DataError(f"{path}: no group 'examples' (holds {held}): not a TensorFlow Federated "
+                    "client-data file")
+  return f
+
+
+def read_client_ids(path: str) -> list[str]:
+  """A TFF HDF5 file's client ids, in id order (without reading their examples)."""
+  with _open(path) as f:
+    return sorted(f["examples"])
+
+
+def read_clients(path: str, features: tuple[str, ...], only: set[str] | None = None
+                 ) -> list[tuple[str, dict]]:
+  """[(client id, {feature: array [n, ...]})] of a TFF HDF5 file, in id order;
+  `only`: just those clients (the others' examples are not read)."""
+  with _open(path) as f:
     out = []
     for cid in sorted(f["examples"]):   # h5py lists names in order; sorted says so
+      if only is not None and cid not in only:
+        continue
       group = f["examples"][cid]
       missing = [k for k in features if k not in group]
       if missing:

@@ -25,7 +25,7 @@ INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run):
 def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> dict | None:
   """What a run's own data, model and loss were (None: all the config's): names,
   sizes and SHA-256 digests of the data and of the model's parameter shapes."""
-  if model is None and data is None and task == losses.CLASSIFICATION:
+  if model is None and data is None and (task == losses.CLASSIFICATION or task.builtin):
     return None
   inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
                      "metrics": list(task.metrics), "sha256": loss_digest(task)}}

@@ -38,7 +38,7 @@ from fedjax_dp.experiment.resume import (FRESH_META, SEGMENTS, check_plugins, pl
                                          restore, save_secret_key)
 from fedjax_dp.experiment.run_folder import (EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff,
                                              prepare_out, saved_config, shown_setting)
-from fedjax_dp.experiment.setup import setup
+from fedjax_dp.experiment.setup import run_task, setup
 from fedjax_dp.experiment.target_epsilon import budget_rounds
 from fedjax_dp.models import Model, num_params
 from fedjax_dp.placement import processes
@@ -72,7 +72,7 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
     # the same config with other data, model or loss is another run (inputs.json)
     try:
       check_inputs(out, own_inputs(kwargs.get("model"), kwargs.get("data"),
-                                    kwargs.get("task") or losses.CLASSIFICATION))
+                                    kwargs.get("task") or run_task(cfg, kwargs.get("data"))))
       check_plugins(out, cfg)
     except RunError as e:
       if not overwrite:
@@ -119,7 +119,7 @@ def run_experiment(cfg: Config, out: str, *, resume: bool = False, overwrite: bo
   log = log or (lambda msg: print(msg, file=sys.stderr))
   if not processes.is_primary():   # one voice for a run of many processes (processes.py)
     log, progress = (lambda msg: None), False
-  task = task or losses.CLASSIFICATION
+  task = task or run_task(cfg, data)
   ctx = _open_run(cfg, out, resume, overwrite, log, mesh, model, data, task)
   if isinstance(ctx, dict):
     return ctx   # a finished run: its summary

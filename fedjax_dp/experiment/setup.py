@@ -26,13 +26,23 @@ from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
 from fedjax_dp.errors import DataError
 from fedjax_dp.data.natural import select_clients
 from fedjax_dp.data.partition import PARTITION_KEYS, partition
-from fedjax_dp.data.registry import load_dataset, natural_datasets
+from fedjax_dp.data.registry import default_task, load_dataset, natural_datasets
 from fedjax_dp.data.scaling import apply_feature_scaling
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.mechanisms import get_mechanism
 from fedjax_dp.recipes.flat import kept_noise_of
+
+
+# the datasets whose loader reads only the clients partition natural_id takes
+READ_CHOSEN = ("shakespeare_tff", "stackoverflow")
+
+
+def run_task(cfg: Config, data: Dataset | None = None) -> losses.Task:
+  """The task of a run that names none: its data's (registry.default_task: next_token
+  for token sequences), else classification."""
+  return default_task(data.name if data is not None else cfg.dataset)
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -52,10 +62,21 @@ def load_data(cfg: Config) -> Dataset:
     options = dict(num_examples=cfg.healthcare_examples, generator=cfg.healthcare_generator)
   elif cfg.dataset == "breast_cancer" and cfg.tier_map_path:
     options = dict(tier_map=cfg.tier_map_path)
+  elif cfg.dataset in READ_CHOSEN and cfg.partition == "natural_id":
+    options = dict(clients=(cfg.num_clients, cfg.test_clients, data_seed(cfg)))
   mode = resolved_feature_scaling(cfg)
   ds = load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
                     feature_scaling="none" if mode == "per_client" else mode, **options)
+  if "clients" in options:   # the loader read only the clients natural_id takes
+    ds = dataclasses.replace(ds, clients_taken=clients_taken(cfg))
   return natural_clients(cfg, ds)
+
+
+def clients_taken(cfg: Config) -> str:
+  """How a run takes a dataset's own clients (Dataset.clients_taken)."""
+  return f"partition {cfg.partition}" + (
+      f", num_clients {cfg.num_clients}, test_clients {cfg.test_clients}, data seed "
+      f"{data_seed(cfg)}" if cfg.partition == "natural_id" else "")
 
 
 def natural_clients(cfg: Config, ds: Dataset) -> Dataset:
@@ -71,9 +92,7 @@ def natural_clients(cfg: Config, ds: Dataset) -> Dataset:
                         f"{', '.join(natural_datasets())}, or your own data's clients)")
     return ds
   natural = cfg.partition == "natural_id"
-  taken = (f"partition {cfg.partition}" + (f", num_clients {cfg.num_clients}, test_clients "
-                                           f"{cfg.test_clients}, data seed {data_seed(cfg)}"
-                                           if natural else ""))
+  taken = clients_taken(cfg)
   if ds.clients_taken:
     if ds.clients_taken != taken:
       raise DataError(f"data {ds.name!r}: its clients were taken for {ds.clients_taken}, not "
@@ -111,7 +130,7 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   rows (check_test_source), before anything is built or written.
   `calibrated`: central DP's accounted noise multiplier instead of the one calibrated
   to target_epsilon from round 0 (a resumed run's; recipes/privacy.make_privacy)."""
-  task = task or losses.CLASSIFICATION
+  task = task or run_task(cfg, ds)
   ds = natural_clients(cfg, ds) if ds is not None else load_data(cfg)
   check_test_source(cfg, ds)
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
@@ -268,18 +287,32 @@ def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> No
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     out = jax.eval_shape(model.apply, params, spec(ds.input_shape, np.float32))
     targets = spec(y.shape[1:], target_dtype(y, task.target_dtype))
+    if task.sequence:
+      check_sequence_outputs(what, out.shape, y.shape, ds.num_classes)
     value = jax.eval_shape(task.loss, out, targets, spec((), bool))
     for fn in task.metrics.values():
       jax.eval_shape(fn, out, targets)
+  except ConfigError:
+    raise
   except Exception as e:   # any error of the user's code, shown on one line
     first = (str(e).strip().splitlines() or [""])[0][:200]
     raise ConfigError(f"{what}: {type(e).__name__}: {first}") from None
   if getattr(value, "shape", None) != ():
     raise ConfigError(f"{what}: the loss returns shape {getattr(value, 'shape', None)}, "
                       "expected a scalar (the mean over the masked rows)")
-  if task.target_dtype == "int32" and (len(out.shape) != 2 or out.shape[1] < ds.num_classes):
+  if not task.sequence and task.target_dtype == "int32" and (len(out.shape) != 2 or out.shape[1] < ds.num_classes):
     raise ConfigError(f"{what}: outputs of shape {tuple(out.shape[1:])} per example, expected "
                       f"[{ds.num_classes}] logits (labels go up to {ds.num_classes - 1})")
+
+
+def check_sequence_outputs(what: str, out_shape, y_shape, vocab: int) -> None:
+  """ConfigError unless a next_token model's outputs are [B, T, >= vocab] for targets [B, T]."""
+  if len(y_shape) != 2 or tuple(out_shape[1:-1]) != tuple(y_shape[1:]) \
+      or out_shape[-1] < vocab:
+    raise ConfigError(f"{what}: outputs of shape {tuple(out_shape[1:])} per example, expected "
+                      f"{tuple(y_shape[1:]) + (vocab,)} (logits for each position's next "
+                      f"token, ids up to {vocab - 1}: model char_lstm_seq, word_lstm, or your "
+                      "own sequence model)")
 
 
 def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):

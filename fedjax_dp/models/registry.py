@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from fedjax_dp.models.char_lstm import CharLSTM
 from fedjax_dp.models.cnn import CNN
+from fedjax_dp.models.lstm_lm import LSTMLanguageModel
 from fedjax_dp.models.mlp import MLP
 from fedjax_dp.models.model import Model
 from fedjax_dp.models.resnet import ResNet18
@@ -38,6 +39,11 @@ MODELS: dict[str, ModelSource] = {s.name: s for s in (
                 images=True),
     ModelSource("resnet18", lambda shape, k, hidden: ResNet18(num_classes=k), images=True),
     ModelSource("char_lstm", lambda shape, k, hidden: CharLSTM(vocab=k), tokens=True),
+    # every position's next token (next_token task: shakespeare_tff, stackoverflow)
+    ModelSource("char_lstm_seq", lambda shape, k, hidden: LSTMLanguageModel(vocab=k),
+                tokens=True),
+    ModelSource("word_lstm", lambda shape, k, hidden: LSTMLanguageModel(
+        vocab=k, embed=96, units=670, layers=1, project=96), tokens=True),
 )}
 
 

@@ -42,7 +42,7 @@ from fedjax_dp.errors import RunError
 from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.resume import check_plugins
-from fedjax_dp.experiment.setup import check_test_source
+from fedjax_dp.experiment.setup import check_test_source, run_task
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
     saved_config
 from fedjax_dp.sweeps.spec import Cell, SweepSpec
@@ -114,8 +114,8 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   from fedjax_dp.sweeps import table
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
-  task = task or losses.CLASSIFICATION
-  cells = spec.cells()   # every cell's config checked before anything is written
+  cells = spec.cells()
+  task = task or run_task(cells[0].cfg, data)   # every cell's config checked before anything is written
   if data is not None:   # and every cell's guarantee against your data's test set
     for cell in cells:
       check_test_source(cell.cfg, data)
