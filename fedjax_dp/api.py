@@ -92,6 +92,11 @@ def _own(values: dict, base: Config | None, key: str, name: str) -> None:
   values[key] = "custom"
 
 
+def _task(loss):
+  """The Task `loss` names; None (no loss given): the data's own (experiment.setup.run_task)."""
+  return None if loss is None else losses.get(loss)
+
+
 def run(recipe: Any = "fedavg", *, out: str, model: Model | None = None,
         data: Dataset | None = None, loss=None, rounds: int | None = None,
         callbacks: Sequence = (), resume: bool = False, overwrite: bool = False,
@@ -106,11 +111,12 @@ def run(recipe: Any = "fedavg", *, out: str, model: Model | None = None,
   from its newest checkpoint, bit for bit, with the same recipe, data, model and
   loss (only `rounds` may change). `loss`: a name ('classification', 'mse',
   'mae'), a losses.Task, or a function (outputs, targets, mask) -> scalar;
-  default classification. `callbacks`: callbacks.Callback, run after the
-  defaults. Returns the summary (summary.json, plus the plots' paths).
+  default: the dataset's own task (next_token for token datasets), else
+  classification. `callbacks`: callbacks.Callback, run after the defaults.
+  Returns the summary (summary.json, plus the plots' paths).
   """
   from fedjax_dp.experiment.runner import run_experiment
-  task = losses.get(loss)
+  task = _task(loss)
   overrides = dict(config_overrides, **({"rounds": rounds} if rounds is not None else {}))
   cfg = recipe_config(recipe, model=model, data=data, **overrides)
   return run_experiment(cfg, out, resume=resume, overwrite=overwrite, progress=progress,
@@ -130,7 +136,7 @@ def simulate(recipe: Any = "fedavg", *, model: Model | None = None, data: Datase
   fedjax_dp.experiment.reports.privacy_report.privacy_report(sim.cfg, sim, state), and
   under local DP every client's epsilon: sim.epsilons(state)[0] ([num_clients])."""
   from fedjax_dp.experiment.setup import setup
-  task = losses.get(loss)
+  task = _task(loss)
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
   _, _, sim = setup(cfg, data, mesh=mesh, model=model, task=task)
   return sim
@@ -172,7 +178,7 @@ def sweep(spec: Any, *, out: str, model: Model | None = None, data: Dataset | No
   spec = _dc.replace(spec, base=base, replica_batch=spec.replica_batch if replica_batch is None
                      else replica_batch_value(replica_batch))
   return run_sweep(spec, out, overwrite=overwrite, progress=progress, log=log, model=model,
-                   data=data, task=losses.get(loss), callbacks=callbacks)
+                   data=data, task=_task(loss), callbacks=callbacks)
 
 
 def profile(recipe: Any = "fedavg", *, out: str, rounds: int = 5, model: Model | None = None,
@@ -186,5 +192,5 @@ def profile(recipe: Any = "fedavg", *, out: str, rounds: int = 5, model: Model |
   if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
     raise ConfigError(f"rounds = {rounds!r}: allowed are whole numbers >= 1")
   cfg = recipe_config(recipe, model=model, data=data, **config_overrides)
-  return profile_rounds(cfg, rounds, out, model=model, data=data, task=losses.get(loss))
+  return profile_rounds(cfg, rounds, out, model=model, data=data, task=_task(loss))
 

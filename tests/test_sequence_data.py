@@ -116,6 +116,12 @@ def test_a_run_reads_the_chosen_clients_and_takes_the_datasets_task(tmp_path):
                                          "never_predicted=(0, 1, 2, 10003)")
   _, parts, sim = setup(cfg, ds)   # the loaded clients are taken as they are
   assert len(parts) == 4 and sim.test_data[1].shape[-1] == 20
+  # the Python API without a loss takes the dataset's task too (classification would refuse)
+  import fedjax_dp
+  sim = fedjax_dp.simulate({"model": "word_lstm"}, data=load_dataset("stackoverflow", folder),
+                           partition="natural_id", num_clients=4, test_clients=2,
+                           clients_per_round=2)
+  assert sim.test_data[1].shape[-1] == 20   # built: check_model refuses classification
   for bad, message in ((dict(model="mlp"), "outputs of shape \\(10004,\\) per example, expected "
                         "\\(20, 10004\\)"),
                        (dict(partition="dirichlet", test_clients=0),

@@ -407,3 +407,31 @@ def test_final_rows_average_the_seeds_with_a_finite_figure():
   assert final_lines(f.name) == ["all (3 seeds, rounds 3-4): test accuracy 0.6000 +- 0.1414 "
                                  "(2 seeds finite)"]
 
+
+
+@pytest.mark.slow   # about a minute each
+@pytest.mark.parametrize("dataset,model", [("shakespeare_tff", "char_lstm_seq"),
+                                           ("femnist", "leaf_cnn")])
+def test_vmapped_replicas_of_the_benchmark_models_match_their_standalone_runs(
+    tmp_path, dataset, model):
+  """The benchmarks' models and datasets as vmapped replicas (two learning rates in
+  one program): each cell's metrics are its own run's to float rounding; the
+  sequence task (next_token) comes from the dataset in both."""
+  from fedjax_dp.data.sample_files import write_sample
+  write_sample(dataset, str(tmp_path / "data"), num_clients=8, examples_per_client=6)
+  config = {"dataset": dataset, "data_dir": str(tmp_path / "data"), "model": model,
+            "partition": "natural_id", "num_clients": 6, "test_clients": 2,
+            "clients_per_round": 3, "batch_size": 4, "local_epochs": 1, "rounds": 2,
+            "eval_every": 1, "devices": 1, **DP}
+  spec = {"config": config, "grid": {"lr": [0.05, 0.5]}}
+  record = fedjax_dp.sweep(spec, out=str(tmp_path / "s"), replica_batch=2, progress=False,
+                           log=lambda m: None)
+  assert record["programs"][0]["replica_batch"] == 2
+  for cell in load_sweep(spec).cells():
+    here = read_jsonl(tmp_path / "s" / "cells" / cell.name / "metrics.jsonl")
+    alone = run_alone(cell.cfg, tmp_path / cell.name)
+    assert len(here) == len(alone) == 2
+    for a, b in zip(here, alone):
+      assert a["epsilon"] == b["epsilon"]
+      for key in ("test_accuracy", "test_loss", "train_loss"):
+        assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key

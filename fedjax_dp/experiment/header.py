@@ -17,11 +17,15 @@ def _privacy_part(cfg) -> str:
   return f"{cfg.dp} DP, clip {cfg.clip_norm:g}{budget} at delta {cfg.delta:g}"
 
 
-def line(cfg, model_name: str, params: int, devices: int, platform: str, start: int) -> str:
+def line(cfg, model_name: str, params: int, devices: int, platform: str, start: int,
+         data_name: str | None = None) -> str:
   """'fedavg on digits: 20 clients, 10 a round (fixed), mlp (53,018 parameters), 60
-  rounds on 2 cpu devices; no DP' (resumed runs: 'rounds 20 to 60')."""
+  rounds on 2 cpu devices; no DP' (resumed runs: 'rounds 20 to 60'). `data_name`:
+  the data's own name where the config's dataset is 'custom' (data given to run)."""
   rounds = f"rounds {start} to {cfg.rounds}" if start else f"{cfg.rounds} rounds"
-  return (f"{cfg.algorithm} on {cfg.dataset}: {cfg.num_clients:,} clients, "
+  shown = (f"{data_name} (your data)" if cfg.dataset == "custom" and data_name
+           and data_name != "custom" else cfg.dataset)
+  return (f"{cfg.algorithm} on {shown}: {cfg.num_clients:,} clients, "
           f"{cfg.clients_per_round:,} a round ({cfg.sampling}), {model_name} "
           f"({params:,} parameters), {rounds} on {devices} {platform} "
           f"device{'s' if devices != 1 else ''}; {_privacy_part(cfg)}")

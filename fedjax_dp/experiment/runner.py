@@ -203,7 +203,7 @@ def open_context(cfg: Config, out: str, sim, ds: Dataset, parts, task: losses.Ta
     reporting.rewrite_metrics(metrics_path, rows)
   d = num_params(jax.tree.leaves(sim.init_state().params))
   log(header.line(cfg, sim.model.name, d, int(sim.mesh.devices.size),
-                  sim.mesh.devices.flat[0].platform, start))
+                  sim.mesh.devices.flat[0].platform, start, data_name=ds.name))
   for line in noise_note.lines(cfg, sim.noise_multiplier, calibrating, sim.privacy.strategy,
                                sim.privacy.update_noise_multiplier, sim.privacy.count_stddev):
     log(line)
