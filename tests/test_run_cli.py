@@ -419,6 +419,25 @@ def test_datasets_lists_every_dataset(capsys):
     assert "\n" not in err and words in err, err
 
 
+def test_datasets_partition_counts_unused_rows_and_describes_token_data(tmp_path, capsys):
+  """A shard partition that leaves rows out says how many; token sequences get their
+  clients' sizes (no label histogram) and --plot refuses them in one line."""
+  from fedjax_dp.data.sample_files import write_sample
+  assert main(["datasets", "--partition", "--set", "dataset=digits", "--set", "partition=shard",
+               "--set", "num_clients=10", "--set", "shard_size=50", "--set",
+               "shards_per_client=2"]) == 0
+  assert capsys.readouterr().out.splitlines()[0] == (
+      "digits: 1438 training examples (438 in no client's part), 10 clients, partition shard")
+  write_sample("shakespeare_tff", str(tmp_path / "s"), num_clients=6, examples_per_client=4)
+  sets = ["--set", "dataset=shakespeare_tff", "--set", f"data_dir={tmp_path / 's'}", "--set",
+          "partition=natural_id", "--set", "num_clients=6", "--set", "clients_per_round=3"]
+  assert main(["datasets", "--partition", *sets]) == 0
+  assert "targets are token sequences (80,) (no labels)" in capsys.readouterr().out
+  assert main(["datasets", "--partition", "--plot", str(tmp_path / "h.png"), *sets]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "its targets are token sequences (80,)" in err
+
+
 def test_a_failed_setup_never_replaces_an_existing_run(tmp_path, capsys):
   out = tmp_path / "old"
   out.mkdir()

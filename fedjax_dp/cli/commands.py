@@ -323,11 +323,22 @@ def _datasets(args) -> int:
   cfg = load_config(args.config, sets)
   ds = load_data(cfg)
   parts = client_partition(cfg, ds)
-  hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
   described = f"partition {cfg.partition}" + (
       f" (alpha {cfg.alpha:g})" if cfg.partition in ("dirichlet", "dirichlet_client") else "")
-  print(f"{cfg.dataset}: {len(ds.y_train)} training examples, {cfg.num_clients} clients, "
-        f"{described}")
+  used = sum(len(p) for p in parts)
+  unused = (f" ({len(ds.y_train) - used} in no client's part)" if used < len(ds.y_train)
+            else "")
+  print(f"{cfg.dataset}: {len(ds.y_train)} training examples{unused}, {cfg.num_clients} "
+        f"clients, {described}")
+  if ds.y_train.ndim != 1:   # token sequences: no label to count
+    if args.plot:
+      raise RunError(f"--plot with dataset {cfg.dataset!r}: its targets are token sequences "
+                     f"{ds.y_train.shape[1:]}, with no class labels to plot")
+    sizes = sorted(len(p) for p in parts)
+    print(f"client sizes (sequences): min {sizes[0]}, median {sizes[len(sizes) // 2]}, max "
+          f"{sizes[-1]}; targets are token sequences {ds.y_train.shape[1:]} (no labels)")
+    return 0
+  hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
   print(part_lib.format_histogram(hist))
   if args.plot:
     from fedjax_dp.data.registry import class_names
