@@ -164,7 +164,10 @@ def sweep(spec: Any, *, out: str, model: Model | None = None, data: Dataset | No
   base = dict(spec.base)
   if model is not None:
     _own(base, None, "model", model.name)
-  if data is not None:
+  if data is not None and data.client_ids:
+    # a dataset's own clients: the spec's partition, num_clients and test_clients take them
+    _own(base, None, "dataset", data.name)
+  elif data is not None:
     _own(base, None, "dataset", data.name)
     if data.client_parts is None:
       raise ConfigError(f"data {data.name!r} carries no client partition: build it with "

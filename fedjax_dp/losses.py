@@ -58,13 +58,16 @@ class Task(NamedTuple):
   data's own: integer targets as int32, real ones as float32).
   sequence: targets [B, T] and outputs [B, T, ...] per token (next_token).
   builtin: a built-in task's description with its arguments (its identity in the
-  run's digests, stable across JAX versions); '' for a task of your own."""
+  run's digests, stable across JAX versions, where is_builtin); '' for your own.
+  token_ids: the token ids a sequence task names (pad, ...): each must be below the
+  model's vocabulary."""
   name: str
   loss: Loss
   metrics: Mapping[str, Metric]
   target_dtype: str | None = None
   sequence: bool = False
   builtin: str = ""
+  token_ids: tuple[int, ...] = ()   # the ids a sequence task names (below the vocabulary)
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -145,6 +148,18 @@ def _token_mask(targets: jax.Array, masked: tuple[int, ...]) -> jax.Array:
   return keep
 
 
+def _token_ids(name: str, ids) -> tuple[int, ...]:
+  """ids as a tuple of token ids, or ConfigError (one line)."""
+  if not isinstance(ids, (tuple, list)) or not all(
+      isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+    raise ConfigError(f"next_token {name} = {ids!r}: allowed are a tuple of token ids "
+                      "(ints >= 0)")
+  return tuple(ids)
+
+
+_NEXT_TOKEN: dict[str, Task] = {}   # one Task a setting: is_builtin tells them from copies
+
+
 def next_token(pad: int = 0, not_scored: tuple[int, ...] = (),
                never_predicted: tuple[int, ...] = ()) -> Task:
   """A language model's next-token task: outputs [B, T, V] logits, targets [B, T]
@@ -155,7 +170,21 @@ def next_token(pad: int = 0, not_scored: tuple[int, ...] = (),
   'accuracy' over the targets that are neither pad nor in `not_scored` (e.g. EOS),
   with the ids in `never_predicted` (e.g. pad, BOS, EOS, OOV) never the prediction,
   so an out-of-vocabulary target counts as a miss (FedJAX's accuracy_in_vocab);
-  'loss' the cross-entropy over the non-pad targets (perplexity: exp(test_loss))."""
+  'loss' the cross-entropy over the non-pad targets (perplexity: exp(test_loss)).
+  Every id named must be below the model's vocabulary (the set-up checks)."""
+  if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
+    raise ConfigError(f"next_token pad = {pad!r}: allowed is a token id (an int >= 0)")
+  not_scored = _token_ids("not_scored", not_scored)
+  never_predicted = _token_ids("never_predicted", never_predicted)
+  described = (f"next_token(pad={pad}, not_scored={not_scored}, "
+               f"never_predicted={never_predicted})")
+  if described not in _NEXT_TOKEN:
+    _NEXT_TOKEN[described] = _next_token_task(pad, not_scored, never_predicted, described)
+  return _NEXT_TOKEN[described]
+
+
+def _next_token_task(pad: int, not_scored: tuple[int, ...], never_predicted: tuple[int, ...],
+                     described: str) -> Task:
   def loss(logits, targets, mask):
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)   # [B, T]
     m = (_token_mask(targets, (pad,)) & mask[:, None]).astype(ce.dtype)
@@ -170,14 +199,18 @@ def next_token(pad: int = 0, not_scored: tuple[int, ...] = (),
     if never_predicted:
       logits = logits.at[..., jnp.asarray(never_predicted)].set(-jnp.inf)
     hit = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    m = _token_mask(targets, (pad,) + tuple(not_scored)).astype(jnp.float32)
+    m = _token_mask(targets, (pad,) + not_scored).astype(jnp.float32)
     return jnp.sum(hit * m, -1), jnp.sum(m, -1)
-  for name, ids in (("not_scored", not_scored), ("never_predicted", never_predicted)):
-    if not all(isinstance(i, int) and i >= 0 for i in ids):
-      raise ConfigError(f"next_token {name} = {ids!r}: allowed are token ids (ints >= 0)")
   return Task("next_token", loss, {"accuracy": token_accuracy, "loss": token_loss}, "int32",
-              sequence=True, builtin=f"next_token(pad={pad}, not_scored={tuple(not_scored)}, "
-                                     f"never_predicted={tuple(never_predicted)})")
+              sequence=True, builtin=described,
+              token_ids=tuple(sorted({pad, *not_scored, *never_predicted})))
+
+
+def is_builtin(task: Task) -> bool:
+  """Whether `task` is a built-in one (a name's, or next_token's for its setting), not
+  a copy with another loss or metrics (Task._replace keeps `builtin`)."""
+  return (any(task is t for t in NAMES.values())
+          or (bool(task.builtin) and _NEXT_TOKEN.get(task.builtin) is task))
 
 
 # ---------------------------------------------------------------------------- tasks

@@ -45,10 +45,14 @@ def test_stackoverflow_tokenises_pads_and_truncates_as_fedjax_does():
   assert x.shape == y.shape == (3, 20) and oov == 10_003
   np.testing.assert_array_equal(x[0, :5], [B, 3, 4, oov, P])
   np.testing.assert_array_equal(y[0, :5], [3, 4, oov, E, P])
-  np.testing.assert_array_equal(x[1, :2], [B, P])          # an empty post: BOS -> EOS
-  np.testing.assert_array_equal(y[1, :2], [E, P])
+  # an empty post is one empty word (TF's split with sep=' ', as FedJAX tokenises)
+  np.testing.assert_array_equal(x[1, :3], [B, oov, P])
+  np.testing.assert_array_equal(y[1, :3], [oov, E, P])
   np.testing.assert_array_equal(x[2], [B] + [4] * 19)      # 27 ids cut to 20: no EOS
   np.testing.assert_array_equal(y[2], [4] * 20)
+  x, _ = tff_text.stackoverflow_sequences([b"how  to ", b"how to"], vocab)
+  np.testing.assert_array_equal(x[0, :6], [B, 3, oov, 4, oov, P])   # two spaces; a trailing one
+  np.testing.assert_array_equal(x[1, :4], [B, 3, 4, P])
 
 
 def test_the_vocabulary_is_the_word_counts_first_10000_words(tmp_path):
@@ -61,6 +65,9 @@ def test_the_vocabulary_is_the_word_counts_first_10000_words(tmp_path):
   (folder / tff_text.WORD_COUNTS).write_text("\n".join(lines[:500]) + "\n")
   with pytest.raises(DataError, match="holds 500 words; the benchmark's vocabulary is the first "
                                       "10000"):
+    tff_text.read_vocabulary(str(folder))
+  (folder / tff_text.WORD_COUNTS).write_text("the 12\nof 9\nthe 3\n")
+  with pytest.raises(DataError, match="line 3 repeats the word b'the' \\(line 1\\)"):
     tff_text.read_vocabulary(str(folder))
   (folder / tff_text.WORD_COUNTS).write_text("the 12\nbroken\n")
   with pytest.raises(DataError, match="line 2 is b'broken"):
@@ -270,3 +277,75 @@ def test_the_sequence_lstm_learns_a_chain_to_near_its_floor(tmp_path):
                           eval_every=30, progress=False)
   loss = summary["final"]["test_loss"]
   assert rate - 0.05 < loss < rate + 0.3, (loss, rate)
+
+
+def test_a_next_token_setting_is_its_own_identity_and_a_copy_is_not_builtin():
+  """The audit's findings: a resume with another next_token setting was taken as the
+  same inputs, and a Task._replace'd copy kept the built-in identity (one run key
+  for two losses)."""
+  from fedjax_dp.experiment.inputs_fingerprint import own_inputs
+  from fedjax_dp.recipes.release_identity import loss_identity
+  so = tff_text.task("stackoverflow")
+  plain = losses.next_token()
+  assert so is tff_text.task("stackoverflow") and losses.is_builtin(so)
+  copy = plain._replace(loss=losses.CLASSIFICATION.loss)
+  assert not losses.is_builtin(copy) and loss_identity(copy) != loss_identity(plain)
+  assert own_inputs(None, None, so, so) is None           # the dataset's own task
+  other = own_inputs(None, None, plain, so)               # another setting: recorded
+  assert other["loss"]["builtin"] == plain.builtin
+  narrower = own_inputs(None, None, losses.next_token(not_scored=(2,)), so)
+  assert narrower["loss"] != other["loss"]                # metrics' settings differ: inputs too
+
+
+def test_token_settings_and_shapes_are_checked_in_one_line(tmp_path):
+  from fedjax_dp import make_config
+  from fedjax_dp.data import from_clients
+  from fedjax_dp.data.registry import find_dataset
+  from fedjax_dp.experiment.setup import setup
+  for bad, message in ((dict(not_scored=2), "not_scored = 2: allowed are a tuple"),
+                       (dict(pad=-1), "pad = -1: allowed is a token id"),
+                       (dict(never_predicted=(True,)), "never_predicted = \\(True,\\)")):
+    with pytest.raises(ConfigError, match=message):
+      losses.next_token(**bad)
+  rng = np.random.default_rng(0)
+  x, y = _token_rows(rng, 12, 6, 11)
+  data = from_clients([(x[:6], y[:6]), (x[6:], y[6:])], test=_token_rows(rng, 4, 6, 11))
+  cfg = make_config(dict(dataset="custom", model="char_lstm_seq", num_clients=2,
+                         clients_per_round=2))
+  with pytest.raises(ConfigError, match="names token id 99, and the model has 11 outputs"):
+    setup(cfg, data, task=losses.next_token(never_predicted=(99,)))
+  with pytest.raises(ConfigError, match="are token ids, which the loss does not score: pass "
+                                        "loss=fedjax_dp.losses.next_token"):
+    setup(make_config(dict(cfg.to_dict(), model="mlp")), data)
+  with pytest.raises(DataError, match="a column \\[N, 1\\]: pass y.ravel\\(\\)"):
+    from_clients([(x[:6], y[:6, :1]), (x[6:], y[6:, :1])])
+  folder = tmp_path / "so"
+  write_sample("stackoverflow", str(folder), num_clients=3, examples_per_client=3)
+  os.remove(folder / tff_text.WORD_COUNTS)
+  ok, where = find_dataset("stackoverflow", str(folder))
+  assert not ok and "lacks stackoverflow.word_count" in where
+
+
+def test_an_empty_test_set_is_refused_and_a_lazy_read_needs_no_test_rows(tmp_path):
+  """A test split holding none of the clients taken: reading it lazily works (held-out
+  clients are the test set), and a run with no test example refuses in one line (it
+  published accuracy 0 and loss 0)."""
+  import h5py
+  from fedjax_dp import make_config
+  from fedjax_dp.experiment.setup import setup
+  folder = tmp_path / "sh"
+  write_sample("shakespeare_tff", str(folder), num_clients=4, examples_per_client=4)
+  with h5py.File(folder / "shakespeare_test.h5", "a") as f:   # the test split: another role
+    f["examples"].move(sorted(f["examples"])[0], "ANOTHER_ROLE")
+    for cid in [c for c in f["examples"] if c != "ANOTHER_ROLE"]:
+      del f["examples"][cid]
+  base = dict(dataset="shakespeare_tff", data_dir=str(folder), partition="natural_id",
+              model="char_lstm_seq", clients_per_round=2)
+  ds = load_dataset("shakespeare_tff", str(folder), clients=(2, 1, 3))
+  every, _ = select_clients(load_dataset("shakespeare_tff", str(folder)), 2, 1, seed=3)
+  np.testing.assert_array_equal(ds.x_test, every.x_test)
+  assert len(ds.x_test) == len(every.x_test) > 0
+  cfg = make_config(dict(base, num_clients=3, test_clients=0))
+  with pytest.raises(DataError, match="the test set is empty \\(its test split holds no "
+                                      "example of the clients taken\\); hold clients out"):
+    setup(cfg)

@@ -435,3 +435,29 @@ def test_vmapped_replicas_of_the_benchmark_models_match_their_standalone_runs(
       assert a["epsilon"] == b["epsilon"]
       for key in ("test_accuracy", "test_loss", "train_loss"):
         assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), key
+
+
+@pytest.mark.slow   # about a minute
+def test_a_sweep_takes_each_datasets_own_task_and_a_loaded_datasets_clients(tmp_path):
+  """The audit's findings: a sweep whose variants name other datasets gave every
+  program the first one's task, and fedjax_dp.sweep(data=load_dataset(...)) under
+  DP refused test_clients (checked against the whole file) and num_clients."""
+  from fedjax_dp.data.registry import load_dataset
+  from fedjax_dp.data.sample_files import write_sample
+  write_sample("shakespeare_tff", str(tmp_path / "sh"), num_clients=6, examples_per_client=4)
+  common = {"clients_per_round": 2, "batch_size": 4, "rounds": 1, "eval_every": 1,
+            "devices": 1, "local_epochs": 1}
+  spec = {"config": common, "variants": [
+      {"dataset": "digits", "num_clients": 4, "hidden": [8]},
+      {"dataset": "shakespeare_tff", "data_dir": str(tmp_path / "sh"), "model": "char_lstm_seq",
+       "partition": "natural_id", "num_clients": 4, "test_clients": 2}]}
+  record = fedjax_dp.sweep(spec, out=str(tmp_path / "mixed"), progress=False,
+                           log=lambda m: None)
+  assert len(record["programs"]) == 2
+  data = load_dataset("shakespeare_tff", str(tmp_path / "sh"))
+  spec = {"config": {**common, **DP, "model": "char_lstm_seq", "partition": "natural_id",
+                     "num_clients": 3, "test_clients": 1}, "seeds": 2}
+  fedjax_dp.sweep(spec, data=data, out=str(tmp_path / "own"), progress=False,
+                  log=lambda m: None)
+  rows = read_csv(tmp_path / "own" / "results.csv")
+  assert len(rows) == 2 and all(float(r["epsilon"]) > 0 for r in rows)

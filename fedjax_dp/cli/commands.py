@@ -334,9 +334,7 @@ def _datasets(args) -> int:
     if args.plot:
       raise RunError(f"--plot with dataset {cfg.dataset!r}: its targets are token sequences "
                      f"{ds.y_train.shape[1:]}, with no class labels to plot")
-    sizes = sorted(len(p) for p in parts)
-    print(f"client sizes (sequences): min {sizes[0]}, median {sizes[len(sizes) // 2]}, max "
-          f"{sizes[-1]}; targets are token sequences {ds.y_train.shape[1:]} (no labels)")
+    print(part_lib.format_sequence_sizes(parts, ds.y_train.shape[1:]))
     return 0
   hist = part_lib.label_histogram(ds.y_train, parts, ds.num_classes)
   print(part_lib.format_histogram(hist))

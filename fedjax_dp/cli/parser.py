@@ -282,8 +282,8 @@ def _datasets_command(sub) -> None:
   d.add_argument("--plot", metavar="PNG", help="with --partition: also plot the histogram")
   d.add_argument("--write-sample", metavar="NAME",
                  help="write dataset NAME's files in their real format (LEAF JSON, TFF HDF5) "
-                      "holding generated examples into --out (femnist, emnist, emnist_digits, "
-                      "cifar100)")
+                      "holding generated examples into --out (femnist, shakespeare, emnist, "
+                      "emnist_digits, cifar100, shakespeare_tff, stackoverflow)")
   d.add_argument("--out", help="with --write-sample: a new or empty folder")
   d.add_argument("--clients", type=int, default=20, help="with --write-sample: clients written")
   d.add_argument("--examples", type=float, default=40.0,

@@ -51,7 +51,10 @@ def from_client_arrays(name: str, train: Sequence[ClientArrays],
   rows test_parts records; else the test split's clients are other people
   (TFF's CIFAR-100 numbers both splits' clients from 0) and no client's rows."""
   x, y = _stack(train, f"{source} (training split)")
-  xt, yt = _stack(test, f"{source} (test split)")
+  # a test split may hold none of the clients read (a lazy read's: setup refuses an empty
+  # test set in one line, where the run does not hold clients out instead)
+  xt, yt = (_stack(test, f"{source} (test split)") if test else
+            (np.zeros((0,) + x.shape[1:], x.dtype), np.zeros((0,) + y.shape[1:], y.dtype)))
   if x.shape[1:] != xt.shape[1:]:
     raise DataError(f"{source}: training examples are {x.shape[1:]} and test examples "
                     f"{xt.shape[1:]}: both splits need one shape")

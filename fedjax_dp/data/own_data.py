@@ -63,9 +63,10 @@ def _targets(y, n: int, what: str = "y") -> np.ndarray:
       raise DataError(f"{what} row {row} is not a finite number (as float32): targets must be "
                       "finite")
     return y32
-  if y.ndim > 2:
-    raise DataError(f"{what} has shape {y.shape}: integer targets are class labels [N] or "
-                    "token ids [N, T] (losses.next_token)")
+  if y.ndim > 2 or (y.ndim == 2 and y.shape[1] < 2):
+    raise DataError(f"{what} has shape {y.shape}: integer targets are class labels [N] (a "
+                    "column [N, 1]: pass y.ravel()) or token ids [N, T] with T >= 2 "
+                    "(losses.next_token)")
   if n and (y.min() < 0 or y.max() > np.iinfo(np.int32).max):
     bad = y.min() if y.min() < 0 else y.max()
     raise DataError(f"{what} holds class label {bad}: labels must be 0..K-1")

@@ -161,6 +161,13 @@ def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: in
   return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
+def format_sequence_sizes(parts: list[np.ndarray], shape: tuple[int, ...]) -> str:
+  """The clients' sizes where the targets are token sequences (no labels to count)."""
+  sizes = np.array([len(p) for p in parts])
+  return (f"client sizes (sequences): min {sizes.min()}, median {int(np.median(sizes))}, max "
+          f"{sizes.max()}; targets are token sequences {tuple(shape)} (no labels)")
+
+
 def format_histogram(hist: np.ndarray, max_rows: int = 20) -> str:
   """A text table, one row per client (the first `max_rows`), plus totals."""
   k = hist.shape[1]

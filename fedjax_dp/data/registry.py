@@ -66,6 +66,9 @@ def _find_leaf(name: str):
 def _find_tff(name: str):
   def find(data_dir):
     folder, _ = tff_h5.find_h5_folder(name, data_dir)
+    if folder and name == "stackoverflow" and not os.path.isfile(
+        os.path.join(folder, tff_text.WORD_COUNTS)):   # the vocabulary is part of the data
+      return False, f"{folder} lacks {tff_text.WORD_COUNTS}: {tff_h5.how_to_get(name)}"
     return (True, folder) if folder else (False, tff_h5.how_to_get(name))
   return find
 

@@ -22,8 +22,9 @@ below 2^24, targets as int32 [N, T]):
       y = joined[1:] in rows of 80, the last padded with PAD.
   Stack Overflow  PAD 0, BOS 1, EOS 2, the vocabulary's words 3..10,002, one
       out-of-vocabulary bucket 10,003 (vocabulary 10,004). Each post is BOS, its
-      words, EOS; x = that without its last id, y without its first, padded with
-      PAD or truncated to 20.
+      words (split at each single space, as TF's split with sep=' ': an empty
+      piece is an out-of-vocabulary word), EOS; x = that without its last id, y
+      without its first, padded with PAD or truncated to 20.
 
 The task (losses.next_token) scores every non-PAD target; its accuracy leaves out
 EOS targets and never predicts PAD, BOS, EOS or OOV (an OOV target is a miss), as
@@ -91,7 +92,9 @@ def stackoverflow_sequences(posts, vocab: dict[bytes, int], length: int = SO_LEN
   """One user's posts [n] (space-separated words) -> (x, y) int32 [n, length]."""
   x, y = (np.full((len(posts), length), PAD, np.int32) for _ in range(2))
   for i, post in enumerate(posts):
-    ids = [BOS] + [vocab.get(w, SO_OOV) for w in _text(post).split(b" ") if w] + [EOS]
+    # split at every single space, as tf.strings.split(sep=' ') does: an empty piece
+    # (two spaces, an empty post) is a word too, out of the vocabulary
+    ids = [BOS] + [vocab.get(w, SO_OOV) for w in _text(post).split(b" ")] + [EOS]
     seq = np.asarray(ids[:length + 1], np.int32)
     x[i, :len(seq) - 1], y[i, :len(seq) - 1] = seq[:-1], seq[1:]
   return x, y
@@ -111,7 +114,10 @@ def read_vocabulary(folder: str, words: int = SO_WORDS) -> dict[bytes, int]:
       parts = line.split()
       if len(parts) != 2 or not parts[1].isdigit():
         raise DataError(f"{path}: line {number} is {line[:60]!r}, expected 'word count'")
-      vocab.setdefault(parts[0], 3 + len(vocab))
+      if parts[0] in vocab:   # TF's vocabulary table refuses a repeated key too
+        raise DataError(f"{path}: line {number} repeats the word {parts[0]!r} (line "
+                        f"{vocab[parts[0]] - 2}): each word once")
+      vocab[parts[0]] = 3 + len(vocab)
   if len(vocab) < words:
     raise DataError(f"{path}: holds {len(vocab)} words; the benchmark's vocabulary is the "
                     f"first {words}")

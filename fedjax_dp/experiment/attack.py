@@ -56,6 +56,10 @@ def attack_mia(run_dir: str, *, examples: int | None = None, seed: int = 0, shad
   if ds.num_classes < 2:
     raise RunError(f"{run_dir}: the loss-threshold attack reads a classifier's "
                    "cross-entropy, and this run's targets are real values")
+  if ds.y_train.ndim != 1:
+    raise RunError(f"{run_dir}: the loss-threshold attack reads one cross-entropy an "
+                   f"example, and this run's targets are token sequences "
+                   f"{ds.y_train.shape[1:]} (a per-sequence attack is not built)")
   import numpy as np
   guarantee = membership_privacy(cfg, _reported_privacy(run_dir),
                                  int(np.min(np.asarray(sim.store.client_count))))
@@ -126,9 +130,10 @@ def attack_attribute(run_dir: str, *, feature: str | None = None, examples: int 
   sensitive column with at most 10 values, else its first)."""
   from fedjax_dp.adversary import attribute
   cfg, params, ds, sim = load_run(run_dir, data, model, "attack_attribute")
-  if ds.x_train.ndim != 2 or ds.num_classes < 2:
+  if ds.x_train.ndim != 2 or ds.num_classes < 2 or ds.y_train.ndim != 1:
     raise RunError(f"{run_dir}: attribute inference reads a column of tabular data under a "
-                   f"classifier; dataset {ds.name!r} has inputs {ds.input_shape}")
+                   f"classifier; dataset {ds.name!r} has inputs {ds.input_shape} and targets "
+                   f"{ds.y_train.shape[1:] or 'labels'}")
   j = _feature_index(run_dir, ds, feature)
   report = attribute.attribute_attack(sim.model.apply, params, ds.x_train, ds.y_train,
                                       ds.x_test, ds.y_test, j, examples=examples, seed=seed)

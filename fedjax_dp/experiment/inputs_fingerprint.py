@@ -17,18 +17,22 @@ from fedjax_dp import losses
 from fedjax_dp.data.dataset import Dataset
 from fedjax_dp.errors import RunError
 from fedjax_dp.models import Model, num_params
-from fedjax_dp.recipes.release_identity import loss_digest
+from fedjax_dp.recipes.release_identity import loss_digest, loss_identity
 
 INPUTS = "inputs.json"           # your own data, model or loss (fedjax_dp.run): what they were
 
 
-def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task) -> dict | None:
-  """What a run's own data, model and loss were (None: all the config's): names,
-  sizes and SHA-256 digests of the data and of the model's parameter shapes."""
-  if model is None and data is None and (task == losses.CLASSIFICATION or task.builtin):
+def own_inputs(model: Model | None, data: Dataset | None, task: losses.Task,
+               default: losses.Task = losses.CLASSIFICATION) -> dict | None:
+  """What a run's own data, model and loss were (None: all the config's, the loss
+  its dataset's `default` task): names, sizes and SHA-256 digests of the data and
+  of the model's parameter shapes; a built-in task with arguments by its setting."""
+  if model is None and data is None and loss_identity(task) == loss_identity(default):
     return None
   inputs = {"loss": {"name": task.name, "target_dtype": task.target_dtype,
                      "metrics": list(task.metrics), "sha256": loss_digest(task)}}
+  if losses.is_builtin(task) and task.builtin:   # next_token's setting: its metrics too
+    inputs["loss"]["builtin"] = task.builtin
   if data is not None:
     h = hashlib.sha256()
     for a in (data.x_train, data.y_train, data.x_test, data.y_test,

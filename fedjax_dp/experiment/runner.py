@@ -71,8 +71,9 @@ def run_or_reuse(cfg: Config, out: str, *, overwrite: bool = False, **kwargs) ->
   if finished:
     # the same config with other data, model or loss is another run (inputs.json)
     try:
+      default = run_task(cfg, kwargs.get("data"))
       check_inputs(out, own_inputs(kwargs.get("model"), kwargs.get("data"),
-                                    kwargs.get("task") or run_task(cfg, kwargs.get("data"))))
+                                    kwargs.get("task") or default, default))
       check_plugins(out, cfg)
     except RunError as e:
       if not overwrite:
@@ -133,7 +134,7 @@ def _open_run(cfg: Config, out: str, resume: bool, overwrite: bool, log, mesh, m
   a finished run that a resume finds."""
   budget_rounds(cfg)   # fails before anything is written
   prepare_out(out, cfg, resume, overwrite, check_only=True)
-  inputs = own_inputs(model, data, task)
+  inputs = own_inputs(model, data, task, run_task(cfg, data))
   if resume:
     check_inputs(out, inputs)
   t_setup = time.perf_counter()

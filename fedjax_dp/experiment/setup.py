@@ -42,7 +42,9 @@ READ_CHOSEN = ("shakespeare_tff", "stackoverflow")
 def run_task(cfg: Config, data: Dataset | None = None) -> losses.Task:
   """The task of a run that names none: its data's (registry.default_task: next_token
   for token sequences), else classification."""
-  return default_task(data.name if data is not None else cfg.dataset)
+  if data is not None:   # a loader's own (natural) data keeps its dataset's task
+    return default_task(data.name) if data.client_ids else losses.CLASSIFICATION
+  return default_task(cfg.dataset)
 
 
 def load_data(cfg: Config) -> Dataset:
@@ -133,6 +135,12 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
   task = task or run_task(cfg, ds)
   ds = natural_clients(cfg, ds) if ds is not None else load_data(cfg)
   check_test_source(cfg, ds)
+  if not len(ds.y_test):   # metrics of no example would read as 0 accuracy and 0 loss
+    raise DataError(f"data {ds.name!r} ({ds.clients_taken or ds.source}): the test set is "
+                    "empty" + (" (its test split holds no example of the clients taken); hold "
+                               "clients out as the test set: --set partition=natural_id "
+                               "test_clients=K (K >= 1)" if ds.client_ids else
+                               "; give one (test=(x_test, y_test) or test_fraction)"))
   if cfg.tier_source == "analyzer" and ds.x_train.ndim != 2:
     raise ConfigError(f"config key 'tier_source' = 'analyzer' with dataset {cfg.dataset!r}: the "
                       "analyzer scores the columns of tabular data (use healthcare, "
@@ -288,7 +296,11 @@ def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> No
     out = jax.eval_shape(model.apply, params, spec(ds.input_shape, np.float32))
     targets = spec(y.shape[1:], target_dtype(y, task.target_dtype))
     if task.sequence:
-      check_sequence_outputs(what, out.shape, y.shape, ds.num_classes)
+      check_sequence_outputs(what, out.shape, y.shape, ds.num_classes, task.token_ids)
+    elif task.target_dtype == "int32" and y.ndim > 1:
+      raise ConfigError(f"{what}: integer targets {tuple(y.shape[1:])} per example are token "
+                        "ids, which the loss does not score: pass "
+                        "loss=fedjax_dp.losses.next_token(...)")
     value = jax.eval_shape(task.loss, out, targets, spec((), bool))
     for fn in task.metrics.values():
       jax.eval_shape(fn, out, targets)
@@ -305,14 +317,19 @@ def check_model(cfg: Config, model: Model, task: losses.Task, ds: Dataset) -> No
                       f"[{ds.num_classes}] logits (labels go up to {ds.num_classes - 1})")
 
 
-def check_sequence_outputs(what: str, out_shape, y_shape, vocab: int) -> None:
-  """ConfigError unless a next_token model's outputs are [B, T, >= vocab] for targets [B, T]."""
+def check_sequence_outputs(what: str, out_shape, y_shape, vocab: int,
+                           token_ids: tuple[int, ...] = ()) -> None:
+  """ConfigError unless a next_token model's outputs are [B, T, >= vocab] for targets
+  [B, T], and every id the task names (pad, ...) is one of its outputs."""
   if len(y_shape) != 2 or tuple(out_shape[1:-1]) != tuple(y_shape[1:]) \
       or out_shape[-1] < vocab:
     raise ConfigError(f"{what}: outputs of shape {tuple(out_shape[1:])} per example, expected "
                       f"{tuple(y_shape[1:]) + (vocab,)} (logits for each position's next "
                       f"token, ids up to {vocab - 1}: model char_lstm_seq, word_lstm, or your "
                       "own sequence model)")
+  if token_ids and max(token_ids) >= out_shape[-1]:
+    raise ConfigError(f"{what}: the task names token id {max(token_ids)}, and the model has "
+                      f"{out_shape[-1]} outputs a position (ids 0 to {out_shape[-1] - 1})")
 
 
 def _tiers_and_budgets(cfg: Config, ds: Dataset, parts: list[np.ndarray]):

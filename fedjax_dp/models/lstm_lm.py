@@ -16,7 +16,9 @@ class LSTMLanguageModel(nn.Module):
   Shakespeare (McMahan et al. 2017; FedJAX's create_lstm_shakespeare_model):
   embed 8, two layers of 256, no projection. Stack Overflow (Reddi et al. 2021,
   'Adaptive Federated Optimization'; 4,050,748 parameters at a vocabulary of
-  10,004): embed 96, one layer of 670, projection to 96."""
+  10,004): embed 96, one layer of 670, projection to 96 (TFF's baseline; FedJAX's
+  puts a tanh before the projection). flax's LSTM starts its forget-gate bias at
+  0, Keras's and Haiku's at 1."""
   vocab: int
   embed: int = 8
   units: int = 256

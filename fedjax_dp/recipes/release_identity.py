@@ -122,7 +122,7 @@ def loss_identity(task: losses.Task) -> str:
   """A built-in task's name (stable across JAX versions), else loss_digest."""
   if any(task is t for t in losses.NAMES.values()):
     return f"built-in {task.name}"
-  if task.builtin:   # a built-in task made with arguments (losses.next_token)
+  if losses.is_builtin(task):   # a built-in task made with arguments (losses.next_token)
     return f"built-in {task.builtin}"
   return loss_digest(task)
 

@@ -42,7 +42,7 @@ from fedjax_dp.errors import RunError
 from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.resume import check_plugins
-from fedjax_dp.experiment.setup import check_test_source, run_task
+from fedjax_dp.experiment.setup import check_test_source, natural_clients, run_task
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
     saved_config
 from fedjax_dp.sweeps.spec import Cell, SweepSpec
@@ -72,7 +72,8 @@ class _Plan:
 
 def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Plan]:
   """Each cell's action, from its folder; RunError (nothing run) for a folder that
-  holds another run (unless overwrite) and for a missing dataset."""
+  holds another run (unless overwrite) and for a missing dataset. `inputs`: cfg ->
+  the cell's own data, model and loss (inputs_fingerprint.own_inputs)."""
   from fedjax_dp.experiment.target_epsilon import budget_rounds
   batch.check_request([(cell_dir(out, c), c.cfg) for c in cells], overwrite)
   for cell in cells:   # a target no round can meet fails here, not after other programs
@@ -93,7 +94,7 @@ def plan_cells(cells: list[Cell], out: str, overwrite: bool, inputs) -> list[_Pl
       plans.append(_Plan(cell, "overwrite"))   # reuse_conflict allowed it: overwrite
       continue
     try:   # the same config with other data, model, loss or plugin code is another run
-      check_inputs(where, inputs)
+      check_inputs(where, inputs(cell.cfg))
       check_plugins(where, cell.cfg)
     except RunError as e:
       if not overwrite:
@@ -114,12 +115,13 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   from fedjax_dp.sweeps import table
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
-  cells = spec.cells()
-  task = task or run_task(cells[0].cfg, data)   # every cell's config checked before anything is written
-  if data is not None:   # and every cell's guarantee against your data's test set
-    for cell in cells:
-      check_test_source(cell.cfg, data)
-  inputs = own_inputs(model, data, task)
+  cells = spec.cells()   # every cell's config checked before anything is written
+  if data is not None:   # and every cell's guarantee against your data's test set (its own
+    for cell in cells:   # clients as the cell takes them)
+      check_test_source(cell.cfg, natural_clients(cell.cfg, data))
+
+  def inputs(cfg):   # a cell's own data, model and loss (its dataset's task if none given)
+    return own_inputs(model, data, task or run_task(cfg, data), run_task(cfg, data))
   if os.path.exists(out) and not os.path.isdir(out):
     raise RunError(f"output folder {out} is a file: name a folder")
   if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(
@@ -138,7 +140,8 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   todo = [p for p in plans if p.action != "kept"]
   programs = _run_programs(todo, out, spec, log, progress, model, data, task, inputs, callbacks)
   record.update(programs=programs, wall_s=round(time.perf_counter() - t0, 3),
-                **table.write_results(out, cells, spec.named_keys(), task))
+                **table.write_results(out, cells, spec.named_keys(),
+                                      task or run_task(cells[0].cfg, data)))
   record["privacy"] = releases.sweep_privacy([c.cfg for c in cells],
                                              releases.sweep_outputs(out, record))
   reporting.write_json_atomic(os.path.join(out, SWEEP_JSON), record)
@@ -178,6 +181,7 @@ def _run_program(plans, out, spec, log, bar, model, data, task, inputs, callback
   from fedjax_dp.experiment.setup import setup
   from fedjax_dp.sweeps.replicas import replica_batch_size, run_batch
   first = plans[0].cell.cfg
+  task = task or run_task(first, data)   # the program's dataset's, where none is given
   t = time.perf_counter()
   ds, parts, sim = setup(first, data, model=model, task=task)
   setup_s = time.perf_counter() - t
@@ -200,7 +204,8 @@ def _run_program(plans, out, spec, log, bar, model, data, task, inputs, callback
       return setup(cfg, data, calibrated=calibration, model=model, task=task)[2]
     ctx = open_context(cell.cfg, cell_dir(out, cell), cell_sim, ds, parts, task,
                        resume=plan.action == "resume", overwrite=plan.action == "overwrite",
-                       log=lambda msg, name=name: log(f"[{name}] {msg}"), inputs=inputs,
+                       log=lambda msg, name=name: log(f"[{name}] {msg}"),
+                       inputs=inputs(cell.cfg),
                        setup_s=setup_s, rebuild=rebuild)
     members.append(name)
     if isinstance(ctx, dict):
