@@ -88,10 +88,10 @@ MODEL = section("model", [
         "LEAF's FEMNIST CNN (dense 2048); resnet18: ResNet-18 with GroupNorm; char_lstm: "
         "Shakespeare's 2-layer character LSTM (the next character of 80: LEAF's shakespeare); "
         "char_lstm_seq: the same LSTM predicting every position (shakespeare_tff); word_lstm: "
-        "Stack Overflow's next-word LSTM (stackoverflow); custom: your own, given to "
-        "fedjax_dp.run",
+        "Stack Overflow's next-word LSTM (stackoverflow); simple_cnn: pfl-research's CIFAR-10 "
+        "CNN (FedJAX's EMNIST CNN); custom: your own, given to fedjax_dp.run",
         choices=("mlp", "cnn", "leaf_cnn", "resnet18", "char_lstm", "char_lstm_seq",
-                 "word_lstm", "custom")),
+                 "word_lstm", "simple_cnn", "custom")),
     Key("hidden", (200, 200), "hidden layer sizes"),
 ])
 

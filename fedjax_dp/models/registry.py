@@ -16,6 +16,7 @@ from fedjax_dp.models.lstm_lm import LSTMLanguageModel
 from fedjax_dp.models.mlp import MLP
 from fedjax_dp.models.model import Model
 from fedjax_dp.models.resnet import ResNet18
+from fedjax_dp.models.simple_cnn import SimpleCNN
 
 
 class ModelSource(NamedTuple):
@@ -44,6 +45,7 @@ MODELS: dict[str, ModelSource] = {s.name: s for s in (
                 tokens=True),
     ModelSource("word_lstm", lambda shape, k, hidden: LSTMLanguageModel(
         vocab=k, embed=96, units=670, layers=1, project=96), tokens=True),
+    ModelSource("simple_cnn", lambda shape, k, hidden: SimpleCNN(num_classes=k), images=True),
 )}
 
 
