@@ -35,7 +35,8 @@ WHOLE = "allowed are whole numbers >= 1"
 @pytest.mark.parametrize("script", ["fedavg_round.py", "topksdp_round.py", "compare_trees.py",
                                     "accountant_share.py", "cross_device.py", "scaling.py",
                                     "sweep.py", "kernels.py", "sharded_table.py",
-                                    "before_after.py", "same_program.py"])
+                                    "before_after.py", "same_program.py", "accuracy.py",
+                                    "peer_protocols.py", "conv_round.py"])
 def test_scripts_refuse_to_overwrite_a_results_file_before_running(script, tmp_path):
   old = tmp_path / "old.json"
   old.write_text("{}")
