@@ -257,7 +257,8 @@ def test_the_sequence_lstm_learns_a_chain_to_near_its_floor(tmp_path):
   """char_lstm_seq, federated on rows of a Markov chain over 20 of 40 token ids
   with a known entropy rate (sample_files.markov_chain: 0.95 nats; a uniform guess
   over the 40 ids is 3.69): every target is a transition, so the floor of the
-  per-token test loss is the rate."""
+  per-token test loss is the rate. 30 rounds reach 1.064 (every 5: 1.92, 1.36, 1.19,
+  1.11, 1.08, 1.06)."""
   import fedjax_dp
   from fedjax_dp.data import from_clients
   from fedjax_dp.data.sample_files import markov_chain
