@@ -35,7 +35,9 @@ class DatasetSource(NamedTuple):
   natural_clients: the loader returns its clients (Dataset.client_ids, client_parts):
     partition 'natural_id' trains them (natural.py).
   task: the loss and metrics its targets go with when the caller names none
-    (losses.next_token for token sequences); None: classification."""
+    (losses.next_token for token sequences); None: classification.
+  reads_chosen: its load takes clients=(num_clients, test_clients, seed) and reads
+    only the clients partition natural_id takes (files too large to read whole)."""
   name: str
   load: Callable[..., Dataset]
   find: Callable[[str | None], tuple[bool, str]] = lambda data_dir: (True, "registered")
@@ -43,6 +45,7 @@ class DatasetSource(NamedTuple):
   class_names: tuple[str, ...] = ()
   natural_clients: bool = False   # its examples come with their clients (natural.py)
   task: losses.Task | None = None
+  reads_chosen: bool = False
 
 
 def _found(where: str) -> Callable[[str | None], tuple[bool, str]]:
@@ -81,7 +84,8 @@ def _tff(name: str, class_names: tuple[str, ...] = ()) -> DatasetSource:
 def _tff_text(name: str) -> DatasetSource:
   """Token sequences (tff_text.py); `clients`: read only the ones natural_id takes."""
   return DatasetSource(name, lambda d, seed, clients=None: tff_text.load_tff_text(name, d, clients),
-                       _find_tff(name), natural_clients=True, task=tff_text.task(name))
+                       _find_tff(name), natural_clients=True, task=tff_text.task(name),
+                       reads_chosen=True)
 
 
 def _find_cifar(data_dir):

@@ -143,22 +143,21 @@ def load_tff_text(name: str, data_dir: str | None, clients: tuple[int, int, int]
     feature, vocab_size = "tokens", SO_VOCAB
     vocab = read_vocabulary(folder)
     tokenise = lambda posts: stackoverflow_sequences(posts, vocab)
-  ids = read_client_ids(paths["train"])
-  held = kept = None
   wanted = None
   if clients is not None:
+    ids = read_client_ids(paths["train"])
     held, kept = choose_clients(len(ids), *clients, name)
-    chosen = np.sort(np.concatenate([held, kept]))
+    chosen = np.sort(np.concatenate([held, kept]))   # indices into the file's sorted ids
     wanted = {ids[i] for i in chosen}
   splits = {}
   for split, path in paths.items():
-    splits[split] = [(cid, x.astype(np.float32), y) for cid, (x, y) in
-                     ((cid, tokenise(a[feature]))
-                      for cid, a in read_clients(path, (feature,), only=wanted))]
+    splits[split] = []
+    for cid, arrays in read_clients(path, (feature,), only=wanted):
+      x, y = tokenise(arrays[feature])
+      splits[split].append((cid, x.astype(np.float32), y))
   ds = from_client_arrays(name, splits["train"], splits["test"], vocab_size, folder,
                           same_clients=True)
   if clients is None:
     return ds
-  position = {int(i): p for p, i in enumerate(chosen)}
-  return take_clients(ds, np.asarray([position[int(i)] for i in held], np.int64),
-                      np.asarray([position[int(i)] for i in kept], np.int64))[0]
+  # the chosen clients' places among those read (they were read in file order)
+  return take_clients(ds, np.searchsorted(chosen, held), np.searchsorted(chosen, kept))[0]

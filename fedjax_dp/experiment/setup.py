@@ -26,17 +26,13 @@ from fedjax_dp.data.dataset import TEST_SOURCES, Dataset, check_targets
 from fedjax_dp.errors import DataError
 from fedjax_dp.data.natural import select_clients
 from fedjax_dp.data.partition import PARTITION_KEYS, partition
-from fedjax_dp.data.registry import default_task, load_dataset, natural_datasets
+from fedjax_dp.data.registry import DATASETS, default_task, load_dataset, natural_datasets
 from fedjax_dp.data.scaling import apply_feature_scaling
 from fedjax_dp.models import Model, make_model
 from fedjax_dp.placement.store import build_store, target_dtype
 from fedjax_dp.experiment.reports.privacy_report import resolved_feature_scaling
 from fedjax_dp.privacy.mechanisms import get_mechanism
 from fedjax_dp.recipes.flat import kept_noise_of
-
-
-# the datasets whose loader reads only the clients partition natural_id takes
-READ_CHOSEN = ("shakespeare_tff", "stackoverflow")
 
 
 def run_task(cfg: Config, data: Dataset | None = None) -> losses.Task:
@@ -64,7 +60,8 @@ def load_data(cfg: Config) -> Dataset:
     options = dict(num_examples=cfg.healthcare_examples, generator=cfg.healthcare_generator)
   elif cfg.dataset == "breast_cancer" and cfg.tier_map_path:
     options = dict(tier_map=cfg.tier_map_path)
-  elif cfg.dataset in READ_CHOSEN and cfg.partition == "natural_id":
+  elif cfg.partition == "natural_id" and cfg.dataset in DATASETS \
+      and DATASETS[cfg.dataset].reads_chosen:
     options = dict(clients=(cfg.num_clients, cfg.test_clients, data_seed(cfg)))
   mode = resolved_feature_scaling(cfg)
   ds = load_dataset(cfg.dataset, cfg.data_dir, seed=data_seed(cfg),
