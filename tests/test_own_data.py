@@ -76,6 +76,26 @@ def test_index_lists_and_from_clients_match_manual_construction():
   assert cl.source == "from_clients (3 clients)"
 
 
+def test_a_float32_x_whose_rows_all_train_is_not_copied_and_a_late_bad_value_is_found():
+  """A big float32 x (FEMNIST's 2.4 GB) is the Dataset's x_train itself, not a copy;
+  an int x, or a holdout of its rows, is copied. The finiteness check reads x in
+  chunks, and a non-finite value past the first chunk is named by its own row."""
+  x, y = _xy(n=40, real=False)
+  x = x.astype(np.float32)
+  parts = [np.arange(0, 40, 2), np.arange(1, 40, 2)]
+  xt, yt = _xy(5, seed=2, real=False)
+  ds = from_arrays(x, y, partition=parts, test=(xt, yt))
+  assert ds.x_train is x
+  held = from_arrays(x, y, partition=parts)   # a fifth of each client's rows held out
+  assert not np.shares_memory(held.x_train, x)
+  assert not np.shares_memory(from_arrays(x.astype(np.int64), y, partition=parts,
+                                          test=(xt, yt)).x_train, x)
+  big = np.zeros((20_000, 1_000), np.float32)   # 80 MB: two chunks of 64 MB
+  big[19_000, 7] = np.nan
+  with pytest.raises(DataError, match=r"^x row 19000 holds nan \(as float32\)"):
+    from_arrays(big, np.zeros(20_000, np.int32), client_ids=np.arange(20_000) % 4)
+
+
 def test_a_partition_name_splits_the_rows_left_after_the_test_split():
   x, y = _xy(n=60, real=False)
   ds = from_arrays(x, y, partition="dirichlet", num_clients=4, alpha=1.0, test_fraction=0.2,

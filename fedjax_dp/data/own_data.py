@@ -34,13 +34,16 @@ def _features(x, what: str = "x") -> np.ndarray:
   if x.ndim < 2:
     raise DataError(f"{what} has shape {x.shape}: expected [N, features...] (one row per "
                     "example; reshape a single feature with x[:, None])")
-  x32 = x.astype(np.float32)
-  bad = ~np.isfinite(x32)
-  if bad.any():
-    row = int(np.argwhere(bad)[0][0])
-    value = x.reshape(len(x), -1)[row][bad.reshape(len(x), -1)[row]][0]
-    raise DataError(f"{what} row {row} holds {value} (as float32): features must be finite "
-                    "numbers; drop or impute those rows")
+  x32 = x.astype(np.float32, copy=False)   # float32 arrays are kept, not copied
+  flat = x32.reshape(len(x32), int(np.prod(x32.shape[1:])))
+  step = max(1, (1 << 24) // max(flat.shape[1], 1))   # 64 MB of rows at a time: no copy of x
+  for start in range(0, len(flat), step):
+    bad = ~np.isfinite(flat[start:start + step])
+    if bad.any():
+      row, col = (int(v) for v in np.argwhere(bad)[0])
+      value = x.reshape(len(x), -1)[start + row, col]
+      raise DataError(f"{what} row {start + row} holds {value} (as float32): features must "
+                      "be finite numbers; drop or impute those rows")
   return x32
 
 
@@ -159,7 +162,11 @@ def _own_dataset(name: str, source: str, x, y, parts, test_rows, test,
   reindex = [np.searchsorted(rows, p).astype(np.int64) for p in parts]
   labels = y.dtype.kind == "i"
   num_classes = int(max(y.max(), yt.max())) + 1 if labels and len(y) else 0
-  return Dataset(name, x[rows], y[rows], xt, yt, num_classes, source,
+  if np.array_equal(rows, np.arange(len(x))):   # every row trains: x itself, not a copy
+    x_train, y_train = x, y
+  else:
+    x_train, y_train = x[rows], y[rows]
+  return Dataset(name, x_train, y_train, xt, yt, num_classes, source,
                  client_parts=tuple(reindex),
                  test_source="given" if test is not None else held_from)
 
@@ -169,7 +176,9 @@ def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | Non
                 name: str = "arrays", **partition_options) -> Dataset:
   """Your arrays as a Dataset that carries its client partition (for fedjax_dp.run).
 
-  x [N, ...]: finite numeric features (kept as float32). y [N]: integer class labels
+  x [N, ...]: finite numeric features (kept as float32; a float32 x whose rows all train
+  is used as it is, not copied: do not change it in place while the Dataset is in use).
+  y [N]: integer class labels
   (int32) or real targets (float32, [N] or [N, k]); never cast from one to the other.
   Clients, one of:
     client_ids [N]   the client of each row (ints or strings; client k = k-th sorted id)
