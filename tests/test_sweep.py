@@ -409,9 +409,11 @@ def test_final_rows_average_the_seeds_with_a_finite_figure():
 
 
 
-@pytest.mark.slow   # about a minute each
+@pytest.mark.slow   # one to three minutes each
 @pytest.mark.parametrize("dataset,model", [("shakespeare_tff", "char_lstm_seq"),
-                                           ("femnist", "leaf_cnn")])
+                                           ("stackoverflow", "word_lstm"),
+                                           ("femnist", "leaf_cnn"),
+                                           ("cifar100", "resnet18")])
 def test_vmapped_replicas_of_the_benchmark_models_match_their_standalone_runs(
     tmp_path, dataset, model):
   """The benchmarks' models and datasets as vmapped replicas (two learning rates in
