@@ -463,3 +463,28 @@ def test_a_sweep_takes_each_datasets_own_task_and_a_loaded_datasets_clients(tmp_
                   log=lambda m: None)
   rows = read_csv(tmp_path / "own" / "results.csv")
   assert len(rows) == 2 and all(float(r["epsilon"]) > 0 for r in rows)
+
+
+@pytest.mark.parametrize("partition", ["natural_id", "iid"])
+def test_a_config_sweep_refuses_a_dp_cell_tested_on_the_writers_rows_before_any_cell_runs(
+    tmp_path, partition):
+  """The audit's finding: a sweep from a config (no data=) refused a DP cell whose test
+  set is its writers' own held-out rows (FEMNIST's test split, test_clients 0, or a
+  pooled partition) only when that cell's program came, after the cells before it had
+  run. Now before anything is written; with whole writers held out it runs."""
+  from fedjax_dp.data.sample_files import write_sample
+  from fedjax_dp.errors import DataError
+  write_sample("femnist", str(tmp_path / "data"), num_clients=8, examples_per_client=6)
+  config = {"dataset": "femnist", "data_dir": str(tmp_path / "data"), "partition": partition,
+            "num_clients": 4, "test_clients": 0, "clients_per_round": 2, "batch_size": 4,
+            "rounds": 1, "eval_every": 1, "devices": 1, "hidden": [8]}
+  spec = {"config": config, "variants": [{"lr": 0.1}, {"lr": 0.2, **DP}]}
+  with pytest.raises(DataError, match="dataset 'femnist' .* with dp 'central': its test split "
+                                      "holds held-out examples of the writers"):
+    fedjax_dp.sweep(spec, out=str(tmp_path / "s"), progress=False, log=lambda m: None)
+  assert not (tmp_path / "s").exists()
+  if partition == "natural_id":
+    spec["config"]["test_clients"] = 2
+    record = fedjax_dp.sweep(spec, out=str(tmp_path / "held"), progress=False,
+                             log=lambda m: None)
+    assert len(record["cells"]) == 2

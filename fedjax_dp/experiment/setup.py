@@ -177,6 +177,22 @@ def setup(cfg: Config, ds: Dataset | None = None, mesh=None, calibrated: float |
                                         attack_data=attack_data)
 
 
+def guarantee_of(cfg: Config) -> str | None:
+  """The privacy guarantee a run publishes under ('dp ...' or 'kept_noise ...'), or None."""
+  return (f"dp {cfg.dp!r}" if get_mechanism(cfg.dp).private else
+          f"kept_noise {cfg.kept_noise!r}" if kept_noise_of(cfg) is not None else None)
+
+
+def may_test_on_client_rows(cfg: Config) -> bool:
+  """Whether, from the config alone, a run with a guarantee may hold its dataset's
+  writers' own held-out rows as its test set (check_test_source refuses it): a
+  dataset with clients of its own, unless natural_id holds whole clients out. A
+  sweep loads such a cell's data before any cell runs."""
+  source = DATASETS.get(cfg.dataset)
+  return (guarantee_of(cfg) is not None and source is not None and source.natural_clients
+          and not (cfg.partition == "natural_id" and cfg.test_clients > 0))
+
+
 def check_test_source(cfg: Config, ds: Dataset) -> None:
   """DataError (one line) for a test set that is the clients' own rows
   (test_source 'client_rows') in a run with a privacy guarantee (dp 'central' or
@@ -189,8 +205,7 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
                     f"{', '.join(repr(t) for t in TEST_SOURCES)}")
   if ds.test_source != "client_rows":
     return
-  guarantee = (f"dp {cfg.dp!r}" if get_mechanism(cfg.dp).private else
-               f"kept_noise {cfg.kept_noise!r}" if kept_noise_of(cfg) is not None else None)
+  guarantee = guarantee_of(cfg)
   if guarantee is None:   # dp none: no guarantee for the holdout to break
     return
   if ds.client_ids:   # a dataset's own clients (natural.py): its test split is theirs

@@ -42,7 +42,8 @@ from fedjax_dp.errors import RunError
 from fedjax_dp.experiment import releases
 from fedjax_dp.experiment.inputs_fingerprint import check_inputs, own_inputs
 from fedjax_dp.experiment.resume import check_plugins
-from fedjax_dp.experiment.setup import check_test_source, natural_clients, run_task
+from fedjax_dp.experiment.setup import check_test_source, load_data, may_test_on_client_rows, \
+    natural_clients, run_task
 from fedjax_dp.experiment.run_folder import EXECUTION_KEYS, RESUMABLE_CHANGES, config_diff, \
     saved_config
 from fedjax_dp.sweeps.spec import Cell, SweepSpec
@@ -116,9 +117,11 @@ def run_sweep(spec: SweepSpec, out: str, *, overwrite: bool = False, progress: b
   callbacks = callbacks_lib.check_callbacks(callbacks)
   log = log or (lambda msg: print(msg, file=sys.stderr))
   cells = spec.cells()   # every cell's config checked before anything is written
-  if data is not None:   # and every cell's guarantee against your data's test set (its own
-    for cell in cells:   # clients as the cell takes them)
-      check_test_source(cell.cfg, natural_clients(cell.cfg, data))
+  for cell in cells:   # and every cell's guarantee against its test set: your data's (its
+    if data is not None:   # own clients as the cell takes them), or a dataset's that may
+      check_test_source(cell.cfg, natural_clients(cell.cfg, data))   # be its writers' rows
+    elif may_test_on_client_rows(cell.cfg):
+      check_test_source(cell.cfg, load_data(cell.cfg))
 
   def inputs(cfg):   # a cell's own data, model and loss (its dataset's task if none given)
     return own_inputs(model, data, task or run_task(cfg, data), run_task(cfg, data))
