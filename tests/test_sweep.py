@@ -479,8 +479,8 @@ def test_a_config_sweep_refuses_a_dp_cell_tested_on_the_writers_rows_before_any_
             "num_clients": 4, "test_clients": 0, "clients_per_round": 2, "batch_size": 4,
             "rounds": 1, "eval_every": 1, "devices": 1, "hidden": [8]}
   spec = {"config": config, "variants": [{"lr": 0.1}, {"lr": 0.2, **DP}]}
-  with pytest.raises(DataError, match="dataset 'femnist' .* with dp 'central': its test split "
-                                      "holds held-out examples of the writers"):
+  with pytest.raises(DataError, match=r"^sweep cell '.*lr=0\.2.*': dataset 'femnist' .* with "
+                                      "dp 'central': its test split holds held-out examples"):
     fedjax_dp.sweep(spec, out=str(tmp_path / "s"), progress=False, log=lambda m: None)
   assert not (tmp_path / "s").exists()
   if partition == "natural_id":
@@ -488,3 +488,22 @@ def test_a_config_sweep_refuses_a_dp_cell_tested_on_the_writers_rows_before_any_
     record = fedjax_dp.sweep(spec, out=str(tmp_path / "held"), progress=False,
                              log=lambda m: None)
     assert len(record["cells"]) == 2
+
+
+def test_the_writers_rows_are_refused_from_the_config_before_any_file_is_read(tmp_path):
+  """The refusal needs no data: with no files at data_dir a DP run on FEMNIST's own test
+  split (or Stack Overflow pooled, which would read all 135 M posts) says why it is
+  refused, not that the files are missing; CIFAR-100's test clients are other people,
+  so its DP run is not refused (it then says its files are missing)."""
+  from fedjax_dp.errors import DataError
+  empty = str(tmp_path / "none")
+  os.makedirs(empty)
+  for dataset, partition in (("femnist", "natural_id"), ("stackoverflow", "iid")):
+    with pytest.raises(DataError, match=f"^dataset '{dataset}' \\(partition {partition}.*with dp "
+                                        "'central': its test split holds"):
+      fedjax_dp.run({"dataset": dataset, "data_dir": empty, "partition": partition,
+                     "num_clients": 4, "clients_per_round": 2, **DP}, out=str(tmp_path / "r"))
+  with pytest.raises(DataError, match="^dataset 'cifar100' not found"):
+    fedjax_dp.run({"dataset": "cifar100", "data_dir": empty, "partition": "natural_id",
+                   "num_clients": 4, "clients_per_round": 2, **DP}, out=str(tmp_path / "c"))
+  assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()

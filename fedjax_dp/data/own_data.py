@@ -176,8 +176,9 @@ def from_arrays(x, y, *, client_ids=None, partition=None, num_clients: int | Non
                 name: str = "arrays", **partition_options) -> Dataset:
   """Your arrays as a Dataset that carries its client partition (for fedjax_dp.run).
 
-  x [N, ...]: finite numeric features (kept as float32; a float32 x whose rows all train
-  is used as it is, not copied: do not change it in place while the Dataset is in use).
+  x [N, ...]: finite numeric features (kept as float32; a float32 x whose rows all train,
+  and a float32 x_test, are used as they are, not copied: do not change them in place
+  while the Dataset is in use; a simulation built from it holds its own copy).
   y [N]: integer class labels
   (int32) or real targets (float32, [N] or [N, k]); never cast from one to the other.
   Clients, one of:

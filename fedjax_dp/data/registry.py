@@ -37,7 +37,9 @@ class DatasetSource(NamedTuple):
   task: the loss and metrics its targets go with when the caller names none
     (losses.next_token for token sequences); None: classification.
   reads_chosen: its load takes clients=(num_clients, test_clients, seed) and reads
-    only the clients partition natural_id takes (files too large to read whole)."""
+    only the clients partition natural_id takes (files too large to read whole).
+  writers_test_split: its test split holds held-out rows of its training clients
+    (LEAF's and TFF's writers, roles and users; not CIFAR-100's other people)."""
   name: str
   load: Callable[..., Dataset]
   find: Callable[[str | None], tuple[bool, str]] = lambda data_dir: (True, "registered")
@@ -46,6 +48,7 @@ class DatasetSource(NamedTuple):
   natural_clients: bool = False   # its examples come with their clients (natural.py)
   task: losses.Task | None = None
   reads_chosen: bool = False
+  writers_test_split: bool = False
 
 
 def _found(where: str) -> Callable[[str | None], tuple[bool, str]]:
@@ -78,14 +81,15 @@ def _find_tff(name: str):
 
 def _tff(name: str, class_names: tuple[str, ...] = ()) -> DatasetSource:
   return DatasetSource(name, lambda d, seed: tff_h5.load_tff(name, d), _find_tff(name),
-                       class_names=class_names, natural_clients=True)
+                       class_names=class_names, natural_clients=True,
+                       writers_test_split=tff_h5.same_test_clients(name))
 
 
 def _tff_text(name: str) -> DatasetSource:
   """Token sequences (tff_text.py); `clients`: read only the ones natural_id takes."""
   return DatasetSource(name, lambda d, seed, clients=None: tff_text.load_tff_text(name, d, clients),
                        _find_tff(name), natural_clients=True, task=tff_text.task(name),
-                       reads_chosen=True)
+                       reads_chosen=True, writers_test_split=True)
 
 
 def _find_cifar(data_dir):
@@ -109,9 +113,9 @@ DATASETS: dict[str, DatasetSource] = {s.name: s for s in (
                   class_names=_CIFAR_CLASSES),
     # clients of their own (natural.py: partition natural_id); LEAF's JSON, TFF's HDF5
     DatasetSource("femnist", lambda d, seed: leaf.load_femnist(d), _find_leaf("femnist"),
-                  class_names=_EMNIST_CLASSES, natural_clients=True),
+                  class_names=_EMNIST_CLASSES, natural_clients=True, writers_test_split=True),
     DatasetSource("shakespeare", lambda d, seed: leaf.load_shakespeare(d),
-                  _find_leaf("shakespeare"), natural_clients=True),
+                  _find_leaf("shakespeare"), natural_clients=True, writers_test_split=True),
     _tff("emnist", _EMNIST_CLASSES),
     _tff("emnist_digits", _EMNIST_CLASSES[:10]),
     _tff("cifar100"),

@@ -159,4 +159,10 @@ def load_tff(name: str, data_dir: str | None) -> Dataset:
     path = os.path.join(folder, f"{FILES[name][0]}_{split}.h5")
     splits[split] = [client(path, cid, a) for cid, a in read_clients(path, features)]
   return from_client_arrays(name, splits["train"], splits["test"], classes, folder,
-                            same_clients=name.startswith("emnist"))
+                            same_clients=same_test_clients(name))
+
+
+def same_test_clients(name: str) -> bool:
+  """Whether TFF's test file for `name` holds the training clients' own held-out
+  examples (EMNIST's writers), not other people (CIFAR-100's test clients)."""
+  return name.startswith("emnist")

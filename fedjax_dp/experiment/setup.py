@@ -50,6 +50,7 @@ def load_data(cfg: Config) -> Dataset:
     raise DataError("dataset 'custom' is your own data: it comes from fedjax_dp.run(data=...) "
                     "or fedjax_dp.simulate(data=...), not from a config (a run made that way "
                     "resumes from Python: fedjax_dp.run(..., resume=True))")
+  check_config_test_source(cfg)   # before reading (Stack Overflow pooled: every post)
   options: dict[str, Any] = {}
   if cfg.dataset == "csv":
     options = dict(path=cfg.csv_path, label_column=cfg.label_column, tier_map=cfg.tier_map_path)
@@ -183,14 +184,25 @@ def guarantee_of(cfg: Config) -> str | None:
           f"kept_noise {cfg.kept_noise!r}" if kept_noise_of(cfg) is not None else None)
 
 
-def may_test_on_client_rows(cfg: Config) -> bool:
-  """Whether, from the config alone, a run with a guarantee may hold its dataset's
-  writers' own held-out rows as its test set (check_test_source refuses it): a
-  dataset with clients of its own, unless natural_id holds whole clients out. A
-  sweep loads such a cell's data before any cell runs."""
+def check_config_test_source(cfg: Config) -> None:
+  """check_test_source from the config alone, before any data is read (a sweep's
+  every cell; load_data): a run with a guarantee on a dataset whose test split holds
+  its writers' own held-out rows (registry writers_test_split) tests on them unless
+  natural_id holds whole clients out (test_clients >= 1). (Where the clients taken
+  have no rows in the test split, the test set would be empty, also refused.)"""
   source = DATASETS.get(cfg.dataset)
-  return (guarantee_of(cfg) is not None and source is not None and source.natural_clients
-          and not (cfg.partition == "natural_id" and cfg.test_clients > 0))
+  guarantee = guarantee_of(cfg)
+  if guarantee is not None and source is not None and source.writers_test_split \
+      and not (cfg.partition == "natural_id" and cfg.test_clients > 0):
+    raise _writers_rows_error(cfg.dataset, clients_taken(cfg), guarantee)
+
+
+def _writers_rows_error(name: str, taken: str, guarantee: str) -> DataError:
+  return DataError(
+      f"dataset {name!r} ({taken}) with {guarantee}: its test split holds held-out examples "
+      "of the writers whose examples train, so the published test_loss and test metrics "
+      "would be unnoised functions of their data, outside the privacy guarantee; hold whole "
+      "clients out as the test set instead: --set partition=natural_id test_clients=K (K >= 1)")
 
 
 def check_test_source(cfg: Config, ds: Dataset) -> None:
@@ -209,12 +221,7 @@ def check_test_source(cfg: Config, ds: Dataset) -> None:
   if guarantee is None:   # dp none: no guarantee for the holdout to break
     return
   if ds.client_ids:   # a dataset's own clients (natural.py): its test split is theirs
-    raise DataError(
-        f"dataset {ds.name!r} ({ds.clients_taken or 'its clients'}) with {guarantee}: its test "
-        "split holds held-out examples of the writers whose examples train, so the published "
-        "test_loss and test metrics would be unnoised functions of their data, outside the "
-        "privacy guarantee; hold whole clients out as the test set instead: --set "
-        "partition=natural_id test_clients=K (K >= 1)")
+    raise _writers_rows_error(ds.name, ds.clients_taken or "its clients", guarantee)
   raise DataError(
       f"data {ds.name!r} has test_source 'client_rows' (its test set is rows held out of the "
       f"clients' own rows) with {guarantee}: the published test_loss and test metrics would be "
