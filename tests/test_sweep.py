@@ -483,6 +483,8 @@ def test_a_config_sweep_refuses_a_dp_cell_tested_on_the_writers_rows_before_any_
                                       "dp 'central': its test split holds held-out examples"):
     fedjax_dp.sweep(spec, out=str(tmp_path / "s"), progress=False, log=lambda m: None)
   assert not (tmp_path / "s").exists()
+  with pytest.raises(DataError, match=r"^sweep cell '.*lr=0\.2.*': dataset 'femnist'"):
+    load_sweep(spec).cells()   # what fedjax-dp sweep --print-cells checks
   if partition == "natural_id":
     spec["config"]["test_clients"] = 2
     record = fedjax_dp.sweep(spec, out=str(tmp_path / "held"), progress=False,

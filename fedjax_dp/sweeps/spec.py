@@ -34,7 +34,8 @@ from typing import Any
 import yaml
 
 from fedjax_dp.config import Config
-from fedjax_dp.errors import ConfigError
+from fedjax_dp.errors import ConfigError, DataError
+from fedjax_dp.experiment.setup import check_config_test_source
 from fedjax_dp.recipes.config_checks import load_config, make_config
 from fedjax_dp.recipes.kept_noise_check import check_kept_noise
 
@@ -68,7 +69,8 @@ class SweepSpec:
   def cells(self) -> list[Cell]:
     """Every cell in order: variants, then grid points, then seeds, outermost first.
     ConfigError (one line, naming the cell) for a cell whose config is refused,
-    and for two cells that are the same run."""
+    and for two cells that are the same run; DataError for a cell whose guarantee
+    its dataset's test split would break (setup.check_config_test_source)."""
     seeds = self.seeds or (self._base_seeds()[0],)
     grid_points = [dict(zip(self.grid, values))
                    for values in itertools.product(*self.grid.values())]
@@ -83,8 +85,9 @@ class SweepSpec:
       try:
         cfg = make_config({**self.base, **pinned, **values})
         check_kept_noise(cfg)   # on its grid: before any cell runs (its sizes: at its set-up)
-      except ConfigError as e:
-        raise ConfigError(f"sweep cell {name!r}: {e}") from None
+        check_config_test_source(cfg)   # a guarantee tested on its writers' own rows
+      except (ConfigError, DataError) as e:
+        raise type(e)(f"sweep cell {name!r}: {e}") from None
       if cfg in seen:
         raise ConfigError(f"sweep cells {seen[cfg]!r} and {name!r} are the same run (a key of "
                           "theirs changes nothing): drop one")
