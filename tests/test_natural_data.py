@@ -293,3 +293,21 @@ def test_the_char_lstm_learns_the_sample_chain_to_near_its_floor(tmp_path):
   floor = markov_chain(0)[2]
   loss = summary["final"]["test_loss"]
   assert floor - 0.05 < loss < floor + 0.4, (loss, floor)
+
+
+@pytest.mark.parametrize("name", ["femnist", "shakespeare", "emnist", "emnist_digits",
+                                  "cifar100", "cifar100_coarse", "shakespeare_tff",
+                                  "stackoverflow"])
+def test_the_registrys_writers_test_split_is_what_the_loader_reads(tmp_path, name):
+  """The registry's writers_test_split (which the config-only refusal reads, before any
+  file is read) agrees with the loader's own finding on files in the real format: the
+  test split holds the training clients' rows (test_source 'client_rows') or other
+  people's ('split'). Every natural dataset is listed."""
+  from fedjax_dp.data.registry import DATASETS, natural_datasets
+  assert set(natural_datasets()) == {"femnist", "shakespeare", "emnist", "emnist_digits",
+                                     "cifar100", "cifar100_coarse", "shakespeare_tff",
+                                     "stackoverflow"}
+  write_sample("cifar100" if name == "cifar100_coarse" else name, str(tmp_path),
+               num_clients=4, examples_per_client=12)
+  ds = load_dataset(name, str(tmp_path))
+  assert ds.test_source == ("client_rows" if DATASETS[name].writers_test_split else "split")
